@@ -1,0 +1,59 @@
+"""Engine configuration: the knobs the scheduler and the GPU worker both read, and their CLI flags."""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass, fields
+
+
+@dataclass(slots=True)
+class EngineConfig:
+    model: str = ""  # a folder (after model_source.resolve_model) holding config.json and tokenizer files
+    load_format: str = "auto"  # "auto": read the checkpoint; "dummy": random weights from the config
+    dtype: str = "auto"  # "auto": bfloat16 on CUDA, float32 on CPU
+    device: str = "auto"  # "auto": cuda when available, else cpu
+    seed: int = 0  # dummy weights and the seeds of unseeded requests
+    block_size: int = 16
+    num_kv_blocks: int | None = None  # None: sized from free memory
+    gpu_memory_utilization: float = 0.90
+    cpu_kv_cache_gib: float = 2.0
+    max_model_len: int | None = None  # None: the model's own context length
+    max_num_seqs: int = 256
+    max_num_batched_tokens: int = 4096  # prompt tokens computed per step
+    max_prefill_requests: int | None = None  # requests admitted per step; None: no limit beyond max_num_seqs
+    enable_prefix_caching: bool = True
+    enable_chunked_prefill: bool = True
+    max_waiting_requests: int = 4096  # beyond this the scheduler refuses new requests (HTTP 503)
+    attention_backend: str = "auto"  # "auto" | "torch" | "triton"
+    enforce_eager: bool = False  # CUDA only: no CUDA graphs for decode
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace) -> "EngineConfig":
+        return cls(**{f.name: getattr(args, f.name) for f in fields(cls) if hasattr(args, f.name)})
+
+
+def add_engine_args(parser: argparse.ArgumentParser) -> None:
+    d = EngineConfig()
+    g = parser.add_argument_group("engine")
+    g.add_argument("--load-format", choices=["auto", "dummy"], default=d.load_format,
+                   help="'dummy' builds random weights from the config (benchmarks)")
+    g.add_argument("--dtype", choices=["auto", "float32", "bfloat16", "float16"], default=d.dtype)
+    g.add_argument("--device", choices=["auto", "cpu", "cuda"], default=d.device)
+    g.add_argument("--seed", type=int, default=d.seed)
+    g.add_argument("--block-size", type=int, default=d.block_size, help="tokens per KV block")
+    g.add_argument("--num-kv-blocks", type=int, default=d.num_kv_blocks,
+                   help="KV blocks to allocate (default: sized from free memory)")
+    g.add_argument("--gpu-memory-utilization", type=float, default=d.gpu_memory_utilization)
+    g.add_argument("--cpu-kv-cache-gib", type=float, default=d.cpu_kv_cache_gib,
+                   help="KV store size on CPU when --num-kv-blocks is not given")
+    g.add_argument("--max-model-len", type=int, default=d.max_model_len)
+    g.add_argument("--max-num-seqs", type=int, default=d.max_num_seqs, help="running requests (decode batch)")
+    g.add_argument("--max-num-batched-tokens", type=int, default=d.max_num_batched_tokens,
+                   help="prompt tokens computed per step")
+    g.add_argument("--max-prefill-requests", type=int, default=d.max_prefill_requests,
+                   help="requests admitted per step (default: no limit beyond --max-num-seqs)")
+    g.add_argument("--no-prefix-cache", dest="enable_prefix_caching", action="store_false")
+    g.add_argument("--no-chunked-prefill", dest="enable_chunked_prefill", action="store_false")
+    g.add_argument("--max-waiting-requests", type=int, default=d.max_waiting_requests)
+    g.add_argument("--attention-backend", choices=["auto", "torch", "triton"], default=d.attention_backend)
+    g.add_argument("--enforce-eager", action="store_true", help="CUDA: run decode without CUDA graphs")

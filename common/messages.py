@@ -1,0 +1,198 @@
+"""Every message that crosses a process boundary, defined once.
+
+    frontend --GenerateRequest/AbortRequest--> tokenizer_worker --TokenizedRequest/AbortRequest--> scheduler
+    frontend <--RequestAccepted/Rejected, OutputBatch-- tokenizer_worker <--RequestAccepted/Rejected, TokenBatch-- scheduler
+    scheduler --StepPlan--> gpu_worker --StepResult--> scheduler
+    launcher/frontend --ControlRequest--> any process --ControlReply--> frontend;  any process --ProcessReady--> launcher
+
+Stage times travel with the request (StageTimes) so every latency figure, in /metrics or in a benchmark,
+is computed from the same stamps. Times are `time.time()` seconds: every process of one server shares the clock.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from common.sampling_params import SamplingParams
+from common.wire import message
+
+
+@dataclass(slots=True)
+class StageTimes:
+    arrival: float = 0.0  # frontend received the HTTP request
+    tokenized: float = 0.0  # tokenizer worker finished the prompt
+    queued: float = 0.0  # scheduler put it in the waiting queue
+    first_scheduled: float = 0.0  # scheduler first put it in a step plan
+
+
+# ---------------------------------------------------------------- frontend -> tokenizer worker -> scheduler
+
+
+@message(1)
+@dataclass(slots=True)
+class GenerateRequest:
+    rid: int
+    sampling: SamplingParams
+    arrival_time: float
+    prompt: str | None = None  # /v1/completions text
+    prompt_token_ids: list[int] | None = None  # already tokenized prompt
+    chat_messages: list[dict] | None = None  # /v1/chat/completions, rendered with the chat template
+
+
+@message(2)
+@dataclass(slots=True)
+class AbortRequest:
+    """Stop a request: the client went away, or a stop string matched. Takes the request's own path."""
+
+    rid: int
+    reason: str = "abort"
+
+
+@message(3)
+@dataclass(slots=True)
+class TokenizedRequest:
+    rid: int
+    prompt_token_ids: list[int]
+    sampling: SamplingParams
+    times: StageTimes
+
+
+# ---------------------------------------------------------------- scheduler -> tokenizer worker -> frontend
+
+
+@message(4)
+@dataclass(slots=True)
+class RequestAccepted:
+    """The scheduler queued the request: from now on it streams tokens until a finish reason."""
+
+    rid: int
+    prompt_tokens: int
+    times: StageTimes
+
+
+@message(5)
+@dataclass(slots=True)
+class RequestRejected:
+    """Refused before any token: `status` is the HTTP status the client gets, `param` the field at fault."""
+
+    rid: int
+    status: int
+    message: str
+    param: str | None = None
+
+
+@dataclass(slots=True)
+class RequestTokens:
+    rid: int
+    token_ids: list[int]
+    sampled_time: float  # when the GPU worker sampled these tokens
+    finish_reason: str | None = None  # "stop" | "length" | "abort"
+    first_scheduled: float = 0.0  # set on the request's first tokens
+    num_cached_tokens: int = 0  # prompt tokens served from the prefix cache (set on the first tokens)
+
+
+@message(6)
+@dataclass(slots=True)
+class TokenBatch:
+    """One step's new tokens for the requests that one tokenizer worker owns."""
+
+    items: list[RequestTokens]
+
+
+@dataclass(slots=True)
+class RequestOutput:
+    rid: int
+    text: str  # new text since the previous output of this request
+    token_ids: list[int]
+    sampled_time: float
+    detokenized_time: float
+    finish_reason: str | None = None
+    first_scheduled: float = 0.0
+    num_cached_tokens: int = 0
+
+
+@message(7)
+@dataclass(slots=True)
+class OutputBatch:
+    items: list[RequestOutput]
+
+
+# ---------------------------------------------------------------- scheduler <-> gpu worker
+
+
+@dataclass(slots=True)
+class NewRequestSpec:
+    """Sent once, on a request's first plan (again after a preemption, with the tokens it had then)."""
+
+    rid: int
+    token_ids: list[int]  # prompt, plus the output so far when resumed after preemption
+    sampling: SamplingParams
+    num_sampled: int  # output tokens sampled before (seeds the sampler's per-token stream)
+
+
+@dataclass(slots=True)
+class ScheduledChunk:
+    """One request's share of a forward: compute positions [start, start + num_tokens)."""
+
+    rid: int
+    start: int
+    num_tokens: int
+    new_block_ids: list[int]  # appended to the worker's mirror of the block table
+    sample: bool  # True when this chunk reaches the end of the known tokens
+
+
+@message(10)
+@dataclass(slots=True)
+class StepPlan:
+    step_id: int
+    new_requests: list[NewRequestSpec]
+    chunks: list[ScheduledChunk]
+    released: list[int]  # finished, aborted or preempted rids: the worker drops their mirror
+    # Block copies to make before the forward, as (src, dst) pairs.
+    block_copies: list[list[int]] = field(default_factory=list)
+
+
+@dataclass(slots=True)
+class StepTimings:
+    prepare_s: float = 0.0
+    forward_s: float = 0.0
+    sample_s: float = 0.0
+
+
+@message(11)
+@dataclass(slots=True)
+class StepResult:
+    step_id: int
+    rids: list[int]  # requests that sampled a token this step, in plan order
+    token_ids: list[int]
+    sampled_time: float
+    timings: StepTimings
+
+
+# ---------------------------------------------------------------- control
+
+
+@message(20)
+@dataclass(slots=True)
+class ProcessReady:
+    role: str
+    pid: int
+    info: dict = field(default_factory=dict)
+
+
+@message(21)
+@dataclass(slots=True)
+class ControlRequest:
+    kind: str  # "ping" | "start_profile" | "stop_profile" | "stats" | "shutdown"
+    seq: int = 0
+    args: dict = field(default_factory=dict)
+
+
+@message(22)
+@dataclass(slots=True)
+class ControlReply:
+    role: str
+    pid: int
+    kind: str
+    seq: int
+    payload: dict = field(default_factory=dict)

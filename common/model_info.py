@@ -1,0 +1,35 @@
+"""Facts about a model folder that several processes need: context length, end-of-sequence ids."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+
+@dataclass(slots=True)
+class ModelInfo:
+    model_type: str
+    max_model_len: int
+    eos_token_ids: list[int]
+    vocab_size: int
+
+    @classmethod
+    def from_folder(cls, folder: str | Path, max_model_len: int | None = None) -> "ModelInfo":
+        folder = Path(folder)
+        config = json.loads((folder / "config.json").read_text())
+        context = (config.get("max_position_embeddings") or config.get("n_positions")
+                   or config.get("n_ctx") or 2048)
+        if max_model_len is not None:
+            if max_model_len > context:
+                raise ValueError(f"--max-model-len {max_model_len} exceeds the model's context length {context}")
+            context = max_model_len
+        eos: list[int] = []
+        generation = folder / "generation_config.json"
+        sources = [config] + ([json.loads(generation.read_text())] if generation.is_file() else [])
+        for source in sources:
+            value = source.get("eos_token_id")
+            for token in value if isinstance(value, list) else [value]:
+                if token is not None and token not in eos:
+                    eos.append(int(token))
+        return cls(config["model_type"], int(context), eos, int(config["vocab_size"]))

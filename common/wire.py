@@ -1,0 +1,113 @@
+"""The wire codec: typed dataclass messages <-> msgpack bytes.
+
+Every message is a dataclass registered with a one-byte-ish tag. On the wire it is
+
+    [tag, PROTOCOL_VERSION, field_0, field_1, ...]
+
+with nested message dataclasses written the same way minus tag and version (their type is known from
+the field's annotation). Only msgpack's plain types ever cross a socket: decoding builds dataclasses from
+lists of numbers and strings, so a socket can never be a way to run code (no pickle anywhere).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+import typing
+from typing import Any, Callable, TypeVar
+
+import msgpack
+
+PROTOCOL_VERSION = 1
+
+T = TypeVar("T")
+
+_BY_TAG: dict[int, type] = {}
+_DECODERS: dict[type, Callable[[list], Any]] = {}
+
+
+class WireError(ValueError):
+    """A message that is not ours: unknown tag, other protocol version, or wrong shape."""
+
+
+def message(tag: int) -> Callable[[type[T]], type[T]]:
+    """Register a dataclass as a top-level message with a unique tag."""
+
+    def register(cls: type[T]) -> type[T]:
+        if tag in _BY_TAG:
+            raise ValueError(f"tag {tag} is used by both {_BY_TAG[tag].__name__} and {cls.__name__}")
+        cls.TAG = tag  # type: ignore[attr-defined]
+        _BY_TAG[tag] = cls
+        return cls
+
+    return register
+
+
+def encode(msg: Any) -> bytes:
+    return msgpack.packb([msg.TAG, PROTOCOL_VERSION, *_to_wire_fields(msg)], use_bin_type=True)
+
+
+def decode(data: bytes) -> Any:
+    raw = msgpack.unpackb(data, raw=False, strict_map_key=False)
+    if not isinstance(raw, list) or len(raw) < 2:
+        raise WireError("a message must be a list [tag, version, fields...]")
+    tag, version = raw[0], raw[1]
+    if version != PROTOCOL_VERSION:
+        raise WireError(f"protocol version {version} received, {PROTOCOL_VERSION} expected")
+    cls = _BY_TAG.get(tag)
+    if cls is None:
+        raise WireError(f"unknown message tag {tag}")
+    return _decoder_for(cls)(raw[2:])
+
+
+def _to_wire_fields(obj: Any) -> list:
+    return [_to_wire(getattr(obj, f.name)) for f in dataclasses.fields(obj)]
+
+
+def _to_wire(value: Any) -> Any:
+    if dataclasses.is_dataclass(value):
+        return _to_wire_fields(value)
+    if isinstance(value, (list, tuple)) and value and dataclasses.is_dataclass(value[0]):
+        return [_to_wire_fields(v) for v in value]
+    return value
+
+
+def _decoder_for(cls: type) -> Callable[[list], Any]:
+    """Build (once per class) a function list -> instance, converting nested dataclass fields."""
+    decoder = _DECODERS.get(cls)
+    if decoder is not None:
+        return decoder
+    hints = typing.get_type_hints(cls)
+    fields = dataclasses.fields(cls)
+    converters = [_converter_for(hints[f.name]) for f in fields]
+
+    def decoder(values: list) -> Any:
+        if len(values) != len(converters):
+            raise WireError(f"{cls.__name__} expects {len(converters)} fields, got {len(values)}")
+        return cls(*[conv(v) if conv else v for conv, v in zip(converters, values)])
+
+    _DECODERS[cls] = decoder
+    return decoder
+
+
+def _converter_for(annotation: Any) -> Callable[[Any], Any] | None:
+    """None when the msgpack value can be used as is; else a function that rebuilds the field."""
+    origin = typing.get_origin(annotation)
+    args = typing.get_args(annotation)
+    if dataclasses.is_dataclass(annotation):
+        return lambda v, d=_decoder_for_lazy(annotation): d()(v)
+    if origin in (typing.Union, types.UnionType):
+        inner = [a for a in args if a is not type(None)]
+        if len(inner) == 1:
+            conv = _converter_for(inner[0])
+            return None if conv is None else (lambda v: None if v is None else conv(v))
+        return None
+    if origin is list and args and dataclasses.is_dataclass(args[0]):
+        item = _decoder_for_lazy(args[0])
+        return lambda v: [item()(x) for x in v]
+    return None
+
+
+def _decoder_for_lazy(cls: type) -> Callable[[], Callable[[list], Any]]:
+    # Nested classes may be defined after their container; resolve at first use.
+    return lambda: _decoder_for(cls)

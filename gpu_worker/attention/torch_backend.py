@@ -1,0 +1,110 @@
+"""Reference attention in plain torch: runs on CPU and CUDA, the baseline every kernel is checked against.
+
+The model runs on the flat [T, ...] token batch; only inside attention are queries placed into a
+[sequences, longest query] grid so that one scaled_dot_product_attention call covers every prefill
+chunk (and one more call every decode). Keys and values are gathered from the paged store through
+the block tables, so prefix-cached context and the new tokens are read the same way.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from gpu_worker.attention.base import AttentionBackend, BatchLayout
+
+
+@dataclass(slots=True)
+class _Group:
+    """Sequences that share one SDPA call."""
+
+    token_start: int
+    token_end: int
+    grid_cells: torch.Tensor | None  # [num tokens]: token -> grid cell (prefill only)
+    kv_slots: torch.Tensor  # [S, max_kv]: flat KV-store slot of each context position
+    mask: torch.Tensor  # [S, 1, max_q, max_kv]: True where attention is allowed
+    max_q: int
+
+
+@dataclass(slots=True)
+class TorchAttentionMetadata:
+    slot_mapping: torch.Tensor  # [T]
+    prefill: _Group | None
+    decode: _Group | None
+
+
+class TorchAttention(AttentionBackend):
+    def build_metadata(self, layout: BatchLayout, slot_mapping: torch.Tensor,
+                       device: torch.device) -> TorchAttentionMetadata:
+        n_pre = layout.num_prefill_seqs
+        n_tok_pre = sum(layout.query_lens[:n_pre])
+        prefill = decode = None
+        if n_pre:
+            prefill = self._group(layout, 0, n_pre, 0, device)
+        if n_pre < len(layout.query_lens):
+            decode = self._group(layout, n_pre, len(layout.query_lens), n_tok_pre, device)
+        return TorchAttentionMetadata(slot_mapping.to(device), prefill, decode)
+
+    def _group(self, layout: BatchLayout, first: int, last: int, token_start: int, device: torch.device) -> _Group:
+        q_lens = torch.tensor(layout.query_lens[first:last], dtype=torch.long)
+        ctx_lens = torch.tensor(layout.context_lens[first:last], dtype=torch.long)
+        tables = layout.block_tables[first:last]
+        num_seqs = last - first
+        max_q, max_kv = int(q_lens.max()), int(ctx_lens.max())
+        bs = self.block_size
+        max_blocks = (max_kv + bs - 1) // bs
+        table = torch.zeros(num_seqs, max_blocks, dtype=torch.long)
+        for i, blocks in enumerate(tables):
+            used = min(len(blocks), max_blocks)
+            table[i, :used] = torch.tensor(blocks[:used], dtype=torch.long)
+        pos = torch.arange(max_kv)
+        kv_slots = table[:, pos // bs] * bs + pos % bs
+        # Query i of a sequence sits at context position (ctx_len - q_len + i): it sees keys up to there.
+        qi = torch.arange(max_q)
+        last_visible = (ctx_lens - q_lens)[:, None] + qi[None, :]  # [S, max_q]
+        mask = pos[None, None, :] <= last_visible[:, :, None]
+        mask &= pos[None, None, :] < ctx_lens[:, None, None]
+        mask[:, :, 0] = True  # grid padding rows must see something, or softmax gives NaN; they are dropped
+        grid_cells = None
+        num_tokens = int(q_lens.sum())
+        if max_q > 1:
+            seq_of_token = torch.repeat_interleave(torch.arange(num_seqs), q_lens)
+            starts = torch.cumsum(q_lens, 0) - q_lens
+            offset_in_seq = torch.arange(num_tokens) - starts[seq_of_token]
+            grid_cells = (seq_of_token * max_q + offset_in_seq).to(device)
+        return _Group(token_start, token_start + num_tokens, grid_cells,
+                      kv_slots.to(device), mask[:, None].to(device), max_q)
+
+    def forward(self, q, k, v, k_cache, v_cache, metadata: TorchAttentionMetadata, scale: float):
+        k_flat = k_cache.view(-1, *k_cache.shape[2:])
+        v_flat = v_cache.view(-1, *v_cache.shape[2:])
+        k_flat.index_copy_(0, metadata.slot_mapping, k)
+        v_flat.index_copy_(0, metadata.slot_mapping, v)
+        out = torch.empty_like(q)
+        for group in (metadata.prefill, metadata.decode):
+            if group is not None:
+                out[group.token_start:group.token_end] = self._attend(
+                    q[group.token_start:group.token_end], k_flat, v_flat, group, scale)
+        return out
+
+    @staticmethod
+    def _attend(q: torch.Tensor, k_flat: torch.Tensor, v_flat: torch.Tensor, group: _Group, scale: float):
+        num_seqs = group.kv_slots.shape[0]
+        heads, dim = q.shape[1], q.shape[2]
+        if group.grid_cells is not None:
+            grid = q.new_zeros(num_seqs * group.max_q, heads, dim)
+            grid[group.grid_cells] = q
+            qg = grid.view(num_seqs, group.max_q, heads, dim)
+        else:
+            qg = q.view(num_seqs, 1, heads, dim)
+        keys = k_flat[group.kv_slots]  # [S, max_kv, Hkv, D]
+        values = v_flat[group.kv_slots]
+        out = F.scaled_dot_product_attention(
+            qg.transpose(1, 2), keys.transpose(1, 2), values.transpose(1, 2),
+            attn_mask=group.mask, scale=scale, enable_gqa=keys.shape[2] != heads)
+        out = out.transpose(1, 2)  # [S, max_q, H, D]
+        if group.grid_cells is not None:
+            return out.reshape(num_seqs * group.max_q, heads, dim)[group.grid_cells]
+        return out.reshape(num_seqs, heads, dim)

@@ -1,0 +1,94 @@
+"""Build our model for a folder and fill its weights: from safetensors/.bin files, or random (dummy)."""
+
+from __future__ import annotations
+
+import contextlib
+import glob
+import os
+from typing import Iterator
+
+import torch
+from tqdm import tqdm
+from transformers import AutoConfig
+
+from gpu_worker.models import model_class_for
+
+
+def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
+    if name == "auto":
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
+    return {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[name]
+
+
+def load_model(folder: str, load_format: str, dtype: torch.dtype, device: torch.device, seed: int = 0,
+               progress: bool = False) -> torch.nn.Module:
+    hf_config = AutoConfig.from_pretrained(folder)
+    cls = model_class_for(hf_config)
+    with _default_dtype(dtype), device:
+        model = cls(hf_config)
+    if load_format == "dummy":
+        _init_dummy(model, hf_config, seed)
+    else:
+        files = _checkpoint_files(folder)
+        model.load_weights(tqdm(_read_tensors(files), desc="Loading weights", unit=" tensors",
+                                disable=not progress, total=_count_tensors(files)))
+    return model.eval().requires_grad_(False)
+
+
+@contextlib.contextmanager
+def _default_dtype(dtype: torch.dtype):
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        yield
+    finally:
+        torch.set_default_dtype(previous)
+
+
+def _checkpoint_files(folder: str) -> list[str]:
+    files = sorted(glob.glob(os.path.join(folder, "*.safetensors")))
+    if not files:
+        files = sorted(glob.glob(os.path.join(folder, "pytorch_model*.bin")))
+    if not files:
+        raise FileNotFoundError(
+            f"no *.safetensors or pytorch_model*.bin weights in {folder}; "
+            "use --load-format dummy for random weights")
+    return files
+
+
+def _count_tensors(files: list[str]) -> int | None:
+    if not files[0].endswith(".safetensors"):
+        return None
+    from safetensors import safe_open
+
+    total = 0
+    for path in files:
+        with safe_open(path, framework="pt") as f:
+            total += len(f.keys())
+    return total
+
+
+def _read_tensors(files: list[str]) -> Iterator[tuple[str, torch.Tensor]]:
+    for path in files:
+        if path.endswith(".safetensors"):
+            from safetensors import safe_open
+
+            with safe_open(path, framework="pt") as f:
+                for name in f.keys():
+                    yield name, f.get_tensor(name)
+        else:
+            yield from torch.load(path, map_location="cpu", weights_only=True, mmap=True).items()
+
+
+def _init_dummy(model: torch.nn.Module, hf_config, seed: int) -> None:
+    """Random weights with the checkpoint's scale, so activations stay in a realistic range."""
+    std = getattr(hf_config, "initializer_range", 0.02)
+    gen = torch.Generator(device="cpu").manual_seed(seed)
+    for name, param in model.named_parameters():
+        if "norm" in name or "ln_" in name:
+            values = torch.ones(param.shape) if name.endswith("weight") else torch.zeros(param.shape)
+        elif name.endswith("bias"):
+            values = torch.zeros(param.shape)
+        else:
+            values = torch.randn(param.shape, generator=gen) * std
+        param.data.copy_(values)

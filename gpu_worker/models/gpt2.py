@@ -1,0 +1,87 @@
+"""GPT-2: learned positions, multi-head attention, pre-LayerNorm, GELU (tanh) MLP, head tied to the embedding."""
+
+from __future__ import annotations
+
+import math
+from typing import Iterable
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from gpu_worker.models.forward_context import ForwardContext
+from gpu_worker.models.weights import check_all_loaded, copy_param
+
+
+class GPT2Block(nn.Module):
+    def __init__(self, config, layer_index: int):
+        super().__init__()
+        h = config.n_embd
+        self.layer_index = layer_index
+        self.num_heads = config.n_head
+        self.head_dim = h // config.n_head
+        self.scale = 1.0 / math.sqrt(self.head_dim) if config.scale_attn_weights else 1.0
+        inner = config.n_inner or 4 * h
+        self.ln_1 = nn.LayerNorm(h, eps=config.layer_norm_epsilon)
+        self.qkv = nn.Linear(h, 3 * h)
+        self.attn_out = nn.Linear(h, h)
+        self.ln_2 = nn.LayerNorm(h, eps=config.layer_norm_epsilon)
+        self.fc_in = nn.Linear(h, inner)
+        self.fc_out = nn.Linear(inner, h)
+
+    def forward(self, x: torch.Tensor, ctx: ForwardContext) -> torch.Tensor:
+        t = x.shape[0]
+        q, k, v = self.qkv(self.ln_1(x)).view(t, 3, self.num_heads, self.head_dim).unbind(1)
+        k_cache, v_cache = ctx.kv_cache.layer(self.layer_index)
+        attn = ctx.attention.forward(q, k, v, k_cache, v_cache, ctx.attn_metadata, self.scale)
+        x = x + self.attn_out(attn.reshape(t, -1))
+        return x + self.fc_out(F.gelu(self.fc_in(self.ln_2(x)), approximate="tanh"))
+
+
+class GPT2ForCausalLM(nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        unsupported = [name for name in ("scale_attn_by_inverse_layer_idx", "reorder_and_upcast_attn")
+                       if getattr(config, name, False)]
+        if unsupported or config.activation_function not in ("gelu_new", "gelu_pytorch_tanh"):
+            raise ValueError(f"GPT-2 options not supported: {unsupported or config.activation_function}")
+        self.config = config
+        self.wte = nn.Embedding(config.vocab_size, config.n_embd)
+        self.wpe = nn.Embedding(config.n_positions, config.n_embd)
+        self.blocks = nn.ModuleList(GPT2Block(config, i) for i in range(config.n_layer))
+        self.ln_f = nn.LayerNorm(config.n_embd, eps=config.layer_norm_epsilon)
+
+    @property
+    def kv_shape(self) -> tuple[int, int, int]:
+        """(layers, kv heads, head dim)"""
+        return self.config.n_layer, self.config.n_head, self.config.n_embd // self.config.n_head
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, ctx: ForwardContext) -> torch.Tensor:
+        x = self.wte(input_ids) + self.wpe(positions)
+        for block in self.blocks:
+            x = block(x, ctx)
+        return self.ln_f(x)
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        return F.linear(hidden, self.wte.weight).float()
+
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """Hugging Face GPT-2 names -> ours. HF's Conv1D stores [in, out]; nn.Linear wants [out, in]."""
+        renames = {"attn.c_attn": "qkv", "attn.c_proj": "attn_out", "mlp.c_fc": "fc_in", "mlp.c_proj": "fc_out"}
+        params = dict(self.named_parameters())
+        loaded = set()
+        for name, tensor in weights:
+            name = name.removeprefix("transformer.")
+            if name.endswith((".attn.bias", ".attn.masked_bias")) or name == "lm_head.weight":
+                continue  # causal-mask buffers; the head is tied to wte
+            if name.startswith("h."):
+                name = "blocks." + name[2:]
+                for old, new in renames.items():
+                    if f".{old}." in name:
+                        name = name.replace(f".{old}.", f".{new}.")
+                        if name.endswith(".weight"):
+                            tensor = tensor.t()
+            copy_param(params, name, tensor)
+            loaded.add(name)
+        check_all_loaded(params, loaded)
+

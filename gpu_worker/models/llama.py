@@ -1,0 +1,129 @@
+"""The Llama family (Llama, Mistral, Qwen2, SmolLM2): RoPE, RMSNorm, SwiGLU MLP, grouped-query attention.
+
+q/k/v are one fused projection and gate/up another (one matmul each instead of three and two).
+"""
+
+from __future__ import annotations
+
+from typing import Iterable
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from gpu_worker.models.forward_context import ForwardContext
+from gpu_worker.models.rotary import RotaryEmbedding
+from gpu_worker.models.weights import check_all_loaded, copy_param
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, size: int, eps: float):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(size))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # The same operation order as the reference implementation: normalize in float32, cast, then scale.
+        h = x.float()
+        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * h.to(x.dtype)
+
+
+class LlamaDecoderLayer(nn.Module):
+    def __init__(self, config, layer_index: int, rotary: RotaryEmbedding):
+        super().__init__()
+        h = config.hidden_size
+        self.layer_index = layer_index
+        self.num_heads = config.num_attention_heads
+        self.num_kv_heads = config.num_key_value_heads
+        self.head_dim = getattr(config, "head_dim", None) or h // self.num_heads
+        self.q_size = self.num_heads * self.head_dim
+        self.kv_size = self.num_kv_heads * self.head_dim
+        self.scale = self.head_dim ** -0.5
+        qkv_bias = config.model_type == "qwen2" or getattr(config, "attention_bias", False)
+        mlp_bias = getattr(config, "mlp_bias", False)
+        self.rotary = rotary
+        self.input_layernorm = RMSNorm(h, config.rms_norm_eps)
+        self.qkv_proj = nn.Linear(h, self.q_size + 2 * self.kv_size, bias=qkv_bias)
+        self.o_proj = nn.Linear(self.q_size, h, bias=getattr(config, "attention_bias", False))
+        self.post_attention_layernorm = RMSNorm(h, config.rms_norm_eps)
+        self.intermediate = config.intermediate_size
+        self.gate_up_proj = nn.Linear(h, 2 * config.intermediate_size, bias=mlp_bias)
+        self.down_proj = nn.Linear(config.intermediate_size, h, bias=mlp_bias)
+        if config.hidden_act != "silu":
+            raise ValueError(f"hidden_act {config.hidden_act!r} is not supported (silu only)")
+
+    def forward(self, x: torch.Tensor, positions: torch.Tensor, ctx: ForwardContext) -> torch.Tensor:
+        t = x.shape[0]
+        q, k, v = self.qkv_proj(self.input_layernorm(x)).split([self.q_size, self.kv_size, self.kv_size], -1)
+        q = q.view(t, self.num_heads, self.head_dim)
+        k = k.view(t, self.num_kv_heads, self.head_dim)
+        q, k = self.rotary(positions, q, k)
+        k_cache, v_cache = ctx.kv_cache.layer(self.layer_index)
+        attn = ctx.attention.forward(q, k, v.view(t, self.num_kv_heads, self.head_dim),
+                                     k_cache, v_cache, ctx.attn_metadata, self.scale)
+        x = x + self.o_proj(attn.reshape(t, -1))
+        gate, up = self.gate_up_proj(self.post_attention_layernorm(x)).split(self.intermediate, -1)
+        return x + self.down_proj(F.silu(gate) * up)
+
+
+class LlamaForCausalLM(nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        self.config = config
+        self.tied = bool(getattr(config, "tie_word_embeddings", False))
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.rotary = RotaryEmbedding(config)
+        self.layers = nn.ModuleList(LlamaDecoderLayer(config, i, self.rotary) for i in range(config.num_hidden_layers))
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.lm_head = None if self.tied else nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+
+    @property
+    def kv_shape(self) -> tuple[int, int, int]:
+        layer = self.layers[0]
+        return len(self.layers), layer.num_kv_heads, layer.head_dim
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, ctx: ForwardContext) -> torch.Tensor:
+        x = self.embed_tokens(input_ids)
+        for layer in self.layers:
+            x = layer(x, positions, ctx)
+        return self.norm(x)
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        weight = self.embed_tokens.weight if self.tied else self.lm_head.weight
+        return F.linear(hidden, weight).float()
+
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """Hugging Face Llama names -> ours, writing q/k/v and gate/up into their fused projections."""
+        layer = self.layers[0]
+        q, kv, inter = layer.q_size, layer.kv_size, layer.intermediate
+        shards = {
+            "self_attn.q_proj": ("qkv_proj", slice(0, q)),
+            "self_attn.k_proj": ("qkv_proj", slice(q, q + kv)),
+            "self_attn.v_proj": ("qkv_proj", slice(q + kv, q + 2 * kv)),
+            "self_attn.o_proj": ("o_proj", None),
+            "mlp.gate_proj": ("gate_up_proj", slice(0, inter)),
+            "mlp.up_proj": ("gate_up_proj", slice(inter, 2 * inter)),
+            "mlp.down_proj": ("down_proj", None),
+        }
+        params = dict(self.named_parameters())
+        loaded: set[str] = set()
+        shard_count: dict[str, int] = {}
+        for name, tensor in weights:
+            name = name.removeprefix("model.")
+            if "rotary_emb" in name or (self.tied and name == "lm_head.weight"):
+                continue
+            rows = None
+            for hf, (ours, rows_slice) in shards.items():
+                if f".{hf}." in name:
+                    name, rows = name.replace(f".{hf}.", f".{ours}."), rows_slice
+                    break
+            copy_param(params, name, tensor, rows)
+            shard_count[name] = shard_count.get(name, 0) + 1
+            loaded.add(name)
+        fused_parts = {"qkv_proj": 3, "gate_up_proj": 2}
+        incomplete = [n for n, c in shard_count.items() for part, k in fused_parts.items()
+                      if f".{part}." in n and c != k]
+        if incomplete:
+            raise ValueError(f"checkpoint lacks parts of fused projections: {incomplete[:3]}")
+        check_all_loaded(params, loaded)

@@ -1,0 +1,108 @@
+"""`LLM`: generate from Python, with the scheduler and the model runner in this process.
+
+The two talk through the very messages the server sends over ZeroMQ (encoded and decoded with the wire
+codec at every step), so what is tested here is what the processes run.
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+from dataclasses import dataclass, field, replace
+from typing import Callable, Sequence
+
+from common.config import EngineConfig
+from common.messages import RequestRejected, RequestTokens, StageTimes, StepPlan, TokenizedRequest
+from common.model_info import ModelInfo
+from common.model_source import resolve_model
+from common.sampling_params import InvalidParameter, SamplingParams
+from common.wire import decode, encode
+from gpu_worker.model_runner import ModelRunner
+from scheduler.scheduler import Scheduler
+
+
+@dataclass(slots=True)
+class CompletionOutput:
+    prompt_token_ids: list[int]
+    token_ids: list[int] = field(default_factory=list)
+    finish_reason: str | None = None
+    text: str = ""
+
+
+class LLM:
+    def __init__(self, model: str | None = None, **engine_args):
+        folder = resolve_model(model)
+        self.config = EngineConfig(model=str(folder), **engine_args)
+        self.info = ModelInfo.from_folder(folder, self.config.max_model_len)
+        self.runner = ModelRunner(self.config, self.info)
+        self.scheduler = Scheduler(self.config, self.info, self.runner.num_kv_blocks)
+        self._tokenizer = None
+        self._rids = itertools.count()
+        self.plans_executed: list[StepPlan] = []  # every plan run, for tests and inspection
+        self.record_plans = False
+
+    @property
+    def tokenizer(self):
+        if self._tokenizer is None:
+            from transformers import AutoTokenizer
+
+            self._tokenizer = AutoTokenizer.from_pretrained(self.config.model)
+        return self._tokenizer
+
+    # ------------------------------------------------------------------ request level
+
+    def add_request(self, prompt_token_ids: list[int], sampling: SamplingParams) -> int:
+        sampling.validate()
+        rid = next(self._rids)
+        reply = self.scheduler.add_request(
+            TokenizedRequest(rid, list(prompt_token_ids), replace(sampling), StageTimes(arrival=time.time())))
+        if isinstance(reply, RequestRejected):
+            raise InvalidParameter(reply.param or "prompt", reply.message)
+        return rid
+
+    def abort(self, rid: int) -> None:
+        self.scheduler.abort_request(rid)
+
+    def step(self) -> list[RequestTokens]:
+        """Plan one step, run it, and return the tokens it produced ([] when idle)."""
+        plan = self.scheduler.schedule()
+        if plan is None:
+            return []
+        plan = decode(encode(plan))
+        if self.record_plans:
+            self.plans_executed.append(plan)
+        result = decode(encode(self.runner.execute(plan)))
+        return self.scheduler.process_result(result)
+
+    # ------------------------------------------------------------------ batch level
+
+    def generate(self, prompts: Sequence[str] | Sequence[list[int]],
+                 sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+                 on_step: Callable[[], None] | None = None) -> list[CompletionOutput]:
+        """Generate for every prompt (text or token ids); outputs in prompt order."""
+        if sampling_params is None:
+            sampling_params = SamplingParams()
+        params = [sampling_params] * len(prompts) if isinstance(sampling_params, SamplingParams) \
+            else list(sampling_params)
+        outputs: dict[int, CompletionOutput] = {}
+        order = []
+        for prompt, sp in zip(prompts, params):
+            ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
+            rid = self.add_request(ids, sp)
+            outputs[rid] = CompletionOutput(ids)
+            order.append(rid)
+        pending = set(order)
+        while pending:
+            for tokens in self.step():
+                if tokens.rid in outputs:
+                    out = outputs[tokens.rid]
+                    out.token_ids.extend(tokens.token_ids)
+                    if tokens.finish_reason is not None:
+                        out.finish_reason = tokens.finish_reason
+                        pending.discard(tokens.rid)
+            if on_step is not None:
+                on_step()
+        if any(isinstance(p, str) for p in prompts):
+            for out in outputs.values():
+                out.text = self.tokenizer.decode(out.token_ids, skip_special_tokens=True)
+        return [outputs[rid] for rid in order]

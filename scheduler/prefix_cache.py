@@ -1,0 +1,151 @@
+"""The prefix cache: a radix trie over token ids, one node per full KV block.
+
+    root ─(t0..t15)─▶ node[block 7] ─(t16..t31)─▶ node[block 2] ─▶ ...
+                                    └(t16'..t31')─▶ node[block 9]
+
+A child is keyed by the tuple of its block's tokens, so matching a prompt walks one dict lookup per
+block: time proportional to the prompt, not to the cache. The cache is one holder of each node's
+block. A request that uses a cached block is another holder, and it holds the whole chain from the
+root (matches are prefixes), so a node whose block has one holder (the cache) has only such nodes
+below it: those are exactly the evictable blocks, and leaves among them go first, least recently used.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+from dataclasses import dataclass, field
+
+from scheduler.block_manager import BlockManager
+
+
+@dataclass(eq=False, slots=True)
+class TrieNode:
+    block: int
+    parent: "TrieNode | None"
+    key: tuple[int, ...]
+    children: dict[tuple[int, ...], "TrieNode"] = field(default_factory=dict)
+    last_access: int = 0
+    removed: bool = False
+
+
+@dataclass(slots=True)
+class InsertCursor:
+    """Where a request's next insert resumes: the node of block next_block - 1 (None: the root)."""
+
+    node: TrieNode | None = None
+    next_block: int = 0
+    stopped: bool = False
+
+
+class PrefixCache:
+    def __init__(self, blocks: BlockManager):
+        self.blocks = blocks
+        self.block_size = blocks.block_size
+        self.root = TrieNode(block=-1, parent=None, key=())
+        self.node_of_block: dict[int, TrieNode] = {}
+        self.num_evictable = 0
+        self._clock = itertools.count(1)
+        self._lru: list[tuple[int, int, TrieNode]] = []  # (last_access, tiebreak, node); stale entries skipped
+        self._tiebreak = itertools.count()
+
+    def __len__(self) -> int:
+        return len(self.node_of_block)
+
+    # ------------------------------------------------------------------ lookups
+
+    def match(self, token_ids: list[int], max_blocks: int) -> tuple[list[int], InsertCursor]:
+        """Blocks of the longest cached prefix (at most max_blocks), each gaining the caller as holder,
+        and the cursor from which the caller's own blocks will be inserted."""
+        node, matched = self.root, []
+        bs = self.block_size
+        now = next(self._clock)
+        for i in range(min(max_blocks, len(token_ids) // bs)):
+            child = node.children.get(tuple(token_ids[i * bs:(i + 1) * bs]))
+            if child is None:
+                break
+            child.last_access = now
+            if self.blocks.add_holder(child.block) == 2:
+                self.num_evictable -= 1
+            matched.append(child.block)
+            node = child
+        return matched, InsertCursor(node, len(matched))
+
+    def insert(self, token_ids: list[int], block_ids: list[int], cursor: "InsertCursor") -> None:
+        """Cache a request's full blocks from cursor.next_block up to len(token_ids) // bs, moving the cursor.
+
+        If a node for the same tokens already exists with another block (the same prefix computed twice,
+        by two requests running side by side), the request stops caching: its own copy is not shared, so
+        every node still hangs under nodes that are held at least as long as it is.
+        """
+        if cursor.stopped:
+            return
+        node = cursor.node
+        if node is None or node.removed:  # first call, or the resume point was evicted: walk from the root
+            node, cursor.next_block = self.root, 0
+        bs = self.block_size
+        now = next(self._clock)
+        for i in range(cursor.next_block, len(token_ids) // bs):
+            key = tuple(token_ids[i * bs:(i + 1) * bs])
+            child = node.children.get(key)
+            if child is None:
+                child = TrieNode(block=block_ids[i], parent=node, key=key)
+                node.children[key] = child
+                self.node_of_block[child.block] = child
+                self.blocks.add_holder(child.block)
+            elif child.block != block_ids[i]:
+                cursor.stopped = True
+                break
+            child.last_access = now
+            node = child
+            cursor.next_block = i + 1
+        cursor.node = node
+
+    # ------------------------------------------------------------------ holders letting go
+
+    def release(self, block: int) -> None:
+        """A request lets go of a block; the cache notes when it becomes the only holder."""
+        remaining = self.blocks.release(block)
+        if remaining == 1:
+            node = self.node_of_block.get(block)
+            if node is not None:
+                self.num_evictable += 1
+                heapq.heappush(self._lru, (node.last_access, next(self._tiebreak), node))
+
+    def evict(self, n: int) -> int:
+        """Free up to n blocks, least recently used leaves first. Returns how many were freed."""
+        freed = 0
+        while freed < n and self._lru:
+            access, _, node = heapq.heappop(self._lru)
+            if node.removed or node.children or access != node.last_access \
+                    or self.blocks.ref_counts[node.block] != 1:
+                continue  # stale entry: used again, or not a leaf yet (it is pushed again when it is)
+            self._remove(node)
+            freed += 1
+            parent = node.parent
+            if parent is not self.root and not parent.children and self.blocks.ref_counts[parent.block] == 1:
+                heapq.heappush(self._lru, (parent.last_access, next(self._tiebreak), parent))
+        return freed
+
+    def _remove(self, node: TrieNode) -> None:
+        node.removed = True
+        del node.parent.children[node.key]
+        del self.node_of_block[node.block]
+        self.num_evictable -= 1
+        self.blocks.release(node.block)
+
+    def check_integrity(self) -> None:
+        evictable = sum(1 for b in self.node_of_block if self.blocks.ref_counts[b] == 1)
+        assert evictable == self.num_evictable, f"evictable count {self.num_evictable}, actual {evictable}"
+        stack = [self.root]
+        seen = 0
+        while stack:
+            node = stack.pop()
+            for key, child in node.children.items():
+                assert child.parent is node and child.key == key and not child.removed
+                assert self.node_of_block.get(child.block) is child
+                if self.blocks.ref_counts[child.block] > 1 and node is not self.root:
+                    assert self.blocks.ref_counts[node.block] > 1, "a used node under an evictable one"
+                seen += 1
+                stack.append(child)
+        assert seen == len(self.node_of_block), "trie nodes and block index disagree"

@@ -1,0 +1,63 @@
+"""A request as the scheduler sees it: tokens, blocks, and how far its computation has been planned.
+
+    position:   0 ............ num_computed ............ num_tokens_planned
+                |── KV written or planned ──|── known to the worker, KV not planned ──|
+
+num_tokens_planned = prompt + every sample planned so far (some may still be in flight on the GPU).
+The next chunk computes [num_computed, num_computed + n); it samples when it reaches num_tokens_planned.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import Enum
+
+from common.messages import StageTimes
+from common.sampling_params import SamplingParams
+from scheduler.prefix_cache import InsertCursor
+
+
+class RequestStatus(Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    FINISHED = "finished"
+
+
+@dataclass(slots=True, eq=False)
+class Request:
+    rid: int
+    prompt_ids: list[int]
+    sampling: SamplingParams  # seed always set: the scheduler draws one for unseeded requests
+    max_tokens: int  # resolved: never beyond the context
+    times: StageTimes
+    output_ids: list[int] = field(default_factory=list)
+    status: RequestStatus = RequestStatus.WAITING
+    block_ids: list[int] = field(default_factory=list)
+    num_computed: int = 0
+    num_samples_planned: int = 0
+    # Tokens the worker's mirror starts from: prompt, plus outputs when resumed after a preemption.
+    num_resume_tokens: int = 0
+    cache_cursor: InsertCursor = field(default_factory=InsertCursor)
+    num_cached_tokens: int = 0  # prompt tokens served from the prefix cache at first admission
+    num_preemptions: int = 0
+    finish_reason: str | None = None
+    first_tokens_sent: bool = False
+
+    @property
+    def num_tokens_planned(self) -> int:
+        return len(self.prompt_ids) + self.num_samples_planned
+
+    @property
+    def num_samples_in_flight(self) -> int:
+        return self.num_samples_planned - len(self.output_ids)
+
+    @property
+    def is_prefilling(self) -> bool:
+        """Still computing tokens it was admitted with (prompt, or prompt + outputs after preemption)."""
+        return self.num_computed < self.num_resume_tokens
+
+    def known_token_ids(self) -> list[int]:
+        return self.prompt_ids + self.output_ids
+
+    def can_sample_more(self, max_model_len: int) -> bool:
+        return self.num_samples_planned < self.max_tokens and self.num_tokens_planned < max_model_len

@@ -1,0 +1,334 @@
+"""Continuous batching: which requests compute which tokens in the next forward.
+
+One step, in order:
+  1. running requests, oldest first: a decode computes its one new token; a prompt being chunked takes
+     its next chunk from the prompt-token budget. Short of blocks, the prefix cache evicts, then the
+     newest running request is preempted (blocks freed, recomputed later with the tokens it had).
+  2. waiting requests, FIFO, while there is room (--max-num-seqs running, --max-prefill-requests per
+     step, --max-num-batched-tokens prompt tokens): each reuses its longest cached prefix and computes
+     the rest (a chunk of it, if it does not fit the budget and chunking is on). The first request that
+     cannot be admitted stops admission: order is kept.
+All of a step's chunks go to the worker as one plan, computed in one forward.
+
+Results arrive one step late at worst (the next plan is made while the GPU runs this one), so a request
+that sampled EOS may be scheduled once more; that extra token is discarded here.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from collections import deque
+from dataclasses import dataclass
+
+from common.config import EngineConfig
+from common.messages import (NewRequestSpec, RequestAccepted, RequestRejected, RequestTokens, ScheduledChunk,
+                             StepPlan, StepResult, TokenizedRequest)
+from common.model_info import ModelInfo
+from common.sampling_params import SamplingParams
+from scheduler.block_manager import BlockManager
+from scheduler.prefix_cache import InsertCursor, PrefixCache
+from scheduler.request import Request, RequestStatus
+
+
+@dataclass(slots=True)
+class SchedulerStats:
+    """Cumulative counters (for /metrics and the log) and the last step's sizes."""
+
+    steps: int = 0
+    prompt_tokens_computed: int = 0
+    decode_tokens_computed: int = 0
+    generated_tokens: int = 0
+    prompt_tokens_admitted: int = 0
+    cache_hit_tokens: int = 0  # prompt tokens served from the prefix cache at first admission
+    preemptions: int = 0
+    finished_requests: int = 0
+    last_step_prefill_tokens: int = 0
+    last_step_decode_tokens: int = 0
+
+
+class Scheduler:
+    def __init__(self, config: EngineConfig, info: ModelInfo, num_kv_blocks: int):
+        self.config = config
+        self.block_size = config.block_size
+        self.blocks = BlockManager(num_kv_blocks, config.block_size)
+        self.cache = PrefixCache(self.blocks) if config.enable_prefix_caching else None
+        # A request must fit the KV store alone, or it could never finish.
+        self.max_model_len = min(info.max_model_len, num_kv_blocks * config.block_size)
+        self.eos_token_ids = frozenset(info.eos_token_ids)
+        self.requests: dict[int, Request] = {}
+        self.waiting: deque[Request] = deque()
+        self.running: list[Request] = []
+        self.stats = SchedulerStats()
+        self._released: list[int] = []  # rids whose worker mirror must be dropped, sent with the next plan
+        self._step_id = 0
+        self._seeds = random.Random()
+
+    # ------------------------------------------------------------------ inputs
+
+    def add_request(self, msg: TokenizedRequest) -> RequestAccepted | RequestRejected:
+        prompt = msg.prompt_token_ids
+        rejection = self._validate(msg.rid, prompt, msg.sampling)
+        if rejection is not None:
+            return rejection
+        sampling = msg.sampling
+        if sampling.seed is None:
+            sampling.seed = self._seeds.getrandbits(63)
+        max_tokens = self.max_model_len - len(prompt)
+        if sampling.max_tokens is not None:
+            max_tokens = min(max_tokens, sampling.max_tokens)
+        msg.times.queued = time.time()
+        request = Request(msg.rid, list(prompt), sampling, max_tokens, msg.times)
+        self.requests[msg.rid] = request
+        self.waiting.append(request)
+        return RequestAccepted(msg.rid, len(prompt), msg.times)
+
+    def _validate(self, rid: int, prompt: list[int], sampling: SamplingParams) -> RequestRejected | None:
+        if rid in self.requests:
+            return RequestRejected(rid, 400, f"request id {rid} is already in use")
+        if not prompt:
+            return RequestRejected(rid, 400, "the prompt is empty", "prompt")
+        if len(prompt) >= self.max_model_len:
+            return RequestRejected(
+                rid, 400, f"the prompt has {len(prompt)} tokens; this server's context is {self.max_model_len} "
+                f"tokens, and at least one must be left to generate", "prompt")
+        if sampling.max_tokens is not None and len(prompt) + sampling.max_tokens > self.max_model_len:
+            return RequestRejected(
+                rid, 400, f"max_tokens={sampling.max_tokens} plus the prompt's {len(prompt)} tokens exceeds the "
+                f"context length {self.max_model_len}", "max_tokens")
+        if len(self.waiting) >= self.config.max_waiting_requests:
+            return RequestRejected(rid, 503, f"the server is at its queue limit "
+                                             f"({self.config.max_waiting_requests} waiting requests); retry later")
+        return None
+
+    def abort_request(self, rid: int, reason: str = "abort") -> RequestTokens | None:
+        """Stop a request now; its blocks are free before the next plan. None if it already ended."""
+        request = self.requests.get(rid)
+        if request is None:
+            return None
+        self._finish(request, reason)
+        return RequestTokens(rid, [], time.time(), reason)
+
+    # ------------------------------------------------------------------ the step
+
+    def has_unfinished(self) -> bool:
+        return bool(self.requests)
+
+    def schedule(self) -> StepPlan | None:
+        """The next step's plan, or None when nothing can run."""
+        budget = self.config.max_num_batched_tokens
+        chunks: list[ScheduledChunk] = []
+        new_specs: list[NewRequestSpec] = []
+        decode_tokens = 0
+        preempted = False
+
+        for request in list(self.running):
+            if request.status is not RequestStatus.RUNNING:
+                continue  # preempted earlier in this loop to make room
+            prefilling = request.is_prefilling
+            if prefilling:
+                n = min(request.num_resume_tokens - request.num_computed, budget)
+            elif request.can_sample_more(self.max_model_len) and request.num_tokens_planned > request.num_computed:
+                n = 1
+            else:
+                continue  # its last token is in flight; it finishes when the result arrives
+            if n == 0:
+                continue
+            before = self.stats.preemptions
+            if not self._reserve_blocks(request, request.num_computed + n):
+                preempted = True
+                continue
+            preempted |= self.stats.preemptions != before
+            chunks.append(self._plan_chunk(request, n, worker_has_blocks=len(request.block_ids)))
+            if prefilling:
+                budget -= n
+            else:
+                decode_tokens += 1
+
+        if not preempted:
+            budget = self._admit(budget, chunks, new_specs)
+
+        self.stats.last_step_prefill_tokens = self.config.max_num_batched_tokens - budget
+        self.stats.last_step_decode_tokens = decode_tokens
+        if not chunks and not self._released:
+            return None
+        self.stats.steps += 1
+        self.stats.prompt_tokens_computed += self.stats.last_step_prefill_tokens
+        self.stats.decode_tokens_computed += decode_tokens
+        self._step_id += 1
+        released, self._released = self._released, []
+        return StepPlan(self._step_id, new_specs, chunks, released)
+
+    def _admit(self, budget: int, chunks: list[ScheduledChunk], new_specs: list[NewRequestSpec]) -> int:
+        full_budget = self.config.max_num_batched_tokens
+        limit = self.config.max_prefill_requests or self.config.max_num_seqs
+        admitted = 0
+        while self.waiting and budget > 0 and admitted < limit and len(self.running) < self.config.max_num_seqs:
+            request = self.waiting[0]
+            if request.num_samples_in_flight:
+                break  # preempted with a sample still on the GPU: resume once it has arrived
+            tokens = request.known_token_ids()
+            cached: list[int] = []
+            cursor = InsertCursor()
+            if self.cache is not None:
+                # Leave the last token uncached: it must be computed to sample from it, into a block
+                # this request holds alone (shared blocks are never written).
+                cached, cursor = self.cache.match(tokens, (len(tokens) - 1) // self.block_size)
+            num_cached = len(cached) * self.block_size
+            n = len(tokens) - num_cached
+            if n > budget:
+                oversized_and_first = n > full_budget and budget == full_budget
+                if not (self.config.enable_chunked_prefill or oversized_and_first):
+                    self._release_blocks(cached)
+                    break  # waits for the next step, keeping its place
+                n = budget
+            needed = self.blocks.blocks_for_tokens(num_cached + n) - len(cached)
+            if not self._make_free(needed):
+                self._release_blocks(cached)
+                break
+            self.waiting.popleft()
+            request.status = RequestStatus.RUNNING
+            request.block_ids = cached
+            request.num_computed = num_cached
+            request.num_resume_tokens = len(tokens)
+            request.num_samples_planned = len(request.output_ids)
+            request.cache_cursor = cursor
+            if request.num_preemptions == 0:
+                request.num_cached_tokens = num_cached
+                request.times.first_scheduled = time.time()
+                self.stats.cache_hit_tokens += num_cached
+                self.stats.prompt_tokens_admitted += len(tokens)
+            self.running.append(request)
+            new_specs.append(NewRequestSpec(request.rid, tokens, request.sampling, len(request.output_ids)))
+            chunks.append(self._plan_chunk(request, n, worker_has_blocks=0))
+            budget -= n
+            admitted += 1
+        return budget
+
+    def _plan_chunk(self, request: Request, n: int, worker_has_blocks: int) -> ScheduledChunk:
+        """Advance the request by n tokens (room already made) and describe it for the worker, whose
+        mirror of the block table has its first `worker_has_blocks` entries."""
+        needed = self.blocks.blocks_for_tokens(request.num_computed + n)
+        request.block_ids.extend(self.blocks.allocate(needed - len(request.block_ids)))
+        start = request.num_computed
+        request.num_computed += n
+        sample = request.num_computed == request.num_tokens_planned
+        if sample:
+            request.num_samples_planned += 1
+        self._cache_computed_blocks(request)
+        return ScheduledChunk(request.rid, start, n, request.block_ids[worker_has_blocks:], sample)
+
+    def _cache_computed_blocks(self, request: Request) -> None:
+        """Offer the prefix cache every newly completed block whose tokens are all known."""
+        if self.cache is None or request.cache_cursor.stopped:
+            return
+        known = len(request.prompt_ids) + len(request.output_ids)
+        full = min(request.num_computed, known) // self.block_size
+        if full > request.cache_cursor.next_block:
+            tokens = request.known_token_ids()[:full * self.block_size]
+            self.cache.insert(tokens, request.block_ids, request.cache_cursor)
+
+    # ------------------------------------------------------------------ blocks
+
+    def _reserve_blocks(self, request: Request, num_tokens: int) -> bool:
+        """Make room for `request` to reach num_tokens, preempting the newest others if needed.
+        False if `request` itself had to be preempted."""
+        needed = self.blocks.blocks_for_tokens(num_tokens) - len(request.block_ids)
+        while not self._make_free(needed):
+            victim = self.running[-1]
+            self._preempt(victim)
+            if victim is request:
+                return False
+        return True
+
+    def _make_free(self, needed: int) -> bool:
+        short = needed - self.blocks.num_free
+        if short > 0 and self.cache is not None:
+            self.cache.evict(short)
+        return self.blocks.num_free >= needed
+
+    def _release_blocks(self, blocks: list[int]) -> None:
+        for block in blocks:
+            if self.cache is not None:
+                self.cache.release(block)
+            else:
+                self.blocks.release(block)
+
+    def _free_request_blocks(self, request: Request) -> None:
+        self._cache_computed_blocks(request)
+        self._release_blocks(request.block_ids)
+        request.block_ids = []
+
+    def _preempt(self, request: Request) -> None:
+        self._free_request_blocks(request)
+        self.running.remove(request)
+        request.status = RequestStatus.WAITING
+        request.num_computed = 0
+        request.cache_cursor = InsertCursor()
+        request.num_preemptions += 1
+        self.stats.preemptions += 1
+        self.waiting.appendleft(request)
+        self._released.append(request.rid)
+
+    def _finish(self, request: Request, reason: str) -> None:
+        if request.status is RequestStatus.RUNNING:
+            self._free_request_blocks(request)
+            self.running.remove(request)
+            self._released.append(request.rid)
+        elif request.status is RequestStatus.WAITING:
+            self.waiting.remove(request)
+        request.status = RequestStatus.FINISHED
+        request.finish_reason = reason
+        del self.requests[request.rid]
+        self.stats.finished_requests += 1
+
+    # ------------------------------------------------------------------ results
+
+    def process_result(self, result: StepResult) -> list[RequestTokens]:
+        outputs: list[RequestTokens] = []
+        for rid, token in zip(result.rids, result.token_ids):
+            request = self.requests.get(rid)
+            if request is None:
+                continue  # finished while this step ran: the extra token is discarded
+            request.output_ids.append(token)
+            self.stats.generated_tokens += 1
+            reason = self._finish_reason(request, token)
+            out = RequestTokens(rid, [token], result.sampled_time, reason)
+            if not request.first_tokens_sent:
+                request.first_tokens_sent = True
+                out.first_scheduled = request.times.first_scheduled
+                out.num_cached_tokens = request.num_cached_tokens
+            if reason is not None:
+                self._finish(request, reason)
+            outputs.append(out)
+        return outputs
+
+    def _finish_reason(self, request: Request, token: int) -> str | None:
+        s = request.sampling
+        if (token in self.eos_token_ids and not s.ignore_eos) or token in s.stop_token_ids:
+            return "stop"
+        if len(request.output_ids) >= request.max_tokens or \
+                len(request.prompt_ids) + len(request.output_ids) >= self.max_model_len:
+            return "length"
+        return None
+
+    # ------------------------------------------------------------------ checks
+
+    def check_integrity(self) -> None:
+        """free + evictable + in use == total, and every block's count equals its holders."""
+        self.blocks.check_integrity()
+        holders = [0] * self.blocks.num_blocks
+        for request in self.running:
+            for block in request.block_ids:
+                holders[block] += 1
+        for request in self.waiting:
+            assert not request.block_ids, f"waiting request {request.rid} holds blocks"
+        evictable = 0
+        if self.cache is not None:
+            self.cache.check_integrity()
+            for block in self.cache.node_of_block:
+                holders[block] += 1
+            evictable = self.cache.num_evictable
+        assert holders == self.blocks.ref_counts, "reference counts differ from holders"
+        in_use = sum(1 for c in self.blocks.ref_counts if c > 0) - evictable
+        assert self.blocks.num_free + evictable + in_use == self.blocks.num_blocks
