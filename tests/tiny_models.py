@@ -1,0 +1,91 @@
+"""Tiny random models built on the spot: a byte-level BPE trained on a few local files, and GPT-2 /
+Llama checkpoints saved the way Hugging Face saves them. Nothing is downloaded."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import torch
+
+CHATML_TEMPLATE = (
+    "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] "
+    "+ '<|im_end|>\\n' }}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
+)
+SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+# Multi-byte text in the corpus so that merges join bytes of CJK characters and emoji: the streaming
+# tests then see tokens that end in the middle of a character.
+MULTIBYTE_LINES = ["你好，世界。今天天气很好。", "日本語のテキストです。", "emoji 🚀🔥✨ and ñandú café", "한국어 문장입니다"]
+
+
+def build_tokenizer(folder: Path, vocab_size: int = 512) -> None:
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    import json as json_module
+    import textwrap as textwrap_module
+
+    files = [json_module.__file__, textwrap_module.__file__, os.__file__]
+    tokenizer = Tokenizer(models.BPE())
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=SPECIAL_TOKENS,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+    corpus = [Path(f).read_text() for f in files] + MULTIBYTE_LINES * 20
+    tokenizer.train_from_iterator(corpus, trainer)
+    fast = PreTrainedTokenizerFast(tokenizer_object=tokenizer, eos_token="<|endoftext|>",
+                                   bos_token="<|endoftext|>", unk_token="<|endoftext|>")
+    fast.chat_template = CHATML_TEMPLATE
+    fast.save_pretrained(folder)
+
+
+def build_model(kind: str, folder: Path, seed: int = 0, **overrides) -> Path:
+    """Save a random `kind` ('gpt2' or 'llama') model with a fresh tokenizer into `folder`."""
+    from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
+
+    folder.mkdir(parents=True, exist_ok=True)
+    build_tokenizer(folder)
+    vocab = len(json.loads((folder / "tokenizer.json").read_text())["model"]["vocab"])
+    torch.manual_seed(seed)
+    # A larger init than usual keeps logits well apart, so float32 rounding cannot flip an argmax.
+    if kind == "gpt2":
+        config = GPT2Config(vocab_size=vocab, n_positions=512, n_embd=64, n_layer=2, n_head=4,
+                            initializer_range=0.2, eos_token_id=0, bos_token_id=0, **overrides)
+        model = GPT2LMHeadModel(config)
+    elif kind == "llama":
+        config = LlamaConfig(vocab_size=vocab, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                             num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
+                             initializer_range=0.2, tie_word_embeddings=False, eos_token_id=0, bos_token_id=0,
+                             **overrides)
+        model = LlamaForCausalLM(config)
+    else:
+        raise ValueError(kind)
+    model.save_pretrained(folder)
+    return folder
+
+
+def hf_greedy(folder: Path, prompts: list[list[int]], max_new_tokens: int) -> list[list[int]]:
+    """Reference: Hugging Face generate, one prompt at a time, float32 on CPU, EOS ignored."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+    model.generation_config.eos_token_id = None
+    model.generation_config.pad_token_id = 0
+    outputs = []
+    with torch.inference_mode():
+        for prompt in prompts:
+            ids = torch.tensor([prompt])
+            out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new_tokens,
+                                 do_sample=False, min_new_tokens=max_new_tokens)
+            outputs.append(out[0, len(prompt):].tolist())
+    return outputs
+
+
+def random_prompts(count: int, lengths: list[int], vocab: int, seed: int = 0) -> list[list[int]]:
+    gen = torch.Generator().manual_seed(seed)
+    # Token 0 is EOS in the tiny models: keep it out of prompts.
+    return [torch.randint(1, vocab, (lengths[i % len(lengths)],), generator=gen).tolist() for i in range(count)]
+
+
+__all__ = ["build_model", "build_tokenizer", "hf_greedy", "random_prompts"]
