@@ -109,6 +109,7 @@ class RequestOutput:
     finish_reason: str | None = None
     first_scheduled: float = 0.0
     num_cached_tokens: int = 0
+    streamed_time: float = 0.0  # set by the frontend when it hands the output to the client's stream
 
 
 @message(7)

@@ -1,0 +1,40 @@
+"""What every child process does first: name its logs, die with its parent, exit cleanly on SIGTERM."""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import os
+import signal
+import sys
+
+PR_SET_PDEATHSIG = 1
+
+
+def init_child_process(role: str, log_level: str, parent_pid: int) -> None:
+    """Call first thing in a child's entry point."""
+    _die_with_parent(parent_pid)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C goes to the launcher, which stops everyone
+    signal.signal(signal.SIGTERM, _exit_on_sigterm)
+    configure_logging(role, log_level)
+
+
+def configure_logging(role: str, log_level: str) -> None:
+    logging.basicConfig(
+        level=getattr(logging, log_level.upper(), logging.INFO),
+        format=f"%(asctime)s %(levelname)s [{role} pid={os.getpid()}] %(message)s",
+        datefmt="%H:%M:%S", stream=sys.stderr, force=True)
+
+
+def _die_with_parent(parent_pid: int) -> None:
+    # Linux: the kernel sends SIGKILL to this process when its parent dies, even by SIGKILL. Without it a
+    # killed launcher would leave orphans holding the GPU.
+    if sys.platform.startswith("linux"):
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    if os.getppid() != parent_pid:  # the parent died before prctl took effect
+        os._exit(1)
+
+
+def _exit_on_sigterm(signum, frame) -> None:
+    raise SystemExit(0)

@@ -1,0 +1,97 @@
+"""ZeroMQ plumbing: every endpoint of a server run, and typed send/receive over PUSH/PULL sockets.
+
+All endpoints are ipc:// files in one private run directory (mode 0700). The receiving side binds; the
+senders connect (fan-in where many send to one). One PUSH/PULL connection delivers in order, which is
+why a request and its abort, taking the same path, can never overtake each other.
+
+    frontend ──tokenizer-{i}-requests──▶ tokenizer[i] ──scheduler-requests──▶ scheduler ──worker-plans──▶ gpu_worker
+    frontend ◀──frontend-outputs── tokenizer[i] ◀──tokenizer-{i}-tokens── scheduler ◀──scheduler-results── gpu_worker
+    any ──launcher-ready──▶ launcher;   frontend ──control-{role}──▶ any ──control-replies──▶ frontend
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Any
+
+import zmq
+
+from common.wire import decode, encode
+
+
+@dataclass(frozen=True, slots=True)
+class Endpoints:
+    run_dir: str
+
+    def _ipc(self, name: str) -> str:
+        return f"ipc://{os.path.join(self.run_dir, name)}"
+
+    def tokenizer_requests(self, index: int) -> str:
+        return self._ipc(f"tokenizer-{index}-requests")
+
+    def tokenizer_tokens(self, index: int) -> str:
+        return self._ipc(f"tokenizer-{index}-tokens")
+
+    @property
+    def frontend_outputs(self) -> str:
+        return self._ipc("frontend-outputs")
+
+    @property
+    def scheduler_requests(self) -> str:
+        return self._ipc("scheduler-requests")
+
+    @property
+    def worker_plans(self) -> str:
+        return self._ipc("worker-plans")
+
+    @property
+    def scheduler_results(self) -> str:
+        return self._ipc("scheduler-results")
+
+    @property
+    def launcher_ready(self) -> str:
+        return self._ipc("launcher-ready")
+
+    def control(self, role: str) -> str:
+        return self._ipc(f"control-{role}")
+
+    @property
+    def control_replies(self) -> str:
+        return self._ipc("control-replies")
+
+
+def make_run_dir() -> str:
+    """A fresh private directory for this run's sockets (mode 0700: only this user can connect)."""
+    import tempfile
+
+    path = tempfile.mkdtemp(prefix="clearserve-")
+    os.chmod(path, 0o700)
+    return path
+
+
+def pull_socket(ctx: zmq.Context, endpoint: str, bind: bool = True) -> zmq.Socket:
+    sock = ctx.socket(zmq.PULL)
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.setsockopt(zmq.RCVHWM, 0)
+    sock.bind(endpoint) if bind else sock.connect(endpoint)
+    return sock
+
+
+def push_socket(ctx: zmq.Context, endpoint: str, bind: bool = False) -> zmq.Socket:
+    sock = ctx.socket(zmq.PUSH)
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.setsockopt(zmq.SNDHWM, 0)  # never drop or block on a slow peer: the peer's death is handled elsewhere
+    sock.bind(endpoint) if bind else sock.connect(endpoint)
+    return sock
+
+
+def send(sock: zmq.Socket, message: Any) -> int:
+    """Encode and send; returns the bytes sent (for the per-process serialization stats)."""
+    data = encode(message)
+    sock.send(data, copy=False)
+    return len(data)
+
+
+def recv(sock: zmq.Socket, flags: int = 0) -> Any:
+    return decode(sock.recv(flags, copy=True))

@@ -1,0 +1,1 @@
+"""The HTTP frontend (runs in the launcher's process): OpenAI-compatible API, validation, streaming."""

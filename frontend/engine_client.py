@@ -1,0 +1,178 @@
+"""How the HTTP layer talks to the engine processes: the EngineClient interface and its ZeroMQ form.
+
+    app ── submit(GenerateRequest) ──▶ RequestStream ── events ──▶ app
+           first event:  RequestAccepted  (then 200 and stream)   or  RequestRejected (then 4xx/503)
+           then:         RequestOutput ... until one has finish_reason set
+
+The HTTP layer knows nothing of sockets, and tests can give it a fake client.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import time
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+
+import zmq
+import zmq.asyncio
+
+from common.messages import (AbortRequest, ControlReply, ControlRequest, GenerateRequest, OutputBatch,
+                             RequestAccepted, RequestOutput, RequestRejected)
+from common.transport import Endpoints, pull_socket, push_socket
+from common.wire import decode, encode
+
+log = logging.getLogger(__name__)
+
+Event = RequestAccepted | RequestRejected | RequestOutput
+
+
+@dataclass(slots=True)
+class EngineLimits:
+    """What the HTTP layer may tell clients and check up front, learned when the engine started."""
+
+    served_model_name: str
+    max_model_len: int
+    num_kv_blocks: int
+    block_size: int
+
+
+class RequestStream:
+    """Events of one request, in order. Iterate to get them; `abort()` when the client goes away."""
+
+    def __init__(self, rid: int, client: "EngineClient"):
+        self.rid = rid
+        self._client = client
+        self._queue: asyncio.Queue[Event] = asyncio.Queue()
+        self.finished = False
+
+    def put(self, event: Event) -> None:
+        self._queue.put_nowait(event)
+
+    async def next_event(self) -> Event:
+        event = await self._queue.get()
+        if isinstance(event, RequestRejected) or (isinstance(event, RequestOutput) and event.finish_reason):
+            self.finished = True
+        return event
+
+    def __aiter__(self):
+        return self
+
+    async def __anext__(self) -> Event:
+        if self.finished:
+            raise StopAsyncIteration
+        return await self.next_event()
+
+    async def abort(self) -> None:
+        if not self.finished:
+            self.finished = True
+            await self._client.abort(self.rid)
+
+
+class EngineClient(ABC):
+    limits: EngineLimits
+
+    @abstractmethod
+    async def submit(self, request: GenerateRequest) -> RequestStream:
+        """Send a request (its rid is set here) and return the stream of its events."""
+
+    @abstractmethod
+    async def abort(self, rid: int) -> None: ...
+
+    @abstractmethod
+    async def control(self, kind: str, args: dict | None = None, timeout: float = 5.0) -> dict[str, ControlReply]:
+        """Send a control request to every process; replies by role ('scheduler', 'gpu_worker',
+        'tokenizer-0', ...). Processes that did not answer within `timeout` are missing."""
+
+    @property
+    @abstractmethod
+    def roles(self) -> list[str]: ...
+
+
+class ZmqEngineClient(EngineClient):
+    def __init__(self, endpoints: Endpoints, num_tokenizers: int, limits: EngineLimits, roles: list[str]):
+        self.limits = limits
+        self._endpoints = endpoints
+        self._roles = roles
+        self._num_tokenizers = num_tokenizers
+        self._rids = itertools.count(1)
+        self._streams: dict[int, RequestStream] = {}
+        self._ctx = zmq.asyncio.Context.instance()
+        self._to_tokenizers = [push_socket(self._ctx, endpoints.tokenizer_requests(i)) for i in range(num_tokenizers)]
+        self._outputs = pull_socket(self._ctx, endpoints.frontend_outputs)
+        self._control_out = {role: push_socket(self._ctx, endpoints.control(role)) for role in roles}
+        self._control_in = pull_socket(self._ctx, endpoints.control_replies)
+        self._control_seq = itertools.count(1)
+        self._control_waiters: dict[int, tuple[asyncio.Future, dict]] = {}
+        self._tasks: list[asyncio.Task] = []
+
+    @property
+    def roles(self) -> list[str]:
+        return list(self._roles)
+
+    def start(self) -> None:
+        """Start the receive loops; call from inside the server's event loop."""
+        self._tasks = [asyncio.create_task(self._receive_outputs()), asyncio.create_task(self._receive_control())]
+
+    async def submit(self, request: GenerateRequest) -> RequestStream:
+        request.rid = next(self._rids)
+        stream = RequestStream(request.rid, self)
+        self._streams[request.rid] = stream
+        await self._tokenizer_for(request.rid).send(encode(request), copy=False)
+        return stream
+
+    async def abort(self, rid: int) -> None:
+        if self._streams.pop(rid, None) is not None:
+            await self._tokenizer_for(rid).send(encode(AbortRequest(rid)), copy=False)
+
+    def _tokenizer_for(self, rid: int) -> zmq.asyncio.Socket:
+        # A request keeps one tokenizer worker for its life: its incremental detokenizer lives there.
+        return self._to_tokenizers[rid % self._num_tokenizers]
+
+    async def _receive_outputs(self) -> None:
+        while True:
+            message = decode(await self._outputs.recv())
+            received = time.time()
+            if isinstance(message, OutputBatch):
+                for item in message.items:
+                    item.streamed_time = received
+                    self._deliver(item.rid, item, final=item.finish_reason is not None)
+            else:
+                self._deliver(message.rid, message, final=isinstance(message, RequestRejected))
+
+    def _deliver(self, rid: int, event: Event, final: bool) -> None:
+        stream = self._streams.pop(rid, None) if final else self._streams.get(rid)
+        if stream is not None:  # None: aborted by the client, late events are dropped
+            stream.put(event)
+
+    async def control(self, kind: str, args: dict | None = None, timeout: float = 5.0) -> dict[str, ControlReply]:
+        seq = next(self._control_seq)
+        future: asyncio.Future = asyncio.get_running_loop().create_future()
+        replies: dict[str, ControlReply] = {}
+        self._control_waiters[seq] = (future, replies)
+        for sock in self._control_out.values():
+            await sock.send(encode(ControlRequest(kind, seq, args or {})), copy=False)
+        try:
+            await asyncio.wait_for(future, timeout)
+        except asyncio.TimeoutError:
+            pass
+        finally:
+            self._control_waiters.pop(seq, None)
+        return replies
+
+    async def _receive_control(self) -> None:
+        while True:
+            reply: ControlReply = decode(await self._control_in.recv())
+            waiter = self._control_waiters.get(reply.seq)
+            if waiter is None:
+                continue  # late reply to a request that timed out
+            future, replies = waiter
+            replies[reply.role] = reply
+            if len(replies) == len(self._roles) and not future.done():
+                future.set_result(None)
+
+    async def close(self) -> None:
+        for task in self._tasks:
+            task.cancel()
