@@ -1,0 +1,147 @@
+"""The scheduler process: admits requests, plans steps, and keeps the GPU busy with one plan queued ahead.
+
+    tokenizers ──TokenizedRequest/AbortRequest──▶ [PULL scheduler-requests]
+    [PUSH worker-plans] ──StepPlan──▶ gpu_worker ──StepResult──▶ [PULL scheduler-results]
+    [PUSH tokenizer-{i}-tokens] ──RequestAccepted/Rejected, TokenBatch──▶ tokenizer[rid % N]
+
+Overlap: plan N+1 is sent before result N is read, so the worker starts step N+1 the moment it finishes
+N, while the scheduler processes N's tokens and streams them. Hence at most PLANS_IN_FLIGHT plans are
+outstanding; the scheduler's request state is written so that this is safe (see scheduler.py).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import defaultdict
+
+import zmq
+
+from common.config import EngineConfig
+from common.control import ControlServer
+from common.messages import AbortRequest, ProcessReady, RequestTokens, StepResult, TokenBatch, TokenizedRequest
+from common.model_info import ModelInfo
+from common.process import init_child_process
+from common.transport import Endpoints, pull_socket, push_socket, recv, send
+from scheduler.scheduler import Scheduler
+
+ROLE = "scheduler"
+PLANS_IN_FLIGHT = 2
+IDLE_POLL_MS = 100
+log = logging.getLogger(ROLE)
+
+
+def main(config: EngineConfig, info: ModelInfo, num_kv_blocks: int, num_tokenizers: int, run_dir: str,
+         log_level: str, parent_pid: int) -> None:
+    init_child_process(ROLE, log_level, parent_pid)
+    loop = SchedulerLoop(Scheduler(config, info, num_kv_blocks), Endpoints(run_dir), num_tokenizers)
+    with push_socket(zmq.Context.instance(), loop.endpoints.launcher_ready) as ready:
+        send(ready, ProcessReady(ROLE, loop.control.pid, {"max_model_len": loop.scheduler.max_model_len}))
+    try:
+        loop.run()
+    except SystemExit:
+        pass
+
+
+class SchedulerLoop:
+    def __init__(self, scheduler: Scheduler, endpoints: Endpoints, num_tokenizers: int):
+        self.scheduler = scheduler
+        self.endpoints = endpoints
+        ctx = zmq.Context.instance()
+        self.requests = pull_socket(ctx, endpoints.scheduler_requests)
+        self.results = pull_socket(ctx, endpoints.scheduler_results)
+        self.plans = push_socket(ctx, endpoints.worker_plans)
+        self.tokenizers = [push_socket(ctx, endpoints.tokenizer_tokens(i)) for i in range(num_tokenizers)]
+        self.control = ControlServer(endpoints, ROLE, stats=self.stats)
+        self.in_flight = 0
+        self.started = time.time()
+        self.busy_s = 0.0
+        self.last_log = 0.0
+
+    def run(self) -> None:
+        poller = zmq.Poller()
+        poller.register(self.requests, zmq.POLLIN)
+        progress = True
+        while True:
+            for command in self.control.pending():
+                self.control.reply(command, {"error": f"{command.kind} is not supported by {ROLE}"})
+            # Wait for input only when the last round did nothing: otherwise look and go on.
+            ready = dict(poller.poll(timeout=0 if progress else IDLE_POLL_MS))
+            start = time.perf_counter()
+            if self.requests in ready:
+                self._drain_requests()
+            progress = False
+            while self.in_flight < PLANS_IN_FLIGHT:
+                plan = self.scheduler.schedule()
+                if plan is None:
+                    break
+                send(self.plans, plan)
+                self.in_flight += 1
+                progress = True
+            self.busy_s += time.perf_counter() - start
+            if self.in_flight:
+                # Either the queue ahead of the GPU is full, or nothing more can be planned until tokens
+                # come back: wait for the oldest step.
+                result: StepResult = recv(self.results)
+                start = time.perf_counter()
+                self.in_flight -= 1
+                self._stream(self.scheduler.process_result(result))
+                self.busy_s += time.perf_counter() - start
+                progress = True
+            self._maybe_log()
+
+    def _drain_requests(self) -> None:
+        while True:
+            try:
+                message = recv(self.requests, zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            if isinstance(message, TokenizedRequest):
+                send(self._tokenizer_of(message.rid), self.scheduler.add_request(message))
+            elif isinstance(message, AbortRequest):
+                # The tokenizer worker already ended the request for its client; only the blocks remain.
+                self.scheduler.abort_request(message.rid, message.reason)
+
+    def _stream(self, outputs: list[RequestTokens]) -> None:
+        by_tokenizer: dict[int, list[RequestTokens]] = defaultdict(list)
+        for item in outputs:
+            by_tokenizer[item.rid % len(self.tokenizers)].append(item)
+        for index, items in by_tokenizer.items():
+            send(self.tokenizers[index], TokenBatch(items))
+
+    def _tokenizer_of(self, rid: int) -> zmq.Socket:
+        return self.tokenizers[rid % len(self.tokenizers)]
+
+    def _maybe_log(self) -> None:
+        now = time.time()
+        if now - self.last_log < 10 or not self.scheduler.has_unfinished():
+            return
+        self.last_log = now
+        s = self.scheduler.stats
+        hit_rate = s.cache_hit_tokens / s.prompt_tokens_admitted if s.prompt_tokens_admitted else 0.0
+        log.info("running %d, waiting %d, KV blocks free %d/%d, last step %d prefill + %d decode tokens, "
+                 "prefix cache hit rate %.1f%%, preemptions %d", len(self.scheduler.running),
+                 len(self.scheduler.waiting), self.scheduler.blocks.num_free, self.scheduler.blocks.num_blocks,
+                 s.last_step_prefill_tokens, s.last_step_decode_tokens, 100 * hit_rate, s.preemptions)
+
+    def stats(self) -> dict:
+        s = self.scheduler.stats
+        cache = self.scheduler.cache
+        return {
+            "num_running": len(self.scheduler.running),
+            "num_waiting": len(self.scheduler.waiting),
+            "kv_blocks_total": self.scheduler.blocks.num_blocks,
+            "kv_blocks_free": self.scheduler.blocks.num_free,
+            "kv_blocks_cached": len(cache) if cache is not None else 0,
+            "steps": s.steps,
+            "prompt_tokens_computed": s.prompt_tokens_computed,
+            "decode_tokens_computed": s.decode_tokens_computed,
+            "generated_tokens": s.generated_tokens,
+            "prompt_tokens_admitted": s.prompt_tokens_admitted,
+            "cache_hit_tokens": s.cache_hit_tokens,
+            "preemptions": s.preemptions,
+            "last_step_prefill_tokens": s.last_step_prefill_tokens,
+            "last_step_decode_tokens": s.last_step_decode_tokens,
+            "uptime_s": time.time() - self.started,
+            "busy_s": self.busy_s,
+        }

@@ -1,0 +1,147 @@
+"""Scheduling features never change outputs, and do what they promise: prefix reuse computes only
+what is new, one admission round is one forward, the prompt budget and chunking bound each step,
+and preemption under a tiny KV pool still finishes every request with the same tokens."""
+
+from __future__ import annotations
+
+import pytest
+
+from common.sampling_params import SamplingParams
+from offline import LLM
+from tests.tiny_models import random_prompts
+
+GREEDY = SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True)
+
+
+def make_llm(folder, **args) -> LLM:
+    llm = LLM(str(folder), device="cpu", dtype="float32", **args)
+    llm.record_plans = True
+    return llm
+
+
+def run(llm: LLM, prompts, params=GREEDY) -> list[list[int]]:
+    return [o.token_ids for o in llm.generate(prompts, params, on_step=llm.scheduler.check_integrity)]
+
+
+def prefill_plans(llm: LLM):
+    return [p for p in llm.plans_executed if any(c.num_tokens > 1 or c.rid in {s.rid for s in p.new_requests}
+                                                 for c in p.chunks)]
+
+
+def test_one_admission_round_of_hits_misses_and_duplicates_is_one_forward(tiny_llama):
+    llm = make_llm(tiny_llama, block_size=16)
+    shared, other, dup = random_prompts(3, [40, 37, 50], vocab=512, seed=3)
+    run(llm, [shared])  # warms the cache with `shared`
+    llm.plans_executed.clear()
+    hit = shared + [7, 8, 9]
+    outs = run(llm, [hit, other, dup, dup])
+    first = llm.plans_executed[0]
+    computed = {c.rid: c.num_tokens for c in first.chunks}
+    assert len(first.chunks) == 4, "every admitted request is in the first forward"
+    assert all(len(p.new_requests) == 0 for p in llm.plans_executed[1:]), "no later prefill"
+    rids = [s.rid for s in first.new_requests]
+    assert computed[rids[0]] == len(hit) - 32, "the hit computes only its uncached suffix"
+    assert computed[rids[1]] == len(other)
+    assert computed[rids[2]] == len(dup)
+    assert computed[rids[3]] == len(dup) - 48, "the duplicate shares the first copy's full blocks"
+    assert outs[2] == outs[3]
+    assert outs == run(make_llm(tiny_llama, block_size=16, enable_prefix_caching=False), [hit, other, dup, dup])
+
+
+def test_prompt_plus_one_token_computes_exactly_one_token(tiny_llama):
+    llm = make_llm(tiny_llama, block_size=16)
+    [prompt] = random_prompts(1, [64], vocab=512, seed=4)
+    run(llm, [prompt], SamplingParams(max_tokens=1, temperature=0.0))
+    llm.plans_executed.clear()
+    run(llm, [prompt + [5]], SamplingParams(max_tokens=1, temperature=0.0))
+    assert [c.num_tokens for c in llm.plans_executed[0].chunks] == [1]
+    assert llm.scheduler.stats.cache_hit_tokens == 64
+
+
+def test_fully_cached_prompt_still_computes_its_last_token(tiny_llama):
+    llm = make_llm(tiny_llama, block_size=16)
+    [prompt] = random_prompts(1, [48], vocab=512, seed=5)
+    first = run(llm, [prompt])
+    llm.plans_executed.clear()
+    assert run(llm, [prompt]) == first
+    assert [c.num_tokens for c in llm.plans_executed[0].chunks] == [16], "the last block is recomputed"
+
+
+@pytest.mark.parametrize("engine_args", [
+    {"enable_prefix_caching": False},
+    {"max_num_batched_tokens": 8},
+    {"max_num_batched_tokens": 8, "enable_chunked_prefill": False},
+    {"max_num_batched_tokens": 20, "block_size": 4},
+    {"max_prefill_requests": 1},
+    {"max_num_seqs": 2},
+])
+def test_scheduling_options_leave_outputs_unchanged(tiny_model, engine_args):
+    prompts = random_prompts(6, [3, 17, 40, 9, 25, 61], vocab=512, seed=6)
+    prompts.append(prompts[2][:30] + [11, 12])  # shares a prefix with another prompt
+    baseline = run(make_llm(tiny_model), prompts)
+    assert run(make_llm(tiny_model, **engine_args), prompts) == baseline
+
+
+def test_prompt_budget_bounds_every_step_and_keeps_fifo_order(tiny_llama):
+    llm = make_llm(tiny_llama, max_num_batched_tokens=16, enable_prefix_caching=False)
+    prompts = random_prompts(5, [10, 10, 30, 4, 4], vocab=512, seed=7)
+    run(llm, prompts)
+    admitted = [s.rid for p in llm.plans_executed for s in p.new_requests]
+    assert admitted == sorted(admitted), "requests are admitted in arrival order"
+    for plan in llm.plans_executed:
+        new = {s.rid for s in plan.new_requests}
+        prompt_tokens = sum(c.num_tokens for c in plan.chunks if c.num_tokens > 1 or c.rid in new)
+        assert prompt_tokens <= 16
+
+
+def test_without_chunking_a_request_that_overflows_waits_for_the_next_step(tiny_llama):
+    llm = make_llm(tiny_llama, max_num_batched_tokens=16, enable_chunked_prefill=False,
+                   enable_prefix_caching=False)
+    prompts = random_prompts(2, [10, 10], vocab=512, seed=8)
+    run(llm, prompts)
+    first, second = llm.plans_executed[0], llm.plans_executed[1]
+    assert [c.num_tokens for c in first.chunks] == [10]
+    assert [s.rid for s in second.new_requests] == [1] and 10 in [c.num_tokens for c in second.chunks]
+
+
+def test_an_oversized_first_request_is_chunked_even_without_chunking(tiny_llama):
+    llm = make_llm(tiny_llama, max_num_batched_tokens=16, enable_chunked_prefill=False,
+                   enable_prefix_caching=False)
+    [prompt] = random_prompts(1, [40], vocab=512, seed=9)
+    out = run(llm, [prompt])
+    assert [c.num_tokens for c in llm.plans_executed[0].chunks] == [16]
+    assert out == run(make_llm(tiny_llama), [prompt])
+
+
+def test_chunked_prefill_lets_running_requests_decode_meanwhile(tiny_llama):
+    llm = make_llm(tiny_llama, max_num_batched_tokens=8, enable_prefix_caching=False)
+    short, long = random_prompts(2, [4, 60], vocab=512, seed=10)
+    run(llm, [short, long], SamplingParams(max_tokens=10, temperature=0.0, ignore_eos=True))
+    long_chunks = [p for p in llm.plans_executed if any(c.rid == 1 and c.num_tokens > 1 for c in p.chunks)]
+    assert len(long_chunks) >= 7, "the long prompt is spread over many steps"
+    assert all(any(c.rid == 0 for c in p.chunks) for p in long_chunks[1:]), "the short one decodes in each"
+
+
+def test_preemption_under_a_tiny_kv_pool_gives_the_same_outputs(tiny_model):
+    prompts = random_prompts(6, [20, 33, 7, 41, 15, 28], vocab=512, seed=11)
+    params = SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True)
+    baseline = run(make_llm(tiny_model, block_size=4), prompts, params)
+    tight = make_llm(tiny_model, block_size=4, num_kv_blocks=20)
+    assert run(tight, prompts, params) == baseline
+    assert tight.scheduler.stats.preemptions > 0
+
+
+def test_seeded_sampling_survives_preemption_and_batching(tiny_llama):
+    prompts = random_prompts(5, [20, 33, 7, 41, 15], vocab=512, seed=12)
+    params = [SamplingParams(max_tokens=20, temperature=0.9, top_p=0.9, top_k=50, seed=100 + i, ignore_eos=True)
+              for i in range(len(prompts))]
+    alone = [run(make_llm(tiny_llama), [p], [sp])[0] for p, sp in zip(prompts, params)]
+    assert run(make_llm(tiny_llama, block_size=4, num_kv_blocks=24), prompts, params) == alone
+
+
+def test_a_request_that_can_never_fit_is_rejected_clearly(tiny_llama):
+    from common.sampling_params import InvalidParameter
+
+    llm = make_llm(tiny_llama, block_size=4, num_kv_blocks=8)
+    with pytest.raises(InvalidParameter, match="context length 32"):
+        llm.add_request(list(range(1, 21)), SamplingParams(max_tokens=20))
