@@ -1,0 +1,108 @@
+"""The HTTP application: OpenAI endpoints, the native /generate, health, metrics and control stubs.
+
+    build_app(client, api_key) -> FastAPI
+
+It knows the engine only through EngineClient, so tests drive it with a fake client and the server
+wires in the ZeroMQ one.
+"""
+
+from __future__ import annotations
+
+import time
+
+from fastapi import Depends, FastAPI, Request, Response
+from fastapi.responses import JSONResponse
+from prometheus_client import CONTENT_TYPE_LATEST
+
+from common.messages import ControlReply
+from frontend.auth import api_key_check
+from frontend.engine_client import EngineClient
+from frontend.errors import ApiError, install_error_handlers
+from frontend.metrics import FrontendMetrics
+from frontend.native_api import native_router
+from frontend.openai_api import openai_router
+from frontend.streaming import ClientDisconnected
+
+HEALTH_TIMEOUT_S = 2.0
+STATS_TIMEOUT_S = 2.0
+PROFILE_TIMEOUT_S = 30.0  # stopping a profiler writes its trace first
+
+
+def build_app(client: EngineClient, api_key: str | None = None) -> FastAPI:
+    app = FastAPI(title="clearserve")
+    install_error_handlers(app)
+    app.add_exception_handler(ClientDisconnected, _client_gone)  # type: ignore[arg-type]
+    metrics = FrontendMetrics()
+    created = int(time.time())
+    keyed = [Depends(api_key_check(api_key))]
+    app.include_router(openai_router(client, metrics), dependencies=keyed)
+    app.include_router(native_router(client, metrics), dependencies=keyed)
+
+    @app.get("/v1/models", dependencies=keyed)
+    async def list_models() -> dict:
+        return {"object": "list", "data": [_model_card(client, created)]}
+
+    @app.get("/v1/models/{model:path}", dependencies=keyed)
+    async def get_model(model: str) -> dict:
+        if model != client.limits.served_model_name:
+            raise ApiError(404, f"model '{model}' is not served here", param="model", code="model_not_found")
+        return _model_card(client, created)
+
+    @app.get("/health")
+    async def health() -> JSONResponse:
+        # Alive means every process answers its control thread, even in the middle of a long step.
+        replies = await client.control("ping", timeout=HEALTH_TIMEOUT_S)
+        silent = [role for role in client.roles if role not in replies]
+        if silent:
+            return JSONResponse({"status": "unhealthy", "silent": silent}, status_code=503)
+        return JSONResponse({"status": "ok"})
+
+    @app.get("/metrics")
+    async def prometheus_metrics() -> Response:
+        replies = await client.control("stats", timeout=STATS_TIMEOUT_S)
+        scheduler = replies.get("scheduler")
+        body = metrics.render(scheduler.payload if scheduler is not None else None)
+        return Response(body, media_type=CONTENT_TYPE_LATEST)
+
+    @app.post("/start_profile", dependencies=keyed)
+    async def start_profile(request: Request) -> dict:
+        return _by_role(client, await client.control("start_profile", await _json_args(request), PROFILE_TIMEOUT_S))
+
+    @app.post("/stop_profile", dependencies=keyed)
+    async def stop_profile(request: Request) -> dict:
+        return _by_role(client, await client.control("stop_profile", await _json_args(request), PROFILE_TIMEOUT_S))
+
+    @app.get("/stats", dependencies=keyed)
+    async def stats() -> dict:
+        return _by_role(client, await client.control("stats", timeout=STATS_TIMEOUT_S))
+
+    return app
+
+
+def _model_card(client: EngineClient, created: int) -> dict:
+    limits = client.limits
+    return {"id": limits.served_model_name, "object": "model", "created": created, "owned_by": "clearserve",
+            "max_model_len": limits.max_model_len}
+
+
+def _by_role(client: EngineClient, replies: dict[str, ControlReply]) -> dict:
+    return {"replies": {role: {"pid": r.pid, "payload": r.payload} for role, r in replies.items()},
+            "silent": [role for role in client.roles if role not in replies]}
+
+
+async def _json_args(request: Request) -> dict:
+    body = await request.body()
+    if not body:
+        return {}
+    try:
+        args = await request.json()
+    except ValueError:
+        raise ApiError(400, "the request body is not valid JSON") from None
+    if not isinstance(args, dict):
+        raise ApiError(400, "the request body must be a JSON object")
+    return args
+
+
+async def _client_gone(_: Request, __: ClientDisconnected) -> Response:
+    # Nobody is left to read this; 499 (nginx's "client closed request") keeps access logs honest.
+    return Response(status_code=499)

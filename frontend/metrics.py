@@ -1,0 +1,124 @@
+"""Prometheus metrics of one server, in a registry of the app's own (two apps in one process never mix).
+
+Two sources:
+- per-request latencies and token counts, measured here from the stage times the events carry
+  (arrival, tokenized, queued, first scheduled, each output's streamed time), so a latency breakdown
+  and /metrics agree;
+- the scheduler's state and counters, asked for at scrape time (`control("stats")`) and exposed as-is.
+"""
+
+from __future__ import annotations
+
+from typing import Iterator
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from common.messages import RequestOutput, StageTimes
+
+LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75,
+                   1.0, 2.5, 5.0, 10.0, 20.0, 40.0, 80.0)
+
+# (stats key, metric name, help) of the scheduler's snapshot.
+SCHEDULER_GAUGES = [
+    ("num_running", "clearserve_num_requests_running", "Requests in the running batch"),
+    ("num_waiting", "clearserve_num_requests_waiting", "Requests waiting for admission"),
+    ("kv_blocks_total", "clearserve_kv_blocks_total", "KV cache blocks in the pool"),
+    ("kv_blocks_free", "clearserve_kv_blocks_free", "KV cache blocks free (cached-but-unused blocks count as free)"),
+    ("kv_blocks_cached", "clearserve_kv_blocks_cached", "KV cache blocks holding a reusable prefix"),
+    ("last_step_prefill_tokens", "clearserve_last_step_prefill_tokens", "Prompt tokens computed by the last step"),
+    ("last_step_decode_tokens", "clearserve_last_step_decode_tokens", "Decode tokens computed by the last step"),
+]
+SCHEDULER_COUNTERS = [
+    ("steps", "clearserve_scheduler_steps", "Step plans sent to the GPU worker"),
+    ("prompt_tokens_computed", "clearserve_prompt_tokens_computed", "Prompt tokens run through the model"),
+    ("decode_tokens_computed", "clearserve_decode_tokens_computed", "Decode tokens run through the model"),
+    ("generated_tokens", "clearserve_scheduler_generated_tokens", "Tokens sampled, as the scheduler counts them"),
+    ("prompt_tokens_admitted", "clearserve_prompt_tokens_admitted", "Prompt tokens of admitted requests"),
+    ("cache_hit_tokens", "clearserve_prefix_cache_hit_tokens", "Prompt tokens served from the prefix cache"),
+    ("preemptions", "clearserve_preemptions", "Requests preempted to free KV blocks"),
+]
+
+
+class SchedulerStatsCollector(Collector):
+    """Exposes the latest scheduler stats snapshot; nothing when the scheduler did not answer."""
+
+    def __init__(self) -> None:
+        self.snapshot: dict | None = None
+
+    def collect(self) -> Iterator[Metric]:
+        stats = self.snapshot
+        if stats is None:
+            return
+        for key, name, doc in SCHEDULER_GAUGES:
+            if key in stats:
+                yield GaugeMetricFamily(name, doc, value=stats[key])
+        if "kv_blocks_total" in stats and "kv_blocks_free" in stats:
+            yield GaugeMetricFamily("clearserve_kv_blocks_used", "KV cache blocks held by requests",
+                                    value=stats["kv_blocks_total"] - stats["kv_blocks_free"])
+        for key, name, doc in SCHEDULER_COUNTERS:
+            if key in stats:
+                yield CounterMetricFamily(name, doc, value=stats[key])
+        admitted = stats.get("prompt_tokens_admitted", 0)
+        yield GaugeMetricFamily("clearserve_prefix_cache_hit_rate",
+                                "Share of admitted prompt tokens served from the prefix cache",
+                                value=stats.get("cache_hit_tokens", 0) / admitted if admitted else 0.0)
+
+
+class FrontendMetrics:
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.prompt_tokens = Counter("clearserve_prompt_tokens", "Prompt tokens of accepted requests", registry=r)
+        self.generation_tokens = Counter("clearserve_generation_tokens", "Tokens streamed to clients", registry=r)
+        self.requests_finished = Counter("clearserve_requests_finished", "Requests finished, by finish reason",
+                                         ["finish_reason"], registry=r)
+        self.requests_rejected = Counter("clearserve_requests_rejected", "Requests the engine refused, by HTTP status",
+                                         ["status"], registry=r)
+        self.ttft = Histogram("clearserve_time_to_first_token_seconds",
+                              "Arrival to the first output handed to the client", buckets=LATENCY_BUCKETS, registry=r)
+        self.inter_token = Histogram("clearserve_inter_token_latency_seconds",
+                                     "Gap between consecutive tokens as the frontend streams them "
+                                     "(tokens that arrive together count a zero gap)",
+                                     buckets=LATENCY_BUCKETS, registry=r)
+        self.e2e = Histogram("clearserve_e2e_request_latency_seconds", "Arrival to the last output",
+                             buckets=LATENCY_BUCKETS, registry=r)
+        self.queue_time = Histogram("clearserve_request_queue_time_seconds",
+                                    "Queued by the scheduler to first scheduled", buckets=LATENCY_BUCKETS, registry=r)
+        self.tokenization_time = Histogram("clearserve_request_tokenization_time_seconds",
+                                           "Arrival to tokenized", buckets=LATENCY_BUCKETS, registry=r)
+        self.scheduler = SchedulerStatsCollector()
+        r.register(self.scheduler)
+
+    def accepted(self, prompt_tokens: int, times: StageTimes) -> None:
+        self.prompt_tokens.inc(prompt_tokens)
+        self.tokenization_time.observe(max(0.0, times.tokenized - times.arrival))
+
+    def rejected(self, status: int) -> None:
+        self.requests_rejected.labels(status=str(status)).inc()
+
+    def output(self, output: RequestOutput, times: StageTimes, previous_token_streamed: float | None) -> None:
+        """One output of an accepted request; `previous_token_streamed` is when its previous token was
+        streamed, None while it has none."""
+        num_tokens = len(output.token_ids)
+        self.generation_tokens.inc(num_tokens)
+        if num_tokens and previous_token_streamed is None:
+            self.ttft.observe(max(0.0, output.streamed_time - times.arrival))
+            if output.first_scheduled:
+                self.queue_time.observe(max(0.0, output.first_scheduled - times.queued))
+        elif num_tokens:
+            self.inter_token.observe(max(0.0, output.streamed_time - previous_token_streamed))
+        for _ in range(num_tokens - 1):
+            self.inter_token.observe(0.0)
+        if output.finish_reason:
+            self.finished(output.finish_reason)
+            self.e2e.observe(max(0.0, output.streamed_time - times.arrival))
+
+    def finished(self, finish_reason: str) -> None:
+        self.requests_finished.labels(finish_reason=finish_reason).inc()
+
+    def render(self, scheduler_stats: dict | None) -> bytes:
+        # Set and render with no await between: concurrent scrapes each see their own snapshot.
+        self.scheduler.snapshot = scheduler_stats
+        return generate_latest(self.registry)

@@ -1,0 +1,65 @@
+"""POST /generate: the engine's own interface, for benchmarks that want every stage time.
+
+    stream:      one JSON line per output  {"token_ids", "text", "sampled_time", "detokenized_time",
+                                            "streamed_time", "finish_reason"}
+                 then a summary line       {"rid", "prompt_tokens", "num_cached_tokens", "completion_tokens",
+                                            "finish_reason", "times": {arrival, tokenized, queued, first_scheduled}}
+    no stream:   the summary, plus "text", "token_ids" and per-token "sampled_times" and "streamed_times"
+"""
+
+from __future__ import annotations
+
+import time
+from typing import AsyncGenerator
+
+from fastapi import APIRouter, Request, Response
+from fastapi.responses import JSONResponse
+
+from common.messages import GenerateRequest, RequestOutput
+from frontend.engine_client import EngineClient
+from frontend.generation import Generation
+from frontend.metrics import FrontendMetrics
+from frontend.protocol import GenerateBody, parse_body
+from frontend.streaming import StreamingEvents, ndjson_line
+
+
+def native_router(client: EngineClient, metrics: FrontendMetrics) -> APIRouter:
+    router = APIRouter()
+
+    @router.post("/generate")
+    async def generate(request: Request) -> Response:
+        arrival = time.time()
+        body = await parse_body(request, GenerateBody)
+        prompt, prompt_ids = body.engine_prompt()
+        fields = body.sampling_params
+        sampling = fields.sampling_params(fields.max_tokens, "max_tokens", client.limits)
+        engine_request = GenerateRequest(0, sampling, arrival, prompt=prompt, prompt_token_ids=prompt_ids)
+        generation = await Generation.start(client, engine_request, metrics, request.receive)
+        if body.stream:
+            return StreamingEvents(_ndjson_lines(generation), "application/x-ndjson", generation.close)
+        outputs = await generation.collect(request.receive)
+        return JSONResponse({**_summary(generation), **_whole(outputs)})
+
+    return router
+
+
+async def _ndjson_lines(generation: Generation) -> AsyncGenerator[bytes, None]:
+    async for output in generation.outputs():
+        yield ndjson_line({"token_ids": output.token_ids, "text": output.text, "sampled_time": output.sampled_time,
+                           "detokenized_time": output.detokenized_time, "streamed_time": output.streamed_time,
+                           "finish_reason": output.finish_reason})
+    yield ndjson_line(_summary(generation))
+
+
+def _summary(generation: Generation) -> dict:
+    return {"rid": generation.rid, "prompt_tokens": generation.accepted.prompt_tokens,
+            "num_cached_tokens": generation.num_cached_tokens, "completion_tokens": generation.completion_tokens,
+            "finish_reason": generation.finish_reason, "times": generation.stage_times()}
+
+
+def _whole(outputs: list[RequestOutput]) -> dict:
+    # Tokens that arrived in one output share its times.
+    return {"text": "".join(o.text for o in outputs),
+            "token_ids": [t for o in outputs for t in o.token_ids],
+            "sampled_times": [o.sampled_time for o in outputs for _ in o.token_ids],
+            "streamed_times": [o.streamed_time for o in outputs for _ in o.token_ids]}

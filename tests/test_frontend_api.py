@@ -1,0 +1,338 @@
+"""The HTTP layer's contract with clients, driven in-process against a scripted engine client."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+from fastapi.testclient import TestClient
+
+from common.messages import RequestRejected
+from frontend.app import build_app
+from tests.fake_engine import FakeEngineClient, Script
+
+
+@pytest.fixture
+def engine() -> FakeEngineClient:
+    return FakeEngineClient()
+
+
+@pytest.fixture
+def http(engine) -> TestClient:
+    return TestClient(build_app(engine))
+
+
+def sse_events(body: str) -> list:
+    """The payloads of an SSE body: parsed JSON objects, and the literal "[DONE]"."""
+    assert body.endswith("\n\n")
+    events = []
+    for block in body.split("\n\n")[:-1]:
+        assert block.startswith("data: "), block
+        data = block[len("data: "):]
+        events.append(data if data == "[DONE]" else json.loads(data))
+    return events
+
+
+def assert_error(response, status: int, param: str | None, type: str = "invalid_request_error") -> dict:
+    assert response.status_code == status, response.text
+    error = response.json()["error"]
+    assert set(error) == {"message", "type", "param", "code"}
+    assert error["type"] == type
+    assert error["param"] == param
+    assert error["message"]
+    return error
+
+
+# ---------------------------------------------------------------- /v1/completions
+
+
+def test_completion_returns_the_generated_text_and_usage(http):
+    response = http.post("/v1/completions", json={"model": "fake-model", "prompt": "Say hi", "max_tokens": 5})
+    assert response.status_code == 200
+    body = response.json()
+    assert body["id"] == "cmpl-1"
+    assert body["object"] == "text_completion"
+    assert body["model"] == "fake-model"
+    assert abs(body["created"] - time.time()) < 60
+    assert body["choices"] == [{"index": 0, "text": "Hello, world", "logprobs": None, "finish_reason": "stop"}]
+    assert body["usage"]["prompt_tokens"] == 5
+    assert body["usage"]["completion_tokens"] == 3
+    assert body["usage"]["total_tokens"] == 8
+    assert body["usage"]["prompt_tokens_details"] == {"cached_tokens": 2}
+
+
+def test_completion_relays_length_finish_reason(http, engine):
+    engine.script = Script(finish_reason="length")
+    assert http.post("/v1/completions", json={"prompt": "x"}).json()["choices"][0]["finish_reason"] == "length"
+
+
+def test_completion_stream_sends_text_chunks_then_done(http):
+    response = http.post("/v1/completions", json={"prompt": "Say hi", "stream": True})
+    assert response.status_code == 200
+    assert response.headers["content-type"].startswith("text/event-stream")
+    events = sse_events(response.text)
+    assert events[-1] == "[DONE]"
+    chunks = events[:-1]
+    assert all(c["id"] == "cmpl-1" and c["object"] == "text_completion" for c in chunks)
+    assert all("usage" not in c for c in chunks)
+    assert "".join(c["choices"][0]["text"] for c in chunks) == "Hello, world"
+    assert [c["choices"][0]["finish_reason"] for c in chunks] == [None, None, "stop"]
+
+
+def test_completion_stream_ends_with_a_usage_chunk_when_asked(http):
+    response = http.post("/v1/completions", json={"prompt": "Say hi", "stream": True,
+                                                  "stream_options": {"include_usage": True}})
+    *chunks, usage_chunk, done = sse_events(response.text)
+    assert done == "[DONE]"
+    assert all(c["usage"] is None for c in chunks)
+    assert usage_chunk["choices"] == []
+    assert usage_chunk["usage"]["prompt_tokens"] == 5
+    assert usage_chunk["usage"]["completion_tokens"] == 3
+    assert usage_chunk["usage"]["total_tokens"] == 8
+
+
+def test_completion_passes_prompt_and_sampling_parameters_to_the_engine(http, engine):
+    before = time.time()
+    http.post("/v1/completions", json={
+        "prompt": "Say hi", "max_tokens": 7, "temperature": 0.5, "top_p": 0.9, "top_k": 40, "seed": 3,
+        "stop": "\n", "stop_token_ids": [2], "ignore_eos": True})
+    request = engine.submitted[0]
+    assert request.prompt == "Say hi" and request.prompt_token_ids is None and request.chat_messages is None
+    s = request.sampling
+    assert (s.max_tokens, s.temperature, s.top_p, s.top_k, s.seed) == (7, 0.5, 0.9, 40, 3)
+    assert (s.stop, s.stop_token_ids, s.ignore_eos) == (["\n"], [2], True)
+    assert before <= request.arrival_time <= time.time()
+
+
+def test_completion_max_tokens_defaults_to_16_like_openai(http, engine):
+    http.post("/v1/completions", json={"prompt": "x"})
+    assert engine.submitted[0].sampling.max_tokens == 16
+
+
+def test_completion_accepts_token_ids_and_batches_of_one(http, engine):
+    for prompt in ([5, 6, 7], [[5, 6, 7]]):
+        assert http.post("/v1/completions", json={"prompt": prompt}).status_code == 200
+    assert http.post("/v1/completions", json={"prompt": ["Hi"]}).status_code == 200
+    assert [r.prompt_token_ids for r in engine.submitted] == [[5, 6, 7], [5, 6, 7], None]
+    assert engine.submitted[2].prompt == "Hi"
+
+
+def test_unknown_fields_are_ignored_and_model_may_be_omitted(http):
+    response = http.post("/v1/completions", json={"prompt": "x", "user": "me", "frequency_penalty": 0,
+                                                  "logit_bias": {}, "some_future_field": [1]})
+    assert response.status_code == 200
+
+
+# ---------------------------------------------------------------- /v1/chat/completions
+
+
+def test_chat_returns_the_assistant_message_and_usage(http, engine):
+    response = http.post("/v1/chat/completions", json={
+        "model": "fake-model", "messages": [{"role": "system", "content": "Be brief."},
+                                            {"role": "user", "content": "Hi"}]})
+    assert response.status_code == 200
+    body = response.json()
+    assert body["id"] == "chatcmpl-1"
+    assert body["object"] == "chat.completion"
+    assert body["model"] == "fake-model"
+    assert body["choices"][0]["message"] == {"role": "assistant", "content": "Hello, world"}
+    assert body["choices"][0]["finish_reason"] == "stop"
+    assert body["usage"]["total_tokens"] == 8
+    assert engine.submitted[0].chat_messages == [{"role": "system", "content": "Be brief."},
+                                                 {"role": "user", "content": "Hi"}]
+
+
+def test_chat_stream_sends_the_role_first_then_content_deltas(http):
+    response = http.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "Hi"}],
+                                                       "stream": True, "stream_options": {"include_usage": True}})
+    assert response.status_code == 200
+    *chunks, usage_chunk, done = sse_events(response.text)
+    assert done == "[DONE]"
+    assert all(c["object"] == "chat.completion.chunk" and c["id"] == "chatcmpl-1" for c in chunks)
+    assert chunks[0]["choices"][0]["delta"]["role"] == "assistant"
+    assert "".join(c["choices"][0]["delta"].get("content", "") for c in chunks) == "Hello, world"
+    assert chunks[-1]["choices"][0]["finish_reason"] == "stop"
+    assert usage_chunk["choices"] == [] and usage_chunk["usage"]["completion_tokens"] == 3
+
+
+def test_chat_max_tokens_defaults_to_the_context_and_max_completion_tokens_wins(http, engine):
+    messages = [{"role": "user", "content": "Hi"}]
+    http.post("/v1/chat/completions", json={"messages": messages})
+    http.post("/v1/chat/completions", json={"messages": messages, "max_tokens": 9})
+    http.post("/v1/chat/completions", json={"messages": messages, "max_tokens": 9, "max_completion_tokens": 4})
+    assert [r.sampling.max_tokens for r in engine.submitted] == [None, 9, 4]
+
+
+def test_chat_joins_text_content_parts(http, engine):
+    parts = [{"type": "text", "text": "Hello "}, {"type": "text", "text": "there"}]
+    assert http.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": parts}]}).status_code == 200
+    assert engine.submitted[0].chat_messages == [{"role": "user", "content": "Hello there"}]
+
+
+# ---------------------------------------------------------------- bad input: 400 naming the field
+
+USER = [{"role": "user", "content": "Hi"}]
+
+BAD_COMPLETIONS = [
+    ({}, "prompt"),
+    ({"prompt": 5}, "prompt"),
+    ({"prompt": ""}, "prompt"),
+    ({"prompt": []}, "prompt"),
+    ({"prompt": ["a", "b"]}, "prompt"),
+    ({"prompt": [[1], [2]]}, "prompt"),
+    ({"prompt": [1, -2]}, "prompt"),
+    ({"prompt": "x", "max_tokens": 0}, "max_tokens"),
+    ({"prompt": "x", "max_tokens": -3}, "max_tokens"),
+    ({"prompt": "x", "max_tokens": "ten"}, "max_tokens"),
+    ({"prompt": "x", "max_tokens": 2.5}, "max_tokens"),
+    ({"prompt": "x", "max_tokens": 129}, "max_tokens"),  # the fake's context is 128
+    ({"prompt": "x", "temperature": -0.1}, "temperature"),
+    ({"prompt": "x", "temperature": "hot"}, "temperature"),
+    ({"prompt": "x", "top_p": 0}, "top_p"),
+    ({"prompt": "x", "top_p": 1.5}, "top_p"),
+    ({"prompt": "x", "top_k": -2}, "top_k"),
+    ({"prompt": "x", "n": 2}, "n"),
+    ({"prompt": "x", "model": "gpt-4"}, "model"),
+    ({"prompt": "x", "stop": [""]}, "stop"),
+    ({"prompt": "x", "stop": 3}, "stop"),
+    ({"prompt": "x", "stop_token_ids": ["a"]}, "stop_token_ids"),
+    ({"prompt": "x", "stream": "yes"}, "stream"),
+    ({"prompt": "x", "seed": -1}, "seed"),
+    ({"prompt": "x", "echo": True}, "echo"),
+]
+
+BAD_CHATS = [
+    ({}, "messages"),
+    ({"messages": []}, "messages"),
+    ({"messages": "Hi"}, "messages"),
+    ({"messages": [{"role": "wizard", "content": "Hi"}]}, "messages"),
+    ({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]}, "messages"),
+    ({"messages": USER, "max_tokens": 0}, "max_tokens"),
+    ({"messages": USER, "max_tokens": 1000}, "max_tokens"),
+    ({"messages": USER, "max_completion_tokens": 0}, "max_completion_tokens"),
+    ({"messages": USER, "temperature": -1}, "temperature"),
+    ({"messages": USER, "top_p": 2}, "top_p"),
+    ({"messages": USER, "top_k": -5}, "top_k"),
+    ({"messages": USER, "n": 3}, "n"),
+    ({"messages": USER, "model": "other"}, "model"),
+]
+
+BAD_GENERATES = [
+    ({}, "prompt"),
+    ({"prompt": "x", "input_ids": [1]}, "prompt"),
+    ({"input_ids": []}, "input_ids"),
+    ({"prompt": "x", "sampling_params": {"temperature": -1}}, "temperature"),
+    ({"prompt": "x", "sampling_params": {"max_tokens": 500}}, "max_tokens"),
+    ({"prompt": "x", "sampling_params": "greedy"}, "sampling_params"),
+]
+
+
+@pytest.mark.parametrize(("path", "body", "param"),
+                         [("/v1/completions", b, p) for b, p in BAD_COMPLETIONS]
+                         + [("/v1/chat/completions", b, p) for b, p in BAD_CHATS]
+                         + [("/generate", b, p) for b, p in BAD_GENERATES])
+def test_bad_input_is_a_400_naming_the_field(http, engine, path, body, param):
+    assert_error(http.post(path, json=body), 400, param)
+    assert engine.submitted == []
+
+
+@pytest.mark.parametrize("path", ["/v1/completions", "/v1/chat/completions", "/generate"])
+@pytest.mark.parametrize("raw", [b"{not json", b"", b"[1, 2]", b'"prompt"'])
+def test_a_body_that_is_not_a_json_object_is_a_400(http, path, raw):
+    assert_error(http.post(path, content=raw, headers={"content-type": "application/json"}), 400, None)
+
+
+def test_n_error_names_n(http):
+    error = assert_error(http.post("/v1/completions", json={"prompt": "x", "n": 4}), 400, "n")
+    assert "n" in error["message"]
+
+
+def test_server_keeps_serving_after_bad_requests(http):
+    http.post("/v1/completions", content=b"{oops")
+    http.post("/v1/completions", json={"prompt": "x", "top_p": 7})
+    assert http.post("/v1/completions", json={"prompt": "x"}).status_code == 200
+
+
+def test_unknown_routes_answer_in_the_openai_error_shape(http):
+    assert_error(http.get("/v1/nothing-here"), 404, None)
+
+
+# ---------------------------------------------------------------- engine rejections are relayed
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_engine_rejection_503_is_relayed_before_any_stream(http, engine, stream):
+    engine.script = Script(reject=RequestRejected(0, 503, "waiting queue is full"))
+    response = http.post("/v1/completions", json={"prompt": "x", "stream": stream})
+    error = assert_error(response, 503, None, type="service_unavailable")
+    assert error["message"] == "waiting queue is full"
+
+
+def test_engine_rejection_400_keeps_its_param(http, engine):
+    engine.script = Script(reject=RequestRejected(0, 400, "prompt (120 tokens) + max_tokens (16) exceeds 128",
+                                                  param="max_tokens"))
+    assert_error(http.post("/v1/chat/completions", json={"messages": USER}), 400, "max_tokens")
+
+
+# ---------------------------------------------------------------- API key
+
+
+@pytest.fixture
+def keyed_http(engine) -> TestClient:
+    return TestClient(build_app(engine, api_key="sesame"))
+
+
+@pytest.mark.parametrize("headers", [{}, {"Authorization": "Bearer wrong"}, {"Authorization": "sesame"}])
+def test_a_missing_or_wrong_api_key_is_a_401(keyed_http, engine, headers):
+    for path, body in [("/v1/completions", {"prompt": "x"}), ("/v1/chat/completions", {"messages": USER}),
+                       ("/generate", {"prompt": "x"})]:
+        assert_error(keyed_http.post(path, json=body, headers=headers), 401, None, type="authentication_error")
+    assert_error(keyed_http.get("/v1/models", headers=headers), 401, None, type="authentication_error")
+    assert engine.submitted == []
+
+
+def test_the_right_api_key_is_served(keyed_http):
+    response = keyed_http.post("/v1/completions", json={"prompt": "x"}, headers={"Authorization": "Bearer sesame"})
+    assert response.status_code == 200
+
+
+def test_health_and_metrics_need_no_api_key(keyed_http):
+    assert keyed_http.get("/health").status_code == 200
+    assert keyed_http.get("/metrics").status_code == 200
+
+
+# ---------------------------------------------------------------- /v1/models, /health, control stubs
+
+
+def test_models_lists_the_served_model_with_its_context(http):
+    body = http.get("/v1/models").json()
+    assert body["object"] == "list"
+    assert [(m["id"], m["object"], m["max_model_len"]) for m in body["data"]] == [("fake-model", "model", 128)]
+    assert http.get("/v1/models/fake-model").json()["id"] == "fake-model"
+    assert_error(http.get("/v1/models/other"), 404, "model")
+
+
+def test_health_is_200_when_every_role_answers_a_ping(http, engine):
+    response = http.get("/health")
+    assert response.status_code == 200
+    kind, _, timeout = engine.control_calls[-1]
+    assert kind == "ping" and timeout <= 2.0
+
+
+def test_health_is_503_naming_a_silent_role():
+    response = TestClient(build_app(FakeEngineClient(silent_roles=("gpu_worker",)))).get("/health")
+    assert response.status_code == 503
+    assert response.json()["silent"] == ["gpu_worker"]
+
+
+@pytest.mark.parametrize(("method", "path", "kind"), [("post", "/start_profile", "start_profile"),
+                                                      ("post", "/stop_profile", "stop_profile"),
+                                                      ("get", "/stats", "stats")])
+def test_control_endpoints_forward_to_every_process(http, engine, method, path, kind):
+    response = getattr(http, method)(path)
+    assert response.status_code == 200
+    assert engine.control_calls[-1][0] == kind
+    replies = response.json()["replies"]
+    assert set(replies) == {"tokenizer-0", "scheduler", "gpu_worker"}
+    assert all(isinstance(r["pid"], int) for r in replies.values())

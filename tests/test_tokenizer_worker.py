@@ -1,0 +1,257 @@
+"""The tokenizer worker: a real spawned process, driven over its real sockets by a test that plays both the
+frontend and the scheduler; and the tokenizer's validation of the three prompt forms."""
+
+from __future__ import annotations
+
+import itertools
+import multiprocessing
+import os
+import shutil
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any, Iterator
+
+import pytest
+import zmq
+
+from common.messages import (AbortRequest, ControlReply, ControlRequest, GenerateRequest, OutputBatch, ProcessReady,
+                             RequestAccepted, RequestRejected, RequestTokens, StageTimes, TokenBatch, TokenizedRequest)
+from common.sampling_params import InvalidParameter, SamplingParams
+from common.transport import Endpoints, make_run_dir, pull_socket, push_socket, recv, send
+from tests.tiny_models import build_tokenizer
+from tokenizer_worker.process import main
+from tokenizer_worker.tokenizer import Tokenizer
+
+STARTUP_S = 60.0  # spawning and importing transformers
+REPLY_S = 10.0
+
+
+def receive(sock: zmq.Socket, timeout_s: float = REPLY_S) -> Any:
+    assert sock.poll(timeout_s * 1000), f"nothing received within {timeout_s}s"
+    return recv(sock)
+
+
+@dataclass
+class Harness:
+    """The worker's peers: what the test sends as frontend and scheduler, and where it reads replies."""
+
+    process: multiprocessing.process.BaseProcess
+    requests: zmq.Socket  # frontend -> worker
+    tokens: zmq.Socket  # scheduler -> worker
+    to_frontend: zmq.Socket  # worker -> frontend
+    to_scheduler: zmq.Socket  # worker -> scheduler
+    control: zmq.Socket
+    control_replies: zmq.Socket
+    tokenizer: Tokenizer
+
+    def submit(self, rid: int, sampling: SamplingParams | None = None, **prompt: Any) -> TokenizedRequest:
+        send(self.requests, GenerateRequest(rid, sampling or SamplingParams(), 100.0, **prompt))
+        tokenized = receive(self.to_scheduler)
+        assert isinstance(tokenized, TokenizedRequest) and tokenized.rid == rid
+        return tokenized
+
+    def step(self, *items: RequestTokens) -> OutputBatch:
+        send(self.tokens, TokenBatch(list(items)))
+        return receive(self.to_frontend)
+
+
+@contextmanager
+def running_worker(model_folder: str) -> Iterator[Harness]:
+    run_dir = make_run_dir()
+    endpoints = Endpoints(run_dir)
+    ctx = zmq.Context()
+    to_frontend = pull_socket(ctx, endpoints.frontend_outputs)
+    to_scheduler = pull_socket(ctx, endpoints.scheduler_requests)
+    launcher = pull_socket(ctx, endpoints.launcher_ready)
+    control_replies = pull_socket(ctx, endpoints.control_replies)
+    process = multiprocessing.get_context("spawn").Process(
+        target=main, args=(0, model_folder, run_dir, "warning", os.getpid()), daemon=True)
+    process.start()
+    try:
+        assert receive(launcher, STARTUP_S) == ProcessReady("tokenizer-0", process.pid, {})
+        yield Harness(process, push_socket(ctx, endpoints.tokenizer_requests(0)),
+                      push_socket(ctx, endpoints.tokenizer_tokens(0)), to_frontend, to_scheduler,
+                      push_socket(ctx, endpoints.control("tokenizer-0")), control_replies,
+                      Tokenizer.load(model_folder))
+    finally:
+        process.kill()
+        process.join()
+        ctx.destroy(linger=0)
+        shutil.rmtree(run_dir, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def model_folder(tmp_path_factory) -> str:
+    folder = tmp_path_factory.mktemp("tiny-tokenizer")
+    build_tokenizer(folder)
+    return str(folder)
+
+
+@pytest.fixture(scope="module")
+def worker(model_folder) -> Iterator[Harness]:
+    with running_worker(model_folder) as harness:
+        yield harness
+
+
+_rids = itertools.count(1)
+
+
+@pytest.fixture
+def rid() -> int:
+    return next(_rids)
+
+
+def tokens(rid: int, ids: list[int], finish_reason: str | None = None) -> RequestTokens:
+    return RequestTokens(rid, ids, sampled_time=200.0, finish_reason=finish_reason)
+
+
+# ------------------------------------------------------------------ the process
+
+
+def test_ping_is_answered_on_the_control_socket(worker):
+    send(worker.control, ControlRequest("ping", seq=41))
+    reply = receive(worker.control_replies)
+    assert (reply.role, reply.pid, reply.kind, reply.seq) == ("tokenizer-0", worker.process.pid, "ping", 41)
+
+
+def test_stats_count_requests_and_messages(worker, rid):
+    worker.submit(rid, prompt="hello")
+    send(worker.control, ControlRequest("stats", seq=42))
+    reply: ControlReply = receive(worker.control_replies)
+    assert reply.payload["requests"] >= 1
+    assert reply.payload["messages_in"] >= 1 and reply.payload["bytes_out"] > 0
+
+
+def test_a_prompt_is_tokenized_for_the_scheduler_with_its_stage_times(worker, rid):
+    sampling = SamplingParams(max_tokens=5, stop=["x"])
+    tokenized = worker.submit(rid, sampling, prompt="你好 🚀")
+    assert tokenized.prompt_token_ids == worker.tokenizer.hf.encode("你好 🚀")
+    assert tokenized.sampling == sampling
+    assert tokenized.times.arrival == 100.0 and tokenized.times.tokenized > tokenized.times.arrival
+
+
+def test_prompt_token_ids_are_passed_through(worker, rid):
+    assert worker.submit(rid, prompt_token_ids=[5, 6, 7]).prompt_token_ids == [5, 6, 7]
+
+
+def test_chat_messages_are_rendered_with_the_chat_template(worker, rid):
+    messages = [{"role": "user", "content": "hello"}]
+    tokenized = worker.submit(rid, chat_messages=messages)
+    assert worker.tokenizer.hf.decode(tokenized.prompt_token_ids) == \
+        "<|im_start|>user\nhello<|im_end|>\n<|im_start|>assistant\n"
+
+
+def test_acceptance_is_forwarded_to_the_frontend(worker, rid):
+    worker.submit(rid, prompt="hi")
+    accepted = RequestAccepted(rid, 1, StageTimes(1.0, 2.0, 3.0))
+    send(worker.tokens, accepted)
+    assert receive(worker.to_frontend) == accepted
+
+
+def test_an_empty_prompt_is_rejected_to_the_frontend(worker, rid):
+    send(worker.requests, GenerateRequest(rid, SamplingParams(), 100.0, prompt=""))
+    rejected = receive(worker.to_frontend)
+    assert isinstance(rejected, RequestRejected)
+    assert (rejected.rid, rejected.status, rejected.param) == (rid, 400, "prompt")
+
+
+def test_tokens_stream_back_as_text_one_output_batch_per_token_batch(worker, rid):
+    worker.submit(rid, prompt="hi")
+    ids = worker.tokenizer.hf.encode("天气很好 🚀✨")
+    first = worker.step(RequestTokens(rid, ids[:1], 200.0, None, first_scheduled=150.0, num_cached_tokens=16))
+    assert (first.items[0].first_scheduled, first.items[0].num_cached_tokens) == (150.0, 16)
+    outputs = [first.items[0]]
+    for i, token in enumerate(ids[1:], start=1):
+        batch = worker.step(tokens(rid, [token], "length" if i == len(ids) - 1 else None))
+        assert [out.rid for out in batch.items] == [rid]
+        outputs.append(batch.items[0])
+    assert "".join(out.text for out in outputs) == "天气很好 🚀✨"
+    assert [out.token_ids for out in outputs] == [[i] for i in ids]
+    assert [out.finish_reason for out in outputs] == [None] * (len(ids) - 1) + ["length"]
+    assert all(out.sampled_time == 200.0 and out.detokenized_time > 200.0 for out in outputs)
+
+
+def test_a_stop_string_ends_the_request_and_aborts_it_at_the_scheduler(worker, rid):
+    worker.submit(rid, SamplingParams(stop=["世界"]), prompt="hi")
+    ids = worker.tokenizer.hf.encode("你好，世界。今天")
+    outputs = []
+    for token in ids:
+        outputs += worker.step(tokens(rid, [token])).items
+        if outputs[-1].finish_reason:
+            break
+    assert "".join(out.text for out in outputs) == "你好，"
+    assert outputs[-1].finish_reason == "stop"
+    assert receive(worker.to_scheduler) == AbortRequest(rid, "stop")
+    # The scheduler may have sampled one more token before the abort reached it: it is dropped.
+    other = next(_rids)
+    worker.submit(other, prompt="hi")
+    assert [out.rid for out in worker.step(tokens(rid, ids[:1]), tokens(other, ids[:1])).items] == [other]
+
+
+def test_a_client_abort_is_forwarded_and_later_tokens_are_dropped(worker, rid):
+    worker.submit(rid, prompt="hi")
+    send(worker.requests, AbortRequest(rid))
+    assert receive(worker.to_scheduler) == AbortRequest(rid, "abort")
+    other = next(_rids)
+    worker.submit(other, prompt="hi")
+    assert [out.rid for out in worker.step(tokens(rid, [5], "abort"), tokens(other, [5])).items] == [other]
+
+
+def test_a_scheduler_rejection_is_forwarded_and_the_request_forgotten(worker, rid):
+    worker.submit(rid, prompt="hi")
+    rejected = RequestRejected(rid, 503, "queue full")
+    send(worker.tokens, rejected)
+    assert receive(worker.to_frontend) == rejected
+    other = next(_rids)
+    worker.submit(other, prompt="hi")
+    assert [out.rid for out in worker.step(tokens(rid, [5]), tokens(other, [5])).items] == [other]
+
+
+def test_held_back_text_is_flushed_when_the_scheduler_finishes_the_request(worker, rid):
+    worker.submit(rid, SamplingParams(stop=["world"]), prompt="hi")
+    assert worker.step(tokens(rid, worker.tokenizer.hf.encode("wor"))).items[0].text == ""
+    last = worker.step(tokens(rid, [0], "stop")).items[0]  # EOS
+    assert (last.text, last.finish_reason) == ("wor", "stop")
+
+
+def test_sigterm_stops_the_worker_cleanly(model_folder):
+    with running_worker(model_folder) as harness:
+        harness.process.terminate()
+        harness.process.join(REPLY_S)
+        assert harness.process.exitcode == 0
+
+
+# ------------------------------------------------------------------ validation of the prompt forms
+
+
+@pytest.fixture(scope="module")
+def tokenizer(model_folder) -> Tokenizer:
+    return Tokenizer.load(model_folder)
+
+
+@pytest.mark.parametrize("ids", [[], [5, 512], [-1], [5, 2.0], [True]])
+def test_prompt_token_ids_outside_the_vocabulary_are_refused(tokenizer, ids):
+    with pytest.raises(InvalidParameter) as raised:
+        tokenizer.tokenize(GenerateRequest(1, SamplingParams(), 0.0, prompt_token_ids=ids))
+    assert raised.value.field == "prompt"
+
+
+@pytest.mark.parametrize("messages", [[], [{"content": "no role"}], ["not a message"]])
+def test_malformed_chat_messages_are_refused(tokenizer, messages):
+    with pytest.raises(InvalidParameter) as raised:
+        tokenizer.tokenize(GenerateRequest(1, SamplingParams(), 0.0, chat_messages=messages))
+    assert raised.value.field == "messages"
+
+
+def test_a_request_must_carry_exactly_one_prompt_form(tokenizer):
+    with pytest.raises(InvalidParameter, match="exactly one"):
+        tokenizer.tokenize(GenerateRequest(1, SamplingParams(), 0.0, prompt="a", prompt_token_ids=[5]))
+    with pytest.raises(InvalidParameter, match="exactly one"):
+        tokenizer.tokenize(GenerateRequest(1, SamplingParams(), 0.0))
+
+
+def test_a_model_without_a_chat_template_refuses_messages(model_folder):
+    bare = Tokenizer.load(model_folder)
+    bare.hf.chat_template = None
+    with pytest.raises(InvalidParameter, match="no chat template"):
+        bare.render_chat([{"role": "user", "content": "hi"}])

@@ -1,0 +1,57 @@
+"""Incremental detokenization: token ids in, text deltas out, exact whatever the token boundaries.
+
+Decoding each new token on its own is wrong twice over: a byte-level token may carry only part of a
+UTF-8 character (decoded alone it is U+FFFD), and some decoders change a token's text by its position
+(a SentencePiece decode drops the leading space of its first token). So each step decodes a short window
+instead: the tokens of the previous delta (the context) followed by the tokens not yet emitted,
+
+    window:   [ context tokens | unread tokens ]
+    text(window) = text(context) + delta
+
+and emits text(window) minus text(context). While the window's text ends in U+FFFD its last character
+is still missing bytes: nothing is emitted, and the next token extends the window. Once a delta is
+emitted the unread tokens become the next context and everything before them is forgotten.
+
+Why the deltas add up to decode(all ids): a context always begins where an earlier window ended on a
+whole character, and the decoders of the models we serve (byte-level BPE, SentencePiece with byte
+fallback) give each token text that depends only on the bytes since such a boundary and on whether the
+token is first in the decode, which the context and the window agree on. Special tokens are dropped on
+entry, as decode(skip_special_tokens=True) drops them, so a context always has text to anchor on (a
+SentencePiece decode would otherwise strip the space of the token after a special one). The one case no
+stream can follow is invalid UTF-8 under byte fallback, where a bad byte turns the valid character
+before it into U+FFFD after that character was sent; byte-level BPE has no such rewrite.
+
+Cost per token: two decodes of the window, which holds the previous delta's tokens plus the unread
+ones: a handful, the same at token 10 as at token 10,000.
+"""
+
+from __future__ import annotations
+
+from tokenizer_worker.tokenizer import Tokenizer
+
+INCOMPLETE = "\ufffd"  # what a decoder yields for the bytes of a character that has not fully arrived
+
+
+class IncrementalDetokenizer:
+    __slots__ = ("_tokenizer", "_window", "_num_context", "_context_text")
+
+    def __init__(self, tokenizer: Tokenizer):
+        self._tokenizer = tokenizer
+        self._window: list[int] = []
+        self._num_context = 0  # window[:num_context] is the context: its text was emitted already
+        self._context_text = ""
+
+    def step(self, token_ids: list[int], final: bool = False) -> str:
+        """The text that `token_ids` complete. With `final`, also what waits for bytes that will never come."""
+        skipped = self._tokenizer.skipped_ids
+        self._window.extend(t for t in token_ids if t not in skipped)
+        if len(self._window) == self._num_context:
+            return ""
+        text = self._tokenizer.decode(self._window)
+        if text.endswith(INCOMPLETE) and not final:
+            return ""
+        delta = text[len(self._context_text):]
+        del self._window[:self._num_context]
+        self._num_context = len(self._window)
+        self._context_text = self._tokenizer.decode(self._window)
+        return delta

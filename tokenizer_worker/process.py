@@ -1,0 +1,176 @@
+"""The tokenizer worker's process: its sockets, its loop, its counters.
+
+    frontend ──tokenizer-{i}-requests──▶ ┌───────────────┐ ──scheduler-requests──▶ scheduler
+                                         │ tokenizer[i]  │
+    frontend ◀──frontend-outputs──────── └───────────────┘ ◀──tokenizer-{i}-tokens── scheduler
+
+Aborts from the frontend go to the scheduler on the socket their request took, so they cannot overtake it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import time
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import zmq
+
+from common.control import ControlServer
+from common.messages import (AbortRequest, GenerateRequest, OutputBatch, ProcessReady, RequestAccepted,
+                             RequestRejected, TokenBatch)
+from common.process import init_child_process
+from common.transport import Endpoints, pull_socket, push_socket
+from common.wire import decode, encode
+from tokenizer_worker.tokenizer import Tokenizer
+from tokenizer_worker.worker import TokenizerWorker
+
+log = logging.getLogger(__name__)
+
+# An idle loop wakes this often to answer control commands queued for the main thread.
+CONTROL_POLL_MS = 100
+# Messages taken from one socket before looking at the other, so neither direction starves.
+MAX_MESSAGES_PER_TURN = 64
+
+
+@dataclass(slots=True)
+class WorkerStats:
+    requests: int = 0
+    rejected: int = 0
+    aborted: int = 0
+    stop_string_aborts: int = 0
+    tokens_detokenized: int = 0
+    busy_s: float = 0.0  # handling messages, i.e. not waiting for one
+    tokenize_s: float = 0.0
+    detokenize_s: float = 0.0
+    messages_in: int = 0
+    messages_out: int = 0
+    bytes_in: int = 0
+    bytes_out: int = 0
+    msgpack_decode_s: float = 0.0
+    msgpack_encode_s: float = 0.0
+
+
+class TokenizerProcess:
+    def __init__(self, index: int, tokenizer: Tokenizer, endpoints: Endpoints):
+        self.role = f"tokenizer-{index}"
+        self.worker = TokenizerWorker(tokenizer)
+        self.stats = WorkerStats()
+        ctx = zmq.Context.instance()
+        self.from_frontend = pull_socket(ctx, endpoints.tokenizer_requests(index))
+        self.from_scheduler = pull_socket(ctx, endpoints.tokenizer_tokens(index))
+        self.to_scheduler = push_socket(ctx, endpoints.scheduler_requests)
+        self.to_frontend = push_socket(ctx, endpoints.frontend_outputs)
+        self.control = ControlServer(endpoints, self.role, stats=self.stats_snapshot)
+        self.to_launcher = push_socket(ctx, endpoints.launcher_ready)
+
+    def stats_snapshot(self) -> dict:
+        return {**dataclasses.asdict(self.stats), "active_requests": len(self.worker.requests)}
+
+    def run(self) -> None:
+        self._send(self.to_launcher, ProcessReady(self.role, os.getpid(), {}))
+        log.info("ready: %d ids in the vocabulary", self.worker.tokenizer.vocab_size)
+        poller = zmq.Poller()
+        poller.register(self.from_scheduler, zmq.POLLIN)
+        poller.register(self.from_frontend, zmq.POLLIN)
+        while True:
+            ready = dict(poller.poll(CONTROL_POLL_MS))
+            started = time.perf_counter()
+            # Tokens first: they are what clients are waiting on.
+            if self.from_scheduler in ready:
+                self._drain(self.from_scheduler, self._on_scheduler_message)
+            if self.from_frontend in ready:
+                self._drain(self.from_frontend, self._on_frontend_message)
+            for command in self.control.pending():
+                if command.kind == "shutdown":
+                    self.control.reply(command)
+                    return
+                self.control.reply(command, {"error": f"{self.role} does not support '{command.kind}'"})
+            self.stats.busy_s += time.perf_counter() - started
+
+    def close(self) -> None:
+        for sock in (self.from_frontend, self.from_scheduler, self.to_scheduler, self.to_frontend, self.to_launcher):
+            sock.close(linger=0)
+
+    # ------------------------------------------------------------------ messages
+
+    def _on_frontend_message(self, message: Any) -> None:
+        if isinstance(message, GenerateRequest):
+            started = time.perf_counter()
+            reply = self.worker.add_request(message)
+            self.stats.tokenize_s += time.perf_counter() - started
+            if isinstance(reply, RequestRejected):
+                self.stats.rejected += 1
+                self._send(self.to_frontend, reply)
+            else:
+                self.stats.requests += 1
+                self._send(self.to_scheduler, reply)
+        elif isinstance(message, AbortRequest):
+            if self.worker.drop(message.rid):  # untracked: it already ended, the scheduler has let it go
+                self.stats.aborted += 1
+                self._send(self.to_scheduler, message)
+        else:
+            log.warning("unexpected %s from the frontend, dropped", type(message).__name__)
+
+    def _on_scheduler_message(self, message: Any) -> None:
+        if isinstance(message, TokenBatch):
+            started = time.perf_counter()
+            outputs, aborts = self.worker.process_tokens(message)
+            self.stats.detokenize_s += time.perf_counter() - started
+            self.stats.tokens_detokenized += sum(len(out.token_ids) for out in outputs)
+            self.stats.stop_string_aborts += len(aborts)
+            for abort in aborts:
+                self._send(self.to_scheduler, abort)
+            if outputs:
+                self._send(self.to_frontend, OutputBatch(outputs))
+        elif isinstance(message, RequestAccepted):
+            self._send(self.to_frontend, message)
+        elif isinstance(message, RequestRejected):
+            self.worker.drop(message.rid)
+            self._send(self.to_frontend, message)
+        else:
+            log.warning("unexpected %s from the scheduler, dropped", type(message).__name__)
+
+    # ------------------------------------------------------------------ sockets
+
+    def _drain(self, sock: zmq.Socket, handle: Callable[[Any], None]) -> None:
+        for _ in range(MAX_MESSAGES_PER_TURN):
+            try:
+                data = sock.recv(zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            started = time.perf_counter()
+            try:
+                message = decode(data)
+            except ValueError as exc:  # WireError, or msgpack's own errors: not one of our messages
+                log.warning("undecodable message dropped: %s", exc)
+                continue
+            finally:
+                self.stats.msgpack_decode_s += time.perf_counter() - started
+                self.stats.messages_in += 1
+                self.stats.bytes_in += len(data)
+            handle(message)
+
+    def _send(self, sock: zmq.Socket, message: Any) -> None:
+        started = time.perf_counter()
+        data = encode(message)
+        self.stats.msgpack_encode_s += time.perf_counter() - started
+        sock.send(data, copy=False)
+        self.stats.messages_out += 1
+        self.stats.bytes_out += len(data)
+
+
+def main(index: int, model_folder: str, run_dir: str, log_level: str, parent_pid: int) -> None:
+    """Entry point of tokenizer worker `index`, started by the launcher with the spawn context."""
+    init_child_process(f"tokenizer-{index}", log_level, parent_pid)
+    process: TokenizerProcess | None = None
+    try:
+        process = TokenizerProcess(index, Tokenizer.load(model_folder), Endpoints(run_dir))
+        process.run()
+    except SystemExit:  # SIGTERM from the launcher
+        pass
+    finally:
+        if process is not None:
+            process.close()

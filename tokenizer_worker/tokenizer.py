@@ -1,0 +1,81 @@
+"""One model's tokenizer: prompts and chat messages to token ids, and the decode the detokenizer builds on.
+
+Everything this process asks of the Hugging Face tokenizer goes through `Tokenizer`, so the rest of the
+worker never depends on which tokenizer class a model folder happens to load.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from jinja2 import TemplateError
+from transformers import AutoTokenizer, PreTrainedTokenizerBase
+
+from common.messages import GenerateRequest
+from common.sampling_params import InvalidParameter
+
+
+@dataclass(slots=True)
+class Tokenizer:
+    hf: PreTrainedTokenizerBase
+    vocab_size: int  # ids the tokenizer knows, added tokens included
+    # Ids that decode(skip_special_tokens=True) drops: the added tokens flagged special. Taken from the
+    # tokenizer's own added vocabulary (not `all_special_ids`, which may list fewer, e.g. only the EOS).
+    skipped_ids: frozenset[int]
+
+    @classmethod
+    def load(cls, model_folder: str) -> Tokenizer:
+        hf = AutoTokenizer.from_pretrained(model_folder)
+        special = frozenset(i for i, token in hf.added_tokens_decoder.items() if token.special)
+        return cls(hf, len(hf), special)
+
+    def tokenize(self, request: GenerateRequest) -> list[int]:
+        """The prompt's ids, from whichever one of the three prompt forms the request carries."""
+        given = [request.prompt is not None, request.prompt_token_ids is not None, request.chat_messages is not None]
+        if sum(given) != 1:
+            raise InvalidParameter("prompt", "exactly one of prompt, prompt token ids or messages must be given")
+        if request.prompt is not None:
+            return self.encode_prompt(request.prompt)
+        if request.prompt_token_ids is not None:
+            return self.check_token_ids(request.prompt_token_ids)
+        return self.render_chat(request.chat_messages)
+
+    def encode_prompt(self, prompt: str) -> list[int]:
+        """A completion prompt, with the special tokens (e.g. BOS) this tokenizer adds by default."""
+        ids = self.hf.encode(prompt) if prompt else []
+        if not prompt or not ids:
+            raise InvalidParameter("prompt", "the prompt is empty")
+        return ids
+
+    def check_token_ids(self, ids: list) -> list[int]:
+        if not ids:
+            raise InvalidParameter("prompt", "the prompt is empty")
+        for i in ids:
+            # bool is an int subclass, but `true` in a JSON prompt is a client mistake, not token 1.
+            if not isinstance(i, int) or isinstance(i, bool) or not 0 <= i < self.vocab_size:
+                raise InvalidParameter("prompt", f"prompt token ids must be integers in [0, {self.vocab_size}), "
+                                                 f"got {i!r}")
+        return list(ids)
+
+    def render_chat(self, messages: list[dict]) -> list[int]:
+        """Messages rendered with the model's chat template, ending with the assistant's turn opened."""
+        if not messages:
+            raise InvalidParameter("messages", "messages must be a non-empty list")
+        for m in messages:
+            if not isinstance(m, dict) or not isinstance(m.get("role"), str):
+                raise InvalidParameter("messages", "each message must be an object with a string 'role'")
+        if self.hf.chat_template is None:
+            raise InvalidParameter("messages", "this model has no chat template; use a completion prompt")
+        try:
+            ids = self.hf.apply_chat_template(messages, add_generation_prompt=True, tokenize=True,
+                                              return_dict=False)
+        except (TemplateError, TypeError, KeyError, ValueError) as exc:
+            # Templates reject what they cannot render (an unknown role, alternation broken) by raising.
+            raise InvalidParameter("messages", f"the chat template cannot render these messages: {exc}") from exc
+        return list(ids)
+
+    def decode(self, ids: list[int]) -> str:
+        # The decoder's own text, without transformers' optional space clean-up (" ." -> "."): that
+        # rewrite looks across token boundaries, which no windowed detokenizer can reproduce exactly,
+        # and transformers already ignores it for BPE tokenizers, i.e. for every model this server runs.
+        return self.hf.decode(ids, skip_special_tokens=True, clean_up_tokenization_spaces=False)

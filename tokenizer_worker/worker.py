@@ -1,0 +1,79 @@
+"""What a tokenizer worker does with each message, sockets aside: the requests it owns and their text.
+
+    GenerateRequest ──tokenize──▶ TokenizedRequest (to the scheduler)  or  RequestRejected (to the frontend)
+    TokenBatch ──detokenize, stop strings──▶ RequestOutput per request (+ AbortRequest "stop" to the scheduler)
+
+A request is tracked from its tokenization until its last output, its rejection or its abort; tokens
+that arrive for an untracked request (aborted, or stopped by a stop string while the scheduler was
+already sampling its next token) are dropped.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+
+from common.messages import (AbortRequest, GenerateRequest, RequestOutput, RequestRejected, StageTimes, TokenBatch,
+                             TokenizedRequest)
+from common.sampling_params import InvalidParameter
+from tokenizer_worker.detokenizer import IncrementalDetokenizer
+from tokenizer_worker.stop_strings import StopStringMatcher
+from tokenizer_worker.tokenizer import Tokenizer
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(slots=True)
+class RequestState:
+    detokenizer: IncrementalDetokenizer
+    stop: StopStringMatcher
+    num_prompt_tokens: int
+    num_output_tokens: int = 0
+
+
+class TokenizerWorker:
+    def __init__(self, tokenizer: Tokenizer):
+        self.tokenizer = tokenizer
+        self.requests: dict[int, RequestState] = {}
+
+    def add_request(self, request: GenerateRequest) -> TokenizedRequest | RequestRejected:
+        if request.rid in self.requests:
+            # Refused here: the scheduler's own refusal would come back and drop the live request's state.
+            return RequestRejected(request.rid, 400, f"request id {request.rid} is already in use")
+        try:
+            request.sampling.validate()
+            ids = self.tokenizer.tokenize(request)
+        except InvalidParameter as exc:
+            return RequestRejected(request.rid, 400, str(exc), exc.field)
+        sampling = request.sampling
+        stop = StopStringMatcher(sampling.stop, sampling.include_stop_str_in_output)
+        self.requests[request.rid] = RequestState(IncrementalDetokenizer(self.tokenizer), stop, len(ids))
+        return TokenizedRequest(request.rid, ids, sampling,
+                                StageTimes(arrival=request.arrival_time, tokenized=time.time()))
+
+    def drop(self, rid: int) -> bool:
+        """Forget a request (aborted by the client, or rejected by the scheduler); False if untracked."""
+        return self.requests.pop(rid, None) is not None
+
+    def process_tokens(self, batch: TokenBatch) -> tuple[list[RequestOutput], list[AbortRequest]]:
+        """The outputs of one step's tokens, and the aborts to send the scheduler for stop-string matches."""
+        outputs: list[RequestOutput] = []
+        aborts: list[AbortRequest] = []
+        for item in batch.items:
+            state = self.requests.get(item.rid)
+            if state is None:
+                continue
+            state.num_output_tokens += len(item.token_ids)
+            final = item.finish_reason is not None
+            text, stopped = state.stop.feed(state.detokenizer.step(item.token_ids, final), final)
+            finish_reason = "stop" if stopped else item.finish_reason
+            if stopped and not final:
+                aborts.append(AbortRequest(item.rid, "stop"))  # the scheduler would go on generating
+            if finish_reason is not None:
+                del self.requests[item.rid]
+                log.debug("request %d finished (%s): %d prompt tokens, %d output tokens", item.rid,
+                          finish_reason, state.num_prompt_tokens, state.num_output_tokens)
+            outputs.append(RequestOutput(item.rid, text, item.token_ids, item.sampled_time, time.time(),
+                                         finish_reason, item.first_scheduled, item.num_cached_tokens))
+        return outputs, aborts
