@@ -38,3 +38,15 @@ def _die_with_parent(parent_pid: int) -> None:
 
 def _exit_on_sigterm(signum, frame) -> None:
     raise SystemExit(0)
+
+
+def announce_ready(run_dir: str, role: str, info: dict | None = None) -> None:
+    """Tell the launcher this process is ready (model loaded, sockets bound)."""
+    import zmq
+
+    from common.messages import ProcessReady
+    from common.transport import Endpoints, push_socket, send
+
+    sock = push_socket(zmq.Context.instance(), Endpoints(run_dir).launcher_ready)
+    send(sock, ProcessReady(role, os.getpid(), info or {}))
+    sock.close(linger=5000)  # our sockets drop unsent messages on close by default; this one must arrive

@@ -12,9 +12,9 @@ import zmq
 
 from common.config import EngineConfig
 from common.control import ControlServer
-from common.messages import NewRequestSpec, ProcessReady, ScheduledChunk, StepPlan
+from common.messages import NewRequestSpec, ScheduledChunk, StepPlan
 from common.model_info import ModelInfo
-from common.process import init_child_process
+from common.process import announce_ready, init_child_process
 from common.sampling_params import SamplingParams
 from common.transport import Endpoints, pull_socket, push_socket, recv, send
 
@@ -37,9 +37,8 @@ def main(config: EngineConfig, info: ModelInfo, run_dir: str, log_level: str, pa
     results = push_socket(ctx, endpoints.scheduler_results)
     stats = WorkerStats()
     control = ControlServer(endpoints, ROLE, stats=stats.as_dict)
-    with push_socket(ctx, endpoints.launcher_ready) as ready:
-        send(ready, ProcessReady(ROLE, control.pid, {
-            "num_kv_blocks": runner.num_kv_blocks, "device": str(runner.device), "dtype": str(runner.dtype)}))
+    announce_ready(run_dir, ROLE, {"num_kv_blocks": runner.num_kv_blocks, "device": str(runner.device),
+                                   "dtype": str(runner.dtype)})
     try:
         serve(runner, plans, results, control, stats)
     except SystemExit:

@@ -19,9 +19,9 @@ import zmq
 
 from common.config import EngineConfig
 from common.control import ControlServer
-from common.messages import AbortRequest, ProcessReady, RequestTokens, StepResult, TokenBatch, TokenizedRequest
+from common.messages import AbortRequest, RequestTokens, StepResult, TokenBatch, TokenizedRequest
 from common.model_info import ModelInfo
-from common.process import init_child_process
+from common.process import announce_ready, init_child_process
 from common.transport import Endpoints, pull_socket, push_socket, recv, send
 from scheduler.scheduler import Scheduler
 
@@ -35,8 +35,7 @@ def main(config: EngineConfig, info: ModelInfo, num_kv_blocks: int, num_tokenize
          log_level: str, parent_pid: int) -> None:
     init_child_process(ROLE, log_level, parent_pid)
     loop = SchedulerLoop(Scheduler(config, info, num_kv_blocks), Endpoints(run_dir), num_tokenizers)
-    with push_socket(zmq.Context.instance(), loop.endpoints.launcher_ready) as ready:
-        send(ready, ProcessReady(ROLE, loop.control.pid, {"max_model_len": loop.scheduler.max_model_len}))
+    announce_ready(run_dir, ROLE, {"max_model_len": loop.scheduler.max_model_len})
     try:
         loop.run()
     except SystemExit:

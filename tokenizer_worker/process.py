@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import os
 import time
 from dataclasses import dataclass
 from typing import Any, Callable
@@ -19,9 +18,9 @@ from typing import Any, Callable
 import zmq
 
 from common.control import ControlServer
-from common.messages import (AbortRequest, GenerateRequest, OutputBatch, ProcessReady, RequestAccepted,
+from common.messages import (AbortRequest, GenerateRequest, OutputBatch, RequestAccepted,
                              RequestRejected, TokenBatch)
-from common.process import init_child_process
+from common.process import announce_ready, init_child_process
 from common.transport import Endpoints, pull_socket, push_socket
 from common.wire import decode, encode
 from tokenizer_worker.tokenizer import Tokenizer
@@ -56,6 +55,7 @@ class WorkerStats:
 class TokenizerProcess:
     def __init__(self, index: int, tokenizer: Tokenizer, endpoints: Endpoints):
         self.role = f"tokenizer-{index}"
+        self.run_dir = endpoints.run_dir
         self.worker = TokenizerWorker(tokenizer)
         self.stats = WorkerStats()
         ctx = zmq.Context.instance()
@@ -64,13 +64,12 @@ class TokenizerProcess:
         self.to_scheduler = push_socket(ctx, endpoints.scheduler_requests)
         self.to_frontend = push_socket(ctx, endpoints.frontend_outputs)
         self.control = ControlServer(endpoints, self.role, stats=self.stats_snapshot)
-        self.to_launcher = push_socket(ctx, endpoints.launcher_ready)
 
     def stats_snapshot(self) -> dict:
         return {**dataclasses.asdict(self.stats), "active_requests": len(self.worker.requests)}
 
     def run(self) -> None:
-        self._send(self.to_launcher, ProcessReady(self.role, os.getpid(), {}))
+        announce_ready(self.run_dir, self.role)
         log.info("ready: %d ids in the vocabulary", self.worker.tokenizer.vocab_size)
         poller = zmq.Poller()
         poller.register(self.from_scheduler, zmq.POLLIN)
@@ -91,7 +90,7 @@ class TokenizerProcess:
             self.stats.busy_s += time.perf_counter() - started
 
     def close(self) -> None:
-        for sock in (self.from_frontend, self.from_scheduler, self.to_scheduler, self.to_frontend, self.to_launcher):
+        for sock in (self.from_frontend, self.from_scheduler, self.to_scheduler, self.to_frontend):
             sock.close(linger=0)
 
     # ------------------------------------------------------------------ messages
