@@ -25,8 +25,10 @@ SCHEDULER_GAUGES = [
     ("num_running", "clearserve_num_requests_running", "Requests in the running batch"),
     ("num_waiting", "clearserve_num_requests_waiting", "Requests waiting for admission"),
     ("kv_blocks_total", "clearserve_kv_blocks_total", "KV cache blocks in the pool"),
-    ("kv_blocks_free", "clearserve_kv_blocks_free", "KV cache blocks free (cached-but-unused blocks count as free)"),
-    ("kv_blocks_cached", "clearserve_kv_blocks_cached", "KV cache blocks holding a reusable prefix"),
+    ("kv_blocks_free", "clearserve_kv_blocks_free", "KV cache blocks on the free list"),
+    ("kv_blocks_cached", "clearserve_kv_blocks_cached",
+     "KV cache blocks held only by the prefix cache: reusable by a matching prompt, evicted when needed"),
+    ("kv_blocks_used", "clearserve_kv_blocks_used", "KV cache blocks held by running requests"),
     ("last_step_prefill_tokens", "clearserve_last_step_prefill_tokens", "Prompt tokens computed by the last step"),
     ("last_step_decode_tokens", "clearserve_last_step_decode_tokens", "Decode tokens computed by the last step"),
 ]
@@ -54,9 +56,6 @@ class SchedulerStatsCollector(Collector):
         for key, name, doc in SCHEDULER_GAUGES:
             if key in stats:
                 yield GaugeMetricFamily(name, doc, value=stats[key])
-        if "kv_blocks_total" in stats and "kv_blocks_free" in stats:
-            yield GaugeMetricFamily("clearserve_kv_blocks_used", "KV cache blocks held by requests",
-                                    value=stats["kv_blocks_total"] - stats["kv_blocks_free"])
         for key, name, doc in SCHEDULER_COUNTERS:
             if key in stats:
                 yield CounterMetricFamily(name, doc, value=stats[key])

@@ -125,13 +125,15 @@ class SchedulerLoop:
 
     def stats(self) -> dict:
         s = self.scheduler.stats
-        cache = self.scheduler.cache
+        blocks = self.scheduler.blocks
+        evictable = self.scheduler.cache.num_evictable if self.scheduler.cache is not None else 0
         return {
             "num_running": len(self.scheduler.running),
             "num_waiting": len(self.scheduler.waiting),
-            "kv_blocks_total": self.scheduler.blocks.num_blocks,
-            "kv_blocks_free": self.scheduler.blocks.num_free,
-            "kv_blocks_cached": len(cache) if cache is not None else 0,
+            "kv_blocks_total": blocks.num_blocks,
+            "kv_blocks_free": blocks.num_free,
+            "kv_blocks_cached": evictable,  # held only by the prefix cache: reusable, and evictable on demand
+            "kv_blocks_used": blocks.num_blocks - blocks.num_free - evictable,
             "steps": s.steps,
             "prompt_tokens_computed": s.prompt_tokens_computed,
             "decode_tokens_computed": s.decode_tokens_computed,

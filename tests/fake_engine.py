@@ -29,7 +29,7 @@ DETOKENIZED_AFTER_SAMPLED = 0.001
 STREAMED_AFTER_SAMPLED = 0.002
 
 SCHEDULER_STATS = {
-    "num_running": 3, "num_waiting": 2, "kv_blocks_total": 64, "kv_blocks_free": 40, "kv_blocks_cached": 5,
+    "num_running": 3, "num_waiting": 2, "kv_blocks_total": 64, "kv_blocks_free": 40, "kv_blocks_cached": 5, "kv_blocks_used": 19,
     "steps": 100, "prompt_tokens_computed": 300, "decode_tokens_computed": 200, "generated_tokens": 210,
     "prompt_tokens_admitted": 400, "cache_hit_tokens": 100, "preemptions": 1,
     "last_step_prefill_tokens": 7, "last_step_decode_tokens": 3,

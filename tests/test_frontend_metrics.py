@@ -38,7 +38,7 @@ def test_scheduler_state_is_exposed_as_gauges(http):
     assert m[("clearserve_num_requests_waiting", ())] == 2
     assert m[("clearserve_kv_blocks_total", ())] == 64
     assert m[("clearserve_kv_blocks_free", ())] == 40
-    assert m[("clearserve_kv_blocks_used", ())] == 24
+    assert m[("clearserve_kv_blocks_used", ())] == 19
     assert m[("clearserve_kv_blocks_cached", ())] == 5
 
 

@@ -65,6 +65,36 @@ def build_model(kind: str, folder: Path, seed: int = 0, **overrides) -> Path:
     return folder
 
 
+def build_scripted_model(folder: Path, chain: list[int]) -> Path:
+    """A one-layer Llama whose greedy output is scripted: after token chain[i] it emits chain[i + 1],
+    after the last one EOS (0). Attention and MLP outputs are zeroed and the embedding is the identity,
+    so the logits are lm_head's column for the current token. Lets a test choose the exact output ids
+    (and so the exact token boundaries inside multi-byte characters)."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    folder.mkdir(parents=True, exist_ok=True)
+    build_tokenizer(folder)
+    vocab = len(json.loads((folder / "tokenizer.json").read_text())["model"]["vocab"])
+    if len(set(chain)) != len(chain) or 0 in chain:
+        raise ValueError("a chain must not repeat a token or contain EOS (0)")
+    config = LlamaConfig(vocab_size=vocab, hidden_size=vocab, intermediate_size=8, num_hidden_layers=1,
+                         num_attention_heads=4, num_key_value_heads=4, max_position_embeddings=512,
+                         tie_word_embeddings=False, eos_token_id=0, bos_token_id=0)
+    model = LlamaForCausalLM(config)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.zero_()
+        model.model.embed_tokens.weight.copy_(torch.eye(vocab))
+        model.model.norm.weight.fill_(1.0)
+        for layer in model.model.layers:
+            layer.input_layernorm.weight.fill_(1.0)
+            layer.post_attention_layernorm.weight.fill_(1.0)
+        for current, following in zip(chain, chain[1:] + [0]):
+            model.lm_head.weight[following, current] = 1.0
+    model.save_pretrained(folder)
+    return folder
+
+
 def hf_greedy(folder: Path, prompts: list[list[int]], max_new_tokens: int) -> list[list[int]]:
     """Reference: Hugging Face generate, one prompt at a time, float32 on CPU, EOS ignored."""
     from transformers import AutoModelForCausalLM

@@ -1,0 +1,117 @@
+"""Attention in Triton kernels (gpu_worker/attention/triton_kernels.py): the CUDA backend.
+
+build_metadata packs everything the kernels read into one int32 host buffer and moves it to the device
+in a single copy; every field is a view into it:
+
+    | slots [T] | context lens [S] | query starts [P+1] | tiles [2, num tiles] | block tables [S, W] |
+
+forward then costs a fixed handful of launches per layer, whatever the batch: store K/V, prefill (the
+first P sequences) and decode (the rest, plus a merge when the context is split).
+
+Towards capturing the decode step in a CUDA graph: decode reads only per-sequence rows (its slice of
+the context lens and block tables), and the block table width is a power of two, so shapes change
+rarely from step to step. What a capture would still have to pin down: the split count (it follows the
+longest context) and the split partials, allocated per call.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+import triton
+
+from gpu_worker.attention import triton_kernels as kernels
+from gpu_worker.attention.base import AttentionBackend, BatchLayout
+
+# The Triton interpreter (CPU, tests) has no SMs; pretending to be an H100 makes it take the same
+# split-KV decisions the GPU would.
+INTERPRETER_SMS = 132
+
+
+@dataclass(slots=True)
+class TritonAttentionMetadata:
+    slot_mapping: torch.Tensor  # [T] flat KV-store slot of each new token
+    context_lens: torch.Tensor  # [S]
+    query_starts: torch.Tensor  # [P + 1] token offset of each prefill sequence, then the total
+    prefill_tiles: torch.Tensor  # [2, num tiles]: (sequence, first query) per PREFILL_BLOCK_M queries
+    block_tables: torch.Tensor  # [S, W], W a power of two, rows padded with block 0 (never read)
+    num_prefill_seqs: int
+    num_prefill_tokens: int
+    max_decode_context: int
+    num_sms: int
+
+    @property
+    def num_decode_seqs(self) -> int:
+        return self.context_lens.shape[0] - self.num_prefill_seqs
+
+
+class TritonAttention(AttentionBackend):
+    def build_metadata(self, layout: BatchLayout, slot_mapping: torch.Tensor,
+                       device: torch.device) -> TritonAttentionMetadata:
+        num_pre = layout.num_prefill_seqs
+        query_lens = np.asarray(layout.query_lens, dtype=np.int32)
+        context_lens = np.asarray(layout.context_lens, dtype=np.int32)
+        query_starts = np.zeros(num_pre + 1, dtype=np.int32)
+        np.cumsum(query_lens[:num_pre], out=query_starts[1:])
+        tiles = _prefill_tiles(query_lens[:num_pre])
+        tables = self._block_table_array(layout.block_tables, context_lens)
+        parts = [slot_mapping.cpu().numpy().astype(np.int32), context_lens, query_starts, tiles, tables]
+        host = torch.from_numpy(np.concatenate([p.ravel() for p in parts]))
+        if device.type == "cuda":
+            # From pageable memory the copy would wait for the GPU to go idle; pinned, it queues behind it.
+            host = host.pin_memory()
+        flat = host.to(device, non_blocking=True)
+        fields = []
+        offset = 0
+        for part in parts:
+            fields.append(flat[offset:offset + part.size].view(part.shape))
+            offset += part.size
+        slots, ctx, starts, tile_t, table_t = fields
+        return TritonAttentionMetadata(
+            slot_mapping=slots, context_lens=ctx, query_starts=starts, prefill_tiles=tile_t, block_tables=table_t,
+            num_prefill_seqs=num_pre, num_prefill_tokens=int(query_starts[-1]),
+            max_decode_context=int(context_lens[num_pre:].max(initial=0)), num_sms=_num_sms(device))
+
+    def _block_table_array(self, block_tables: list[list[int]], context_lens: np.ndarray) -> np.ndarray:
+        """[S, W] int32; each row holds the blocks its context uses (a table may list blocks ahead)."""
+        used = -(-context_lens // self.block_size)
+        width = triton.next_power_of_2(int(used.max()))
+        table = np.zeros((len(block_tables), width), dtype=np.int32)
+        for row, blocks, n in zip(table, block_tables, used.tolist()):
+            row[:n] = blocks[:n]
+        return table
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor,
+                v_cache: torch.Tensor, metadata: TritonAttentionMetadata, scale: float) -> torch.Tensor:
+        kernels.store_kv(k, v, k_cache, v_cache, metadata.slot_mapping)
+        out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+        num_pre, pre_tokens = metadata.num_prefill_seqs, metadata.num_prefill_tokens
+        if num_pre:
+            kernels.prefill_attention(q[:pre_tokens], out[:pre_tokens], k_cache, v_cache, metadata.block_tables,
+                                      metadata.context_lens, metadata.query_starts, metadata.prefill_tiles, scale)
+        if metadata.num_decode_seqs:
+            num_splits = kernels.decode_num_splits(metadata.num_decode_seqs, k_cache.shape[2],
+                                                   metadata.max_decode_context, metadata.num_sms)
+            kernels.decode_attention(q[pre_tokens:], out[pre_tokens:], k_cache, v_cache,
+                                     metadata.block_tables[num_pre:], metadata.context_lens[num_pre:], scale,
+                                     metadata.max_decode_context, num_splits)
+        return out
+
+
+def _prefill_tiles(query_lens: np.ndarray) -> np.ndarray:
+    """[2, num tiles]: for every PREFILL_BLOCK_M queries of each sequence, (sequence, first query)."""
+    per_seq = -(-query_lens // kernels.PREFILL_BLOCK_M)
+    seqs = np.repeat(np.arange(len(query_lens), dtype=np.int32), per_seq)
+    first_tile = np.repeat(np.cumsum(per_seq) - per_seq, per_seq)
+    firsts = (np.arange(len(seqs)) - first_tile) * kernels.PREFILL_BLOCK_M
+    return np.stack([seqs, firsts.astype(np.int32)])
+
+
+@functools.cache
+def _num_sms(device: torch.device) -> int:
+    if device.type == "cuda":
+        return torch.cuda.get_device_properties(device).multi_processor_count
+    return INTERPRETER_SMS

@@ -1,0 +1,282 @@
+"""Triton kernels for attention over the paged KV store, and the functions that launch them.
+
+    store_kv           grid (tokens,)                   one token's K and V, every KV head, into its slot
+    prefill_attention  grid (query tiles, q heads)      BLOCK_M queries of one sequence against its context
+    decode_attention   grid (seqs, kv heads, splits)    one query per q head of a KV head's group, against a
+                       [+ merge: grid (seqs, q heads)]   slice of the context; the merge combines the slices
+
+Every kernel reads context through the block table one token at a time (position // block_size picks
+the block, position % block_size the slot in it), so a K/V tile may span several blocks and any block
+size works. Softmax is online (running max and sum, rescaled per tile) in float32, in base 2: scores are
+scaled by scale * log2(e) so exp2 can be used.
+
+Head dims that are not a power of two (and group sizes, head counts) are padded to one with masked
+loads; tl.dot wants every side at least 16, hence the floors of 16 below.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+LOG2_E = 1.4426950408889634
+PREFILL_BLOCK_M = 64  # queries per prefill program; the host splits sequences into tiles of this size
+PREFILL_BLOCK_N = 64
+DECODE_BLOCK_N = 64
+# Split-KV: decode runs one program per (sequence, KV head); with few sequences that leaves most SMs idle
+# while each program walks a long context. Splitting the context gives every SM about this many
+# programs, but never slices shorter than MIN_SPLIT_TOKENS (the merge costs a pass over the partials).
+TARGET_PROGRAMS_PER_SM = 8
+MIN_SPLIT_TOKENS = 256
+MAX_SPLITS = 32
+
+
+def _pow2(n: int, floor: int = 16) -> int:
+    return max(floor, triton.next_power_of_2(n))
+
+
+# ---------------------------------------------------------------------------------------- storing K/V
+
+@triton.jit
+def _store_kv_kernel(k_ptr, v_ptr, k_cache_ptr, v_cache_ptr, slot_mapping_ptr,
+                     stride_kt, stride_kh, stride_vt, stride_vh, stride_cb, stride_cs, stride_ch,
+                     NUM_HEADS: tl.constexpr, HEADS_PAD: tl.constexpr, HEAD_DIM: tl.constexpr,
+                     HEAD_DIM_PAD: tl.constexpr, BLOCK_SIZE: tl.constexpr):
+    token = tl.program_id(0).to(tl.int64)
+    slot = tl.load(slot_mapping_ptr + token).to(tl.int64)
+    heads = tl.arange(0, HEADS_PAD)
+    dims = tl.arange(0, HEAD_DIM_PAD)
+    mask = (heads < NUM_HEADS)[:, None] & (dims < HEAD_DIM)[None, :]
+    slot_start = (slot // BLOCK_SIZE) * stride_cb + (slot % BLOCK_SIZE) * stride_cs
+    dst = slot_start + heads[:, None] * stride_ch + dims[None, :]
+    k = tl.load(k_ptr + token * stride_kt + heads[:, None] * stride_kh + dims[None, :], mask=mask)
+    v = tl.load(v_ptr + token * stride_vt + heads[:, None] * stride_vh + dims[None, :], mask=mask)
+    tl.store(k_cache_ptr + dst, k, mask=mask)
+    tl.store(v_cache_ptr + dst, v, mask=mask)
+
+
+def store_kv(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+             slot_mapping: torch.Tensor) -> None:
+    """k, v: [T, Hkv, D] -> caches [num_blocks, block_size, Hkv, D] at the flat slots slot_mapping [T].
+
+    One launch for both K and V (two index_copy_ calls would be two), reading k and v through their
+    strides, so the views the models hand over (slices of one qkv projection) need no copy."""
+    num_tokens, num_heads, head_dim = k.shape
+    if num_tokens == 0:
+        return
+    _store_kv_kernel[(num_tokens,)](
+        k, v, k_cache, v_cache, slot_mapping,
+        k.stride(0), k.stride(1), v.stride(0), v.stride(1), *k_cache.stride()[:3],
+        NUM_HEADS=num_heads, HEADS_PAD=triton.next_power_of_2(num_heads), HEAD_DIM=head_dim,
+        HEAD_DIM_PAD=triton.next_power_of_2(head_dim), BLOCK_SIZE=k_cache.shape[1])
+
+
+# ------------------------------------------------------------------------------ shared tile helpers
+
+@triton.jit
+def _load_kv_tile(k_cache_ptr, v_cache_ptr, table_ptr, kv_head, start, end,
+                  stride_cb, stride_cs, stride_ch,
+                  BLOCK_SIZE: tl.constexpr, HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr,
+                  BLOCK_N: tl.constexpr):
+    """K and V [BLOCK_N, HEAD_DIM_PAD] of context positions start.., zero at positions >= end."""
+    pos = start + tl.arange(0, BLOCK_N)
+    in_context = pos < end
+    block = tl.load(table_ptr + pos // BLOCK_SIZE, mask=in_context, other=0).to(tl.int64)
+    rows = block * stride_cb + (pos % BLOCK_SIZE) * stride_cs + kv_head * stride_ch
+    dims = tl.arange(0, HEAD_DIM_PAD)
+    offsets = rows[:, None] + dims[None, :]
+    mask = in_context[:, None] & (dims < HEAD_DIM)[None, :]
+    k = tl.load(k_cache_ptr + offsets, mask=mask, other=0.0)
+    v = tl.load(v_cache_ptr + offsets, mask=mask, other=0.0)
+    return pos, k, v
+
+
+@triton.jit
+def _scores(q, k, qk_scale):
+    """q [M, D] . k [N, D]^T in float32, in log2 units. ieee: float32 inputs must not drop to tf32."""
+    return tl.dot(q, tl.trans(k), input_precision="ieee") * qk_scale
+
+
+@triton.jit
+def _online_softmax_step(acc, m_i, l_i, s, v):
+    """Folds one tile of scores s [M, N] (masked ones -inf) and values v [N, D] into the running state.
+
+    Every row must have seen at least one visible key by now (m_i finite after this step), or
+    exp2(-inf - -inf) is NaN; the callers visit tiles in position order, so a row's own position (always
+    visible) comes before any tile that is entirely in its future."""
+    m_new = tl.maximum(m_i, tl.max(s, 1))
+    alpha = tl.exp2(m_i - m_new)
+    p = tl.exp2(s - m_new[:, None])
+    l_i = l_i * alpha + tl.sum(p, 1)
+    acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision="ieee")
+    return acc, m_new, l_i
+
+
+# ------------------------------------------------------------------------------------------ prefill
+
+@triton.jit
+def _prefill_kernel(q_ptr, out_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, context_lens_ptr,
+                    query_starts_ptr, tile_seqs_ptr, tile_starts_ptr, qk_scale,
+                    stride_qt, stride_qh, stride_ot, stride_oh, stride_cb, stride_cs, stride_ch, stride_bt,
+                    GROUP: tl.constexpr, BLOCK_SIZE: tl.constexpr, HEAD_DIM: tl.constexpr,
+                    HEAD_DIM_PAD: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    tile = tl.program_id(0)
+    head = tl.program_id(1)
+    seq = tl.load(tile_seqs_ptr + tile)
+    first = tl.load(tile_starts_ptr + tile)  # index of the tile's first query within its sequence
+    q_start = tl.load(query_starts_ptr + seq)
+    q_len = tl.load(query_starts_ptr + seq + 1) - q_start
+    ctx = tl.load(context_lens_ptr + seq)
+    kv_head = head // GROUP
+    table_ptr = block_tables_ptr + seq.to(tl.int64) * stride_bt
+
+    rows = first + tl.arange(0, BLOCK_M)
+    dims = tl.arange(0, HEAD_DIM_PAD)
+    io_mask = (rows < q_len)[:, None] & (dims < HEAD_DIM)[None, :]
+    tokens = (q_start + rows).to(tl.int64)
+    q = tl.load(q_ptr + tokens[:, None] * stride_qt + head * stride_qh + dims[None, :], mask=io_mask, other=0.0)
+
+    # Query i sits at context position ctx - q_len + i and sees keys up to it:
+    #   keys [0, shared_end)         visible to every query of the tile: no mask
+    #   keys [shared_end, kv_end)    the causal diagonal: masked per (query, key)
+    q_pos = ctx - q_len + rows
+    first_pos = ctx - q_len + first
+    kv_end = tl.minimum(first_pos + BLOCK_M, ctx)
+    shared_end = (first_pos + 1) // BLOCK_N * BLOCK_N
+
+    acc = tl.zeros([BLOCK_M, HEAD_DIM_PAD], dtype=tl.float32)
+    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    for start in range(0, shared_end, BLOCK_N):
+        _, k, v = _load_kv_tile(k_cache_ptr, v_cache_ptr, table_ptr, kv_head, start, kv_end,
+                                stride_cb, stride_cs, stride_ch, BLOCK_SIZE, HEAD_DIM, HEAD_DIM_PAD, BLOCK_N)
+        acc, m_i, l_i = _online_softmax_step(acc, m_i, l_i, _scores(q, k, qk_scale), v)
+    for start in range(shared_end, kv_end, BLOCK_N):
+        k_pos, k, v = _load_kv_tile(k_cache_ptr, v_cache_ptr, table_ptr, kv_head, start, kv_end,
+                                    stride_cb, stride_cs, stride_ch, BLOCK_SIZE, HEAD_DIM, HEAD_DIM_PAD, BLOCK_N)
+        s = tl.where(k_pos[None, :] <= q_pos[:, None], _scores(q, k, qk_scale), float("-inf"))
+        acc, m_i, l_i = _online_softmax_step(acc, m_i, l_i, s, v)
+
+    out = acc / l_i[:, None]
+    tl.store(out_ptr + tokens[:, None] * stride_ot + head * stride_oh + dims[None, :],
+             out.to(out_ptr.dtype.element_ty), mask=io_mask)
+
+
+def prefill_attention(q: torch.Tensor, out: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                      block_tables: torch.Tensor, context_lens: torch.Tensor, query_starts: torch.Tensor,
+                      tiles: torch.Tensor, scale: float) -> None:
+    """Causal attention of the multi-token sequences: q, out [their tokens, Hq, D].
+
+    query_starts [P + 1]: token offsets of the sequences in q; tiles [2, num tiles]: (sequence, first
+    query) of each PREFILL_BLOCK_M-query tile; block_tables [>= P, W] and context_lens [>= P] by sequence."""
+    num_heads, head_dim = q.shape[1], q.shape[2]
+    num_tiles = tiles.shape[1]
+    _prefill_kernel[(num_tiles, num_heads)](
+        q, out, k_cache, v_cache, block_tables, context_lens, query_starts, tiles[0], tiles[1],
+        scale * LOG2_E, q.stride(0), q.stride(1), out.stride(0), out.stride(1), *k_cache.stride()[:3],
+        block_tables.stride(0),
+        GROUP=num_heads // k_cache.shape[2], BLOCK_SIZE=k_cache.shape[1], HEAD_DIM=head_dim,
+        HEAD_DIM_PAD=_pow2(head_dim), BLOCK_M=PREFILL_BLOCK_M, BLOCK_N=PREFILL_BLOCK_N,
+        num_warps=4, num_stages=2)
+
+
+# ------------------------------------------------------------------------------------------- decode
+
+@triton.jit
+def _decode_kernel(q_ptr, out_ptr, part_out_ptr, part_lse_ptr, k_cache_ptr, v_cache_ptr,
+                   block_tables_ptr, context_lens_ptr, qk_scale, split_len,
+                   stride_qt, stride_qh, stride_ot, stride_oh, stride_cb, stride_cs, stride_ch, stride_bt,
+                   GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, BLOCK_SIZE: tl.constexpr,
+                   HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr, BLOCK_N: tl.constexpr,
+                   SPLIT: tl.constexpr):
+    seq = tl.program_id(0)
+    kv_head = tl.program_id(1)
+    split = tl.program_id(2)
+    ctx = tl.load(context_lens_ptr + seq)
+    lo = split * split_len
+    hi = tl.minimum(lo + split_len, ctx)
+    table_ptr = block_tables_ptr + seq.to(tl.int64) * stride_bt
+
+    # The KV head's whole query group is one [GROUP_PAD, D] operand: each K/V tile is loaded once for it.
+    members = tl.arange(0, GROUP_PAD)
+    heads = kv_head * GROUP + members
+    dims = tl.arange(0, HEAD_DIM_PAD)
+    io_mask = (members < GROUP)[:, None] & (dims < HEAD_DIM)[None, :]
+    q = tl.load(q_ptr + seq.to(tl.int64) * stride_qt + heads[:, None] * stride_qh + dims[None, :],
+                mask=io_mask, other=0.0)
+
+    acc = tl.zeros([GROUP_PAD, HEAD_DIM_PAD], dtype=tl.float32)
+    m_i = tl.full([GROUP_PAD], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([GROUP_PAD], dtype=tl.float32)
+    for start in range(lo, hi, BLOCK_N):
+        k_pos, k, v = _load_kv_tile(k_cache_ptr, v_cache_ptr, table_ptr, kv_head, start, hi,
+                                    stride_cb, stride_cs, stride_ch, BLOCK_SIZE, HEAD_DIM, HEAD_DIM_PAD, BLOCK_N)
+        s = tl.where(k_pos[None, :] < hi, _scores(q, k, qk_scale), float("-inf"))
+        acc, m_i, l_i = _online_softmax_step(acc, m_i, l_i, s, v)
+
+    if SPLIT:
+        # Partials [seqs, Hq, splits, HEAD_DIM_PAD] normalised, with their log2-sum-exp; a split past the
+        # end of a shorter context saw nothing: output 0 with weight exp2(-inf) = 0.
+        num_splits = tl.num_programs(2)
+        part = (seq * tl.num_programs(1) * GROUP + heads) * num_splits + split
+        seen = l_i > 0
+        l_safe = tl.where(seen, l_i, 1.0)
+        tl.store(part_out_ptr + part[:, None] * HEAD_DIM_PAD + dims[None, :], acc / l_safe[:, None],
+                 mask=(members < GROUP)[:, None])
+        tl.store(part_lse_ptr + part, tl.where(seen, m_i + tl.log2(l_safe), float("-inf")), mask=members < GROUP)
+    else:
+        tl.store(out_ptr + seq.to(tl.int64) * stride_ot + heads[:, None] * stride_oh + dims[None, :],
+                 (acc / l_i[:, None]).to(out_ptr.dtype.element_ty), mask=io_mask)
+
+
+@triton.jit
+def _decode_merge_kernel(part_out_ptr, part_lse_ptr, out_ptr, num_splits, stride_ot, stride_oh,
+                         SPLITS_PAD: tl.constexpr, HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr):
+    seq = tl.program_id(0)
+    head = tl.program_id(1)
+    splits = tl.arange(0, SPLITS_PAD)
+    dims = tl.arange(0, HEAD_DIM_PAD)
+    part = (seq * tl.num_programs(1) + head) * num_splits + splits
+    lse = tl.load(part_lse_ptr + part, mask=splits < num_splits, other=float("-inf"))
+    weights = tl.exp2(lse - tl.max(lse, 0))  # split 0 is never empty, so the max is finite
+    parts = tl.load(part_out_ptr + part[:, None] * HEAD_DIM_PAD + dims[None, :],
+                    mask=(splits < num_splits)[:, None], other=0.0)
+    out = tl.sum(weights[:, None] * parts, 0) / tl.sum(weights, 0)
+    tl.store(out_ptr + seq.to(tl.int64) * stride_ot + head * stride_oh + dims,
+             out.to(out_ptr.dtype.element_ty), mask=dims < HEAD_DIM)
+
+
+def decode_num_splits(num_seqs: int, num_kv_heads: int, max_context: int, num_sms: int) -> int:
+    """How many slices to cut each decode context into: enough programs to occupy the GPU."""
+    programs = num_seqs * num_kv_heads
+    wanted = triton.cdiv(TARGET_PROGRAMS_PER_SM * num_sms, programs)
+    return max(1, min(wanted, max_context // MIN_SPLIT_TOKENS, MAX_SPLITS))
+
+
+def decode_attention(q: torch.Tensor, out: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                     block_tables: torch.Tensor, context_lens: torch.Tensor, scale: float,
+                     max_context: int, num_splits: int) -> None:
+    """One query per sequence: q, out [seqs, Hq, D]; block_tables [seqs, W]; context_lens [seqs]."""
+    num_seqs, num_heads, head_dim = q.shape
+    num_kv_heads = k_cache.shape[2]
+    group = num_heads // num_kv_heads
+    head_dim_pad = _pow2(head_dim)
+    # Slices are whole tiles; rounding up may leave fewer slices than asked for.
+    split_len = triton.cdiv(triton.cdiv(max_context, num_splits), DECODE_BLOCK_N) * DECODE_BLOCK_N
+    num_splits = triton.cdiv(max_context, split_len)
+    split = num_splits > 1
+    part_out = part_lse = out  # unused unless split (the kernel never touches them then)
+    if split:
+        part_out = torch.empty(num_seqs, num_heads, num_splits, head_dim_pad, dtype=torch.float32, device=q.device)
+        part_lse = torch.empty(num_seqs, num_heads, num_splits, dtype=torch.float32, device=q.device)
+    _decode_kernel[(num_seqs, num_kv_heads, num_splits)](
+        q, out, part_out, part_lse, k_cache, v_cache, block_tables, context_lens, scale * LOG2_E, split_len,
+        q.stride(0), q.stride(1), out.stride(0), out.stride(1), *k_cache.stride()[:3], block_tables.stride(0),
+        GROUP=group, GROUP_PAD=_pow2(group), BLOCK_SIZE=k_cache.shape[1], HEAD_DIM=head_dim,
+        HEAD_DIM_PAD=head_dim_pad, BLOCK_N=DECODE_BLOCK_N, SPLIT=split, num_warps=4, num_stages=2)
+    if split:
+        _decode_merge_kernel[(num_seqs, num_heads)](
+            part_out, part_lse, out, num_splits, out.stride(0), out.stride(1),
+            SPLITS_PAD=triton.next_power_of_2(num_splits), HEAD_DIM=head_dim, HEAD_DIM_PAD=head_dim_pad)
+

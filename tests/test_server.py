@@ -1,0 +1,229 @@
+"""The whole server through real processes, real sockets and real HTTP: the official openai client,
+streaming text that matches the in-process engine, multi-byte UTF-8, disconnects, bad input, queue
+limits, and the lifecycle (a killed child stops everything; signals shut down cleanly; no orphans)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+from concurrent.futures import ThreadPoolExecutor
+
+import httpx
+import openai
+import pytest
+
+from common.sampling_params import SamplingParams
+from offline import LLM
+from tests.server_process import ServerProcess, pid_alive, wait_until
+from tests.tiny_models import build_scripted_model
+
+PROMPTS = ["def main():", "import json\n", "The quick", "class Foo", "return None", "for i in range(",
+           "if __name__", "print(", "x = [", "while True:", "try:\n", "with open(", "lambda x:", "yield", "# a", "os."]
+
+
+@pytest.fixture(scope="module")
+def server(tiny_llama, tmp_path_factory):
+    srv = ServerProcess(tiny_llama, "--num-kv-blocks", "256", log_path=tmp_path_factory.mktemp("log") / "server.log")
+    yield srv
+    srv.stop()
+
+
+def openai_client(server: ServerProcess) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0)
+
+
+def test_sixteen_concurrent_openai_streams_match_the_in_process_engine(server, tiny_llama):
+    expected = [o.text for o in LLM(str(tiny_llama), device="cpu").generate(
+        PROMPTS, SamplingParams(max_tokens=24, temperature=0.0))]
+    model = openai_client(server).models.list().data[0].id
+
+    def complete(i: int) -> str:
+        client = openai_client(server)
+        if i % 2:
+            return client.completions.create(model=model, prompt=PROMPTS[i], max_tokens=24,
+                                             temperature=0).choices[0].text
+        stream = client.completions.create(model=model, prompt=PROMPTS[i], max_tokens=24, temperature=0,
+                                           stream=True)
+        return "".join(chunk.choices[0].text for chunk in stream if chunk.choices)
+
+    with ThreadPoolExecutor(16) as pool:
+        assert list(pool.map(complete, range(16))) == expected
+
+
+def test_chat_completion_streams_with_usage(server):
+    client = openai_client(server)
+    stream = client.chat.completions.create(
+        model=client.models.list().data[0].id, messages=[{"role": "user", "content": "hi"}], max_tokens=5,
+        temperature=0, stream=True, stream_options={"include_usage": True})
+    chunks = list(stream)
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert chunks[-1].usage.completion_tokens <= 5 and chunks[-1].usage.prompt_tokens > 0
+    finish = [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason]
+    assert finish in (["length"], ["stop"])
+    assert isinstance(text, str)
+
+
+def test_client_disconnect_frees_the_requests_blocks(server):
+    with server.client() as c:
+        with c.stream("POST", "/v1/completions", json={"prompt": "disconnect me", "max_tokens": 400,
+                                                       "temperature": 0, "ignore_eos": True, "stream": True}) as r:
+            lines = r.iter_lines()
+            assert next(line for line in lines if line.startswith("data:"))
+            assert server.stats()["scheduler"]["payload"]["num_running"] == 1
+    # Closing the stream mid-generation aborts the request; its blocks are released before the next plan.
+    wait_until(lambda: (lambda s: s["num_running"] == 0 and s["kv_blocks_used"] == 0)(
+        server.stats()["scheduler"]["payload"]), timeout=10, what="the aborted request's blocks to be freed")
+
+
+@pytest.mark.parametrize("body, param", [
+    ({"prompt": "x " * 600, "max_tokens": 4}, "prompt"),  # longer than the 512-token context
+    ({"prompt": "hello", "max_tokens": 100000}, "max_tokens"),
+    ({"prompt": "", "max_tokens": 4}, "prompt"),
+    ({"prompt": "hello", "max_tokens": 0}, "max_tokens"),
+    ({"prompt": "hello", "temperature": -1}, "temperature"),
+    ({"prompt": "hello", "top_p": 1.5}, "top_p"),
+    ({"prompt": "hello", "model": "no-such-model"}, "model"),
+    ({"prompt": 3}, "prompt"),
+])
+def test_bad_input_gets_400_naming_the_field_and_the_server_keeps_serving(server, body, param):
+    with server.client() as c:
+        response = c.post("/v1/completions", json=body)
+        assert response.status_code == 400, response.text
+        assert response.json()["error"]["param"] == param
+        assert c.post("/v1/completions", json={"prompt": "still here", "max_tokens": 2}).status_code == 200
+
+
+def test_invalid_json_gets_400(server):
+    with server.client() as c:
+        response = c.post("/v1/completions", content=b"{not json", headers={"content-type": "application/json"})
+        assert response.status_code == 400
+        assert response.json()["error"]["type"] == "invalid_request_error"
+
+
+def test_health_and_metrics_report_every_process(server):
+    with server.client() as c:
+        assert c.get("/health").status_code == 200
+        metrics = c.get("/metrics").text
+    assert "clearserve_kv_blocks_total 256.0" in metrics
+    assert "clearserve_time_to_first_token_seconds_count" in metrics
+    assert set(server.child_pids()) == {"gpu_worker", "scheduler", "tokenizer-0", "tokenizer-1"}
+
+
+def test_native_generate_streams_token_ids_with_timestamps(server):
+    with server.client() as c:
+        with c.stream("POST", "/generate", json={"input_ids": [5, 6, 7], "stream": True, "sampling_params": {
+                "max_tokens": 4, "temperature": 0, "ignore_eos": True}}) as r:
+            events = [json.loads(line) for line in r.iter_lines() if line]
+    tokens = [e for e in events if "token_ids" in e and "times" not in e]
+    assert sum(len(e["token_ids"]) for e in tokens) == 4
+    assert all(e["sampled_time"] <= e["streamed_time"] for e in tokens)
+    times = events[-1]["times"]
+    assert times["arrival"] <= times["tokenized"] <= times["queued"] <= times["first_scheduled"]
+
+
+# ---------------------------------------------------------------------------- scripted output
+
+# Multi-byte characters cut at every kind of boundary: single bytes of a 4-byte emoji, a 3-byte CJK
+# character split 1+2, whole-character tokens, and a stop string made of CJK text.
+SCRIPT_TEXT = "🚀天气很好。"
+
+
+@pytest.fixture(scope="module")
+def scripted(tmp_path_factory):
+    from transformers import AutoTokenizer
+
+    folder = tmp_path_factory.mktemp("scripted")
+    from tests.tiny_models import build_tokenizer
+
+    build_tokenizer(folder)
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    byte_token = {b: tokenizer.convert_tokens_to_ids(ch) for b, ch in _byte_to_unicode().items()}
+    # Starts from an ASCII token (the prompt), then the emoji's four bytes one token each, then the
+    # tokenizer's own split of the CJK text.
+    chain = tokenizer.encode("x") + [byte_token[b] for b in "🚀".encode()] + tokenizer.encode("天气很好。")
+    assert len(set(chain)) == len(chain), chain
+    build_scripted_model(folder, chain)
+    return folder, tokenizer, chain
+
+
+def _byte_to_unicode() -> dict[int, str]:
+    # GPT-2's byte-level alphabet: how a raw byte is written as a vocabulary entry.
+    printable = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + \
+        list(range(ord("®"), ord("ÿ") + 1))
+    chars, extra = {}, 0
+    for b in range(256):
+        if b in printable:
+            chars[b] = chr(b)
+        else:
+            chars[b] = chr(256 + extra)
+            extra += 1
+    return chars
+
+
+@pytest.fixture(scope="module")
+def scripted_server(scripted, tmp_path_factory):
+    folder, _, _ = scripted
+    srv = ServerProcess(folder, log_path=tmp_path_factory.mktemp("log") / "scripted.log")
+    yield srv
+    srv.stop()
+
+
+def test_multibyte_utf8_streams_exactly_whatever_the_token_boundaries(scripted, scripted_server):
+    _, _, chain = scripted
+    with scripted_server.client() as c:
+        with c.stream("POST", "/generate", json={"input_ids": [chain[0]], "stream": True, "sampling_params": {
+                "max_tokens": 50, "temperature": 0}}) as r:
+            events = [json.loads(line) for line in r.iter_lines() if line]
+    deltas = [e["text"] for e in events if "times" not in e]
+    token_ids = [t for e in events if "times" not in e for t in e["token_ids"]]
+    assert token_ids == chain[1:] + [0]  # the scripted walk, then EOS
+    assert "".join(deltas) == SCRIPT_TEXT
+    assert all("\ufffd" not in d for d in deltas), deltas
+
+
+def test_multibyte_output_through_openai_streaming(scripted_server):
+    client = openai_client(scripted_server)
+    stream = client.completions.create(model=client.models.list().data[0].id, prompt="x",
+                                       max_tokens=50, temperature=0, stream=True)
+    pieces = [chunk.choices[0].text for chunk in stream if chunk.choices]
+    assert "".join(pieces) == SCRIPT_TEXT
+    assert all("\ufffd" not in p for p in pieces)
+
+
+def test_cjk_stop_string_ends_the_request(scripted_server):
+    client = openai_client(scripted_server)
+    out = client.completions.create(model=client.models.list().data[0].id, prompt="x", max_tokens=50,
+                                    temperature=0, stop=["很好"])
+    assert out.choices[0].finish_reason == "stop"
+    assert out.choices[0].text == "🚀天气"
+
+
+# ---------------------------------------------------------------------------- lifecycle
+
+
+def test_queue_limit_gives_503_and_a_killed_gpu_worker_stops_everything(tiny_llama, tmp_path):
+    srv = ServerProcess(tiny_llama, "--max-num-seqs", "1", "--max-waiting-requests", "1",
+                        log_path=tmp_path / "server.log")
+    try:
+        body = {"prompt": "busy", "max_tokens": 300, "temperature": 0, "ignore_eos": True}
+        with ThreadPoolExecutor(6) as pool:
+            statuses = list(pool.map(lambda _: httpx.post(f"{srv.url}/v1/completions", json=body,
+                                                          timeout=120).status_code, range(6)))
+        assert 503 in statuses and 200 in statuses and set(statuses) <= {200, 503}
+        pids = srv.child_pids()
+        os.kill(pids["gpu_worker"], signal.SIGKILL)
+        code = srv.proc.wait(timeout=15)
+        assert code != 0
+        assert "gpu_worker" in srv.log() and "died" in srv.log()
+        wait_until(lambda: not any(pid_alive(p) for p in pids.values()), timeout=10, what="every child to exit")
+    finally:
+        srv.stop()
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_a_signal_shuts_everything_down_cleanly(tiny_gpt2, tmp_path, sig):
+    srv = ServerProcess(tiny_gpt2, log_path=tmp_path / "server.log")
+    pids = srv.child_pids()
+    assert srv.stop(sig) == 0
+    wait_until(lambda: not any(pid_alive(p) for p in pids.values()), timeout=10, what="every child to exit")

@@ -1,0 +1,212 @@
+"""TritonAttention against the torch reference, on random mixed batches.
+
+Without CUDA the kernels run in the Triton interpreter on CPU. @triton.jit picks the interpreter when
+a kernel is defined, so the switch is set here, before triton_kernels is imported; only this module
+runs Triton kernels, so the setting leaking into the rest of the session changes nothing else.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import pytest
+import torch
+
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+pytest.importorskip("triton", reason="triton is not installed (pip install triton)")
+
+from gpu_worker.attention import BatchLayout, TorchAttention  # noqa: E402
+from gpu_worker.attention import triton_kernels  # noqa: E402
+from gpu_worker.attention.triton_backend import TritonAttention  # noqa: E402
+
+DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+SCALE = 0.2
+
+
+@dataclass
+class Batch:
+    layout: BatchLayout
+    slots: torch.Tensor  # [T]
+    qkv: torch.Tensor  # [T, Hq + 2 Hkv, D]: q, k and v are views into it, as a fused projection gives
+    heads: int
+    k_cache: torch.Tensor  # every slot random: the reference's store
+    v_cache: torch.Tensor
+    poisoned: torch.Tensor  # [num slots] True where no cached context lives: NaN in the Triton run
+
+    def qkv_views(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        kv_heads = (self.qkv.shape[1] - self.heads) // 2
+        return self.qkv.split([self.heads, kv_heads, kv_heads], dim=1)
+
+
+def random_tables(context_lens: list[int], block_size: int, gen: torch.Generator) -> tuple[list[list[int]], int]:
+    """Disjoint tables from a shuffled pool with spare blocks, so some blocks belong to nobody."""
+    need = [-(-n // block_size) for n in context_lens]
+    num_blocks = sum(need) + 4
+    pool = torch.randperm(num_blocks, generator=gen).tolist()
+    tables, used = [], 0
+    for n in need:
+        tables.append(pool[used:used + n])
+        used += n
+    return tables, num_blocks
+
+
+def make_batch(layout: BatchLayout, num_blocks: int, block_size: int, heads: int, kv_heads: int, head_dim: int,
+               dtype: torch.dtype, gen: torch.Generator) -> Batch:
+    slots, cached = [], set()
+    for q_len, ctx, table in zip(layout.query_lens, layout.context_lens, layout.block_tables):
+        flat = [table[p // block_size] * block_size + p % block_size for p in range(ctx)]
+        slots += flat[ctx - q_len:]
+        cached.update(flat[:ctx - q_len])
+    poisoned = torch.ones(num_blocks * block_size, dtype=torch.bool)
+    poisoned[sorted(cached - set(slots))] = False
+
+    def rand(*shape: int) -> torch.Tensor:
+        return torch.randn(*shape, generator=gen).to(DEVICE, dtype)
+
+    return Batch(layout, torch.tensor(slots), rand(len(slots), heads + 2 * kv_heads, head_dim), heads,
+                 rand(num_blocks, block_size, kv_heads, head_dim), rand(num_blocks, block_size, kv_heads, head_dim),
+                 poisoned.to(DEVICE))
+
+
+def mixed_batch(seqs: list[tuple[int, int]], block_size: int, heads: int, kv_heads: int, head_dim: int,
+                dtype: torch.dtype = torch.float32, seed: int = 0) -> Batch:
+    """seqs: (cached tokens, new tokens) per sequence, multi-token ones first."""
+    gen = torch.Generator().manual_seed(seed)
+    context_lens = [cached + new for cached, new in seqs]
+    tables, num_blocks = random_tables(context_lens, block_size, gen)
+    query_lens = [new for _, new in seqs]
+    layout = BatchLayout(query_lens, context_lens, tables, sum(1 for n in query_lens if n > 1))
+    return make_batch(layout, num_blocks, block_size, heads, kv_heads, head_dim, dtype, gen)
+
+
+def nan_filled_empty(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Fresh float tensors (outputs, split-KV partials) start as NaN, so any element never written shows."""
+    real_empty, real_empty_like = torch.empty, torch.empty_like
+
+    def poison(tensor: torch.Tensor) -> torch.Tensor:
+        return tensor.fill_(float("nan")) if tensor.is_floating_point() else tensor
+
+    monkeypatch.setattr(torch, "empty", lambda *a, **kw: poison(real_empty(*a, **kw)))
+    monkeypatch.setattr(torch, "empty_like", lambda *a, **kw: poison(real_empty_like(*a, **kw)))
+
+
+def run_reference(batch: Batch) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    backend = TorchAttention(batch.k_cache.shape[1])
+    k_cache, v_cache = batch.k_cache.clone(), batch.v_cache.clone()
+    q, k, v = batch.qkv_views()
+    out = backend.forward(q, k, v, k_cache, v_cache, backend.build_metadata(batch.layout, batch.slots, DEVICE), SCALE)
+    return out, k_cache, v_cache
+
+
+def run_triton(batch: Batch, monkeypatch: pytest.MonkeyPatch) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Caches NaN wherever no cached context lives, outputs NaN until written."""
+    backend = TritonAttention(batch.k_cache.shape[1])
+    k_cache, v_cache = (_poison_slots(c, batch.poisoned) for c in (batch.k_cache, batch.v_cache))
+    q, k, v = batch.qkv_views()
+    metadata = backend.build_metadata(batch.layout, batch.slots, DEVICE)
+    with monkeypatch.context() as patch:
+        nan_filled_empty(patch)
+        out = backend.forward(q, k, v, k_cache, v_cache, metadata, SCALE)
+    return out, k_cache, v_cache
+
+
+def _poison_slots(cache: torch.Tensor, poisoned: torch.Tensor) -> torch.Tensor:
+    cache = cache.clone()
+    cache.view(-1, *cache.shape[2:])[poisoned] = float("nan")
+    return cache
+
+
+def assert_matches_reference(batch: Batch, monkeypatch: pytest.MonkeyPatch, tol: float = 1e-5) -> None:
+    out, k_cache, v_cache = run_triton(batch, monkeypatch)
+    ref_out, ref_k, ref_v = run_reference(batch)
+    torch.testing.assert_close(out.float(), ref_out.float(), rtol=tol, atol=tol)
+    # Written slots hold the new K/V; every other poisoned slot is untouched.
+    written = torch.zeros_like(batch.poisoned)
+    written[batch.slots.to(DEVICE)] = True
+    for cache, ref in ((k_cache, ref_k), (v_cache, ref_v)):
+        expected = _poison_slots(ref, batch.poisoned & ~written)
+        torch.testing.assert_close(cache, expected, rtol=0, atol=0, equal_nan=True)
+
+
+# (cached, new): prefill chunks of different lengths (one spanning several query tiles, some after
+# cached context), then decodes, one of them a one-token prompt with nothing cached.
+MIXED = [(0, 70), (40, 33), (100, 2), (19, 16), (0, 1), (20, 1), (150, 1), (63, 1)]
+
+
+@pytest.mark.parametrize("heads,kv_heads", [(4, 4), (8, 2)], ids=["mha", "gqa"])
+@pytest.mark.parametrize("block_size", [16, 8])
+def test_mixed_batch_matches_reference(heads, kv_heads, block_size, monkeypatch):
+    assert_matches_reference(mixed_batch(MIXED, block_size, heads, kv_heads, head_dim=32), monkeypatch)
+
+
+def test_prefill_only_and_decode_only_batches_match_reference(monkeypatch):
+    assert_matches_reference(mixed_batch([(30, 45), (0, 9)], 16, 4, 2, 32, seed=1), monkeypatch)
+    assert_matches_reference(mixed_batch([(30, 1), (0, 1), (77, 1)], 16, 4, 2, 32, seed=2), monkeypatch)
+
+
+@pytest.mark.parametrize("block_size", [1, 128])
+def test_extreme_block_sizes_match_reference(block_size, monkeypatch):
+    assert_matches_reference(mixed_batch([(20, 30), (140, 1)], block_size, 4, 2, 32, seed=3), monkeypatch)
+
+
+@pytest.mark.parametrize("head_dim", [64, 80])
+def test_head_dims_match_reference(head_dim, monkeypatch):
+    """64 is the common case; 80 is not a power of two, so it is padded and masked."""
+    assert_matches_reference(mixed_batch([(17, 20), (50, 1), (3, 1)], 16, 4, 2, head_dim, seed=4), monkeypatch)
+
+
+def test_half_precision_matches_reference(monkeypatch):
+    # The interpreter's tl.dot mishandles bfloat16, so on CPU the half-precision case is float16.
+    dtype = torch.bfloat16 if DEVICE.type == "cuda" else torch.float16
+    batch = mixed_batch(MIXED, 16, 8, 2, 32, dtype=dtype, seed=5)
+    assert_matches_reference(batch, monkeypatch, tol=2e-2)
+
+
+def test_sequence_reads_prefix_written_in_the_same_forward(monkeypatch):
+    """B shares A's first two blocks (a prefix-cache hit) while A is still computing them: A's K/V must
+    reach the store before B attends."""
+    block_size = 16
+    layout = BatchLayout(query_lens=[40, 8], context_lens=[40, 40], block_tables=[[3, 0, 5], [3, 0, 1]],
+                         num_prefill_seqs=2)
+    gen = torch.Generator().manual_seed(6)
+    assert_matches_reference(make_batch(layout, 6, block_size, 4, 2, 32, torch.float32, gen), monkeypatch)
+
+
+def test_long_decode_contexts_are_split_and_match_reference(monkeypatch):
+    """Few sequences with long contexts take the split-KV path; the short one has empty slices."""
+    seqs = [(699, 1), (529, 1), (89, 1)]
+    batch = mixed_batch(seqs, 16, 4, 2, 32, seed=7)
+    assert triton_kernels.decode_num_splits(len(seqs), 2, 700, num_sms=132) > 1
+    assert_matches_reference(batch, monkeypatch)
+
+
+@pytest.mark.parametrize("num_splits", [1, 2, 3, 8])
+def test_decode_result_does_not_depend_on_the_number_of_splits(num_splits):
+    batch = mixed_batch([(300, 1), (40, 1), (511, 1)], 16, 8, 2, 32, seed=8)
+    backend = TritonAttention(16)
+    metadata = backend.build_metadata(batch.layout, batch.slots, DEVICE)
+    q, k, v = batch.qkv_views()
+    k_cache, v_cache = batch.k_cache.clone(), batch.v_cache.clone()
+    triton_kernels.store_kv(k, v, k_cache, v_cache, metadata.slot_mapping)
+    out = torch.full_like(q, float("nan"))
+    triton_kernels.decode_attention(q, out, k_cache, v_cache, metadata.block_tables, metadata.context_lens, SCALE,
+                                    max_context=512, num_splits=num_splits)
+    torch.testing.assert_close(out, run_reference(batch)[0], rtol=1e-5, atol=1e-5)
+
+
+def test_split_heuristic_splits_only_long_contexts_on_an_idle_gpu():
+    splits = triton_kernels.decode_num_splits
+    assert splits(num_seqs=256, num_kv_heads=12, max_context=768, num_sms=132) == 1  # GPU already full
+    assert splits(num_seqs=2, num_kv_heads=8, max_context=200, num_sms=132) == 1  # context too short
+    assert splits(num_seqs=32, num_kv_heads=8, max_context=4096, num_sms=132) > 1
+    assert splits(num_seqs=1, num_kv_heads=1, max_context=1 << 20, num_sms=132) == triton_kernels.MAX_SPLITS
+
+
+def test_block_table_width_is_a_power_of_two_covering_every_context():
+    layout = BatchLayout(query_lens=[1, 1], context_lens=[33, 70], block_tables=[[1, 2, 3, 9], [4, 5, 6, 7, 8]],
+                         num_prefill_seqs=0)
+    metadata = TritonAttention(16).build_metadata(layout, torch.tensor([32, 69]), DEVICE)
+    assert metadata.block_tables.tolist() == [[1, 2, 3, 0, 0, 0, 0, 0], [4, 5, 6, 7, 8, 0, 0, 0]]
