@@ -43,4 +43,4 @@ class SamplingParams:
         if any(not s for s in self.stop):
             raise InvalidParameter("stop", "stop strings must be non-empty")
         if any(t < 0 for t in self.stop_token_ids):
-            raise InvalidParameter("stop", "stop token ids must be non-negative")
+            raise InvalidParameter("stop_token_ids", "stop token ids must be non-negative")
