@@ -31,7 +31,6 @@ def run_ours(folder: str, prompts: list[list[int]], output_len: int, engine: Eng
     args = {k: getattr(engine, k) for k in EngineConfig.__slots__ if k != "model"}
     llm = LLM(folder, **args)
     params = SamplingParams(max_tokens=output_len, temperature=0.0, ignore_eos=True)
-    llm.generate([prompts[0][:16]], SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True))  # warm-up
     _sync()
     bar = tqdm(total=len(prompts) * output_len, desc="ours", unit="tok", file=sys.stderr)
     start = time.perf_counter()
@@ -40,7 +39,7 @@ def run_ours(folder: str, prompts: list[list[int]], output_len: int, engine: Eng
     def on_step():
         nonlocal steps
         steps += 1
-        bar.n = llm.scheduler.stats.generated_tokens - 4
+        bar.n = llm.scheduler.stats.generated_tokens
         bar.refresh()
 
     outs = llm.generate(prompts, params, on_step=on_step)

@@ -15,9 +15,11 @@ import numpy as np
 import torch
 
 from common.config import EngineConfig
-from common.messages import NewRequestSpec, StepPlan, StepResult, StepTimings
+from common.messages import NewRequestSpec, ScheduledChunk, StepPlan, StepResult, StepTimings
 from common.model_info import ModelInfo
+from common.sampling_params import SamplingParams
 from gpu_worker.attention import BatchLayout, make_attention_backend
+from gpu_worker.cuda_graphs import DecodeGraphs
 from gpu_worker.kv_cache import PagedKVCache
 from gpu_worker.model_loader import load_model, resolve_dtype
 from gpu_worker.models.forward_context import ForwardContext
@@ -53,13 +55,16 @@ class ModelRunner:
         self.model = load_model(config.model, config.load_format, self.dtype, self.device, config.seed, progress)
         self.attention = make_attention_backend(config.attention_backend, self.device.type, config.block_size)
         num_layers, kv_heads, head_dim = self.model.kv_shape
-        self.kv_cache = PagedKVCache(num_layers, self._num_kv_blocks(), config.block_size, kv_heads, head_dim,
+        self.num_kv_blocks = self._num_kv_blocks()
+        # One block more than the scheduler is told of: a scratch block for CUDA-graph padding rows.
+        self.kv_cache = PagedKVCache(num_layers, self.num_kv_blocks + 1, config.block_size, kv_heads, head_dim,
                                      self.dtype, self.device)
+        self.graphs: DecodeGraphs | None = None
+        if self.device.type == "cuda" and self.attention.supports_cuda_graphs and not config.enforce_eager:
+            self.graphs = DecodeGraphs(self.model, self.attention, self.kv_cache, config.max_num_seqs,
+                                       info.max_model_len, scratch_block=self.num_kv_blocks)
         self.mirrors: dict[int, RequestMirror] = {}
-
-    @property
-    def num_kv_blocks(self) -> int:
-        return self.kv_cache.num_blocks
+        self.warm_up()
 
     def _num_kv_blocks(self) -> int:
         cfg = self.config
@@ -100,6 +105,31 @@ class ModelRunner:
         total = torch.cuda.get_device_properties(self.device).total_memory
         return int(total * self.config.gpu_memory_utilization) - peak
 
+    def warm_up(self) -> None:
+        """Run every kind of step once (prefill, graph decode, mixed, long-context decode) so that no
+        request pays for a kernel compile. Uses blocks from 0 up, before any request has one."""
+        greedy = SamplingParams(temperature=0.0, seed=0)
+        bs = self.block_size
+        short = min(16, self.info.max_model_len - 2)
+        long = min(1024, self.info.max_model_len - 2) if self.device.type == "cuda" else short
+        blocks_short, blocks_long = -(-(short + 2) // bs), -(-(long + 2) // bs)
+        if blocks_short * 2 + blocks_long > self.num_kv_blocks:
+            long, blocks_long = short, blocks_short
+        a, b, c = -1, -2, -3
+        table_a = list(range(blocks_short))
+        table_b = list(range(blocks_short, blocks_short + blocks_long))
+        table_c = list(range(blocks_short + blocks_long, 2 * blocks_short + blocks_long))
+        new = [NewRequestSpec(a, [1] * short, greedy, 0), NewRequestSpec(b, [1] * long, greedy, 0),
+               NewRequestSpec(c, [1] * short, greedy, 0)]
+        steps = [
+            ([new[0], new[1]], [ScheduledChunk(a, 0, short, table_a, True), ScheduledChunk(b, 0, long, table_b, True)]),
+            ([], [ScheduledChunk(a, short, 1, [], True), ScheduledChunk(b, long, 1, [], True)]),  # decode
+            ([new[2]], [ScheduledChunk(c, 0, short, table_c, True), ScheduledChunk(b, long + 1, 1, [], True)]),
+        ]
+        for i, (specs, chunks) in enumerate(steps):
+            self.execute(StepPlan(-1 - i, specs, chunks, []))
+        self.execute(StepPlan(-9, [], [], [a, b, c]))
+
     # ------------------------------------------------------------------ the step
 
     @torch.inference_mode()
@@ -123,40 +153,26 @@ class ModelRunner:
             (t for c, m in zip(chunks, mirrors) for t in m.token_ids[c.start:c.start + c.num_tokens]),
             dtype=np.int64, count=sum(q_lens))
         positions = np.concatenate([np.arange(c.start, c.start + c.num_tokens) for c in chunks])
-        seq_index = np.repeat(np.arange(len(chunks)), q_lens)
-        max_blocks = max(len(m.block_table) for m in mirrors)
-        tables = np.zeros((len(chunks), max_blocks), dtype=np.int64)
-        for i, m in enumerate(mirrors):
-            tables[i, :len(m.block_table)] = m.block_table
-        slot_mapping = tables[seq_index, positions // self.block_size] * self.block_size + positions % self.block_size
-        layout = BatchLayout(
-            query_lens=q_lens,
-            context_lens=[c.start + c.num_tokens for c in chunks],
-            block_tables=[m.block_table for m in mirrors],
-            num_prefill_seqs=sum(1 for n in q_lens if n > 1),
-        )
-        ends = np.cumsum(q_lens) - 1
+        context_lens = [c.start + c.num_tokens for c in chunks]
+        block_tables = [m.block_table for m in mirrors]
+        slot_mapping = self._slot_mapping(positions, q_lens, block_tables)
         sampling_rows = [i for i, c in enumerate(chunks) if c.sample]
-        device = self.device
-        ctx = ForwardContext(self.attention,
-                             self.attention.build_metadata(layout, torch.from_numpy(slot_mapping), device),
-                             self.kv_cache)
-        ids_t = torch.from_numpy(input_ids).to(device, non_blocking=True)
-        pos_t = torch.from_numpy(positions).to(device, non_blocking=True)
+        all_decode = len(input_ids) == len(chunks)
         t1 = time.perf_counter()
 
-        hidden = self.model(ids_t, pos_t, ctx)
+        if all_decode and self.graphs is not None and self.graphs.bucket_for(len(chunks)) is not None:
+            logits = self.graphs.run(input_ids, positions, slot_mapping, context_lens, block_tables)[sampling_rows]
+        else:
+            logits = self._forward_eager(input_ids, positions, slot_mapping, q_lens, context_lens, block_tables,
+                                         sampling_rows)
+        t2 = time.perf_counter()
         tokens: list[int] = []
         if sampling_rows:
-            logits = self.model.compute_logits(hidden[torch.from_numpy(ends[sampling_rows]).to(device)])
-            t2 = time.perf_counter()
             rows = [(m.temperature, m.top_k, m.top_p, m.seed, m.num_sampled)
                     for m in (mirrors[i] for i in sampling_rows)]
-            tokens = sample(logits, SamplingBatch.build(rows, logits.shape[1], device)).tolist()
-        else:
-            if device.type == "cuda":
-                torch.cuda.synchronize(device)
-            t2 = time.perf_counter()
+            tokens = sample(logits, SamplingBatch.build(rows, logits.shape[1], self.device)).tolist()
+        elif self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
         sampled_time = time.time()
         t3 = time.perf_counter()
 
@@ -169,6 +185,34 @@ class ModelRunner:
         rids = [c.rid for c in plan.chunks if c.rid in by_rid]
         return StepResult(plan.step_id, rids, [by_rid[r] for r in rids], sampled_time,
                           StepTimings(prepare_s=t1 - t0, forward_s=t2 - t1, sample_s=t3 - t2))
+
+    def _slot_mapping(self, positions: np.ndarray, q_lens: list[int], block_tables: list[list[int]]) -> np.ndarray:
+        """Flat KV-store slot of every token: its block (from its sequence's table) times block size plus offset."""
+        bs = self.block_size
+        if len(positions) == len(q_lens):  # one token per sequence: no per-token gather needed
+            blocks = [table[p // bs] for table, p in zip(block_tables, positions.tolist())]
+            return np.asarray(blocks, dtype=np.int64) * bs + positions % bs
+        seq_index = np.repeat(np.arange(len(q_lens)), q_lens)
+        tables = np.zeros((len(block_tables), max(len(t) for t in block_tables)), dtype=np.int64)
+        for i, table in enumerate(block_tables):
+            tables[i, :len(table)] = table
+        return tables[seq_index, positions // bs] * bs + positions % bs
+
+    def _forward_eager(self, input_ids: np.ndarray, positions: np.ndarray, slot_mapping: np.ndarray,
+                       q_lens: list[int], context_lens: list[int], block_tables: list[list[int]],
+                       sampling_rows: list[int]) -> torch.Tensor:
+        """Run the model op by op; returns the logits of the sampling rows."""
+        layout = BatchLayout(q_lens, context_lens, block_tables, num_prefill_seqs=sum(1 for n in q_lens if n > 1))
+        device = self.device
+        ctx = ForwardContext(self.attention,
+                             self.attention.build_metadata(layout, torch.from_numpy(slot_mapping), device),
+                             self.kv_cache)
+        hidden = self.model(torch.from_numpy(input_ids).to(device, non_blocking=True),
+                            torch.from_numpy(positions).to(device, non_blocking=True), ctx)
+        if not sampling_rows:
+            return hidden.new_empty(0, 0)
+        ends = np.cumsum(q_lens) - 1
+        return self.model.compute_logits(hidden[torch.from_numpy(ends[sampling_rows]).to(device)])
 
     def _mirror_for(self, spec: NewRequestSpec) -> RequestMirror:
         s = spec.sampling

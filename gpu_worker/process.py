@@ -12,10 +12,9 @@ import zmq
 
 from common.config import EngineConfig
 from common.control import ControlServer
-from common.messages import NewRequestSpec, ScheduledChunk, StepPlan
+from common.messages import StepPlan
 from common.model_info import ModelInfo
 from common.process import announce_ready, init_child_process
-from common.sampling_params import SamplingParams
 from common.transport import Endpoints, pull_socket, push_socket, recv, send
 
 ROLE = "gpu_worker"
@@ -28,7 +27,6 @@ def main(config: EngineConfig, info: ModelInfo, run_dir: str, log_level: str, pa
 
     endpoints = Endpoints(run_dir)
     runner = ModelRunner(config, info, progress=True)
-    warm_up(runner)
     log.info("model on %s (%s), %d KV blocks of %d tokens", runner.device, runner.dtype,
              runner.num_kv_blocks, config.block_size)
 
@@ -79,15 +77,3 @@ def serve(runner, plans: zmq.Socket, results: zmq.Socket, control: ControlServer
         stats.prepare_s += result.timings.prepare_s
         stats.forward_s += result.timings.forward_s
         stats.sample_s += result.timings.sample_s
-
-
-def warm_up(runner) -> None:
-    """One prefill and one decode through the whole path, so the first request pays no compile or load."""
-    greedy = SamplingParams(temperature=0.0, seed=0)
-    rid = -1
-    prompt = [0] * min(16, runner.info.max_model_len - 1)
-    blocks = list(range(-(-(len(prompt) + 1) // runner.block_size)))
-    runner.execute(StepPlan(0, [NewRequestSpec(rid, prompt, greedy, 0)],
-                            [ScheduledChunk(rid, 0, len(prompt), blocks, True)], []))
-    runner.execute(StepPlan(0, [], [ScheduledChunk(rid, len(prompt), 1, [], True)], []))
-    runner.execute(StepPlan(0, [], [], [rid]))

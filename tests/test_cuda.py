@@ -52,3 +52,14 @@ def test_bfloat16_on_cuda_mostly_agrees_with_transformers(tiny_model):
     # compare the first tokens, where both start from the same context.
     first_agree = sum(a[0] == b[0] for a, b in zip(ours, theirs))
     assert first_agree >= 6, (ours, theirs)
+
+
+def test_cuda_graph_decode_gives_the_same_tokens_as_eager(tiny_model):
+    prompts = random_prompts(5, PROMPT_LENGTHS, vocab=512, seed=2)  # 5 sequences: replayed padded to 8
+    params = SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True)
+    graphs = LLM(str(tiny_model), device="cuda", dtype="float32")
+    assert graphs.runner.graphs is not None
+    eager = LLM(str(tiny_model), device="cuda", dtype="float32", enforce_eager=True)
+    assert eager.runner.graphs is None
+    assert [o.token_ids for o in graphs.generate(prompts, params)] == \
+        [o.token_ids for o in eager.generate(prompts, params)]

@@ -36,8 +36,18 @@ class BatchLayout:
 class AttentionBackend(ABC):
     """Builds per-forward metadata once, then runs every layer's attention with it."""
 
+    # Whether decode-only forwards can be captured in CUDA graphs (static_decode_metadata is implemented).
+    supports_cuda_graphs = False
+
     def __init__(self, block_size: int):
         self.block_size = block_size
+
+    def static_decode_metadata(self, slot_mapping: torch.Tensor, context_lens: torch.Tensor,
+                               block_tables: torch.Tensor, max_context: int) -> Any:
+        """Metadata for a decode-only forward reading caller-owned device buffers (int32: slots [S],
+        context lens [S], block tables [S, W]), which the caller refills before each graph replay.
+        Every launch shape must depend only on S and max_context, never on the buffers' contents."""
+        raise NotImplementedError(f"{type(self).__name__} cannot be captured in CUDA graphs")
 
     @abstractmethod
     def build_metadata(self, layout: BatchLayout, slot_mapping: torch.Tensor, device: torch.device) -> Any:

@@ -49,6 +49,17 @@ class TritonAttentionMetadata:
 
 
 class TritonAttention(AttentionBackend):
+    supports_cuda_graphs = True
+
+    def static_decode_metadata(self, slot_mapping: torch.Tensor, context_lens: torch.Tensor,
+                               block_tables: torch.Tensor, max_context: int) -> TritonAttentionMetadata:
+        device = slot_mapping.device
+        no_prefill = torch.zeros(1, dtype=torch.int32, device=device)
+        return TritonAttentionMetadata(
+            slot_mapping=slot_mapping, context_lens=context_lens, query_starts=no_prefill,
+            prefill_tiles=torch.zeros(2, 0, dtype=torch.int32, device=device), block_tables=block_tables,
+            num_prefill_seqs=0, num_prefill_tokens=0, max_decode_context=max_context, num_sms=_num_sms(device))
+
     def build_metadata(self, layout: BatchLayout, slot_mapping: torch.Tensor,
                        device: torch.device) -> TritonAttentionMetadata:
         num_pre = layout.num_prefill_seqs

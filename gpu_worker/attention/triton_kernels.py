@@ -115,7 +115,9 @@ def _online_softmax_step(acc, m_i, l_i, s, v):
 
 # ------------------------------------------------------------------------------------------ prefill
 
-@triton.jit
+# Arguments that change from step to step are not specialized on (Triton would otherwise compile a
+# variant per divisibility class): one compiled kernel per model, warmed up before serving.
+@triton.jit(do_not_specialize=["stride_bt"])
 def _prefill_kernel(q_ptr, out_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, context_lens_ptr,
                     query_starts_ptr, tile_seqs_ptr, tile_starts_ptr, qk_scale,
                     stride_qt, stride_qh, stride_ot, stride_oh, stride_cb, stride_cs, stride_ch, stride_bt,
@@ -183,7 +185,7 @@ def prefill_attention(q: torch.Tensor, out: torch.Tensor, k_cache: torch.Tensor,
 
 # ------------------------------------------------------------------------------------------- decode
 
-@triton.jit
+@triton.jit(do_not_specialize=["split_len", "stride_bt"])
 def _decode_kernel(q_ptr, out_ptr, part_out_ptr, part_lse_ptr, k_cache_ptr, v_cache_ptr,
                    block_tables_ptr, context_lens_ptr, qk_scale, split_len,
                    stride_qt, stride_qh, stride_ot, stride_oh, stride_cb, stride_cs, stride_ch, stride_bt,
@@ -230,7 +232,7 @@ def _decode_kernel(q_ptr, out_ptr, part_out_ptr, part_lse_ptr, k_cache_ptr, v_ca
                  (acc / l_i[:, None]).to(out_ptr.dtype.element_ty), mask=io_mask)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["num_splits"])
 def _decode_merge_kernel(part_out_ptr, part_lse_ptr, out_ptr, num_splits, stride_ot, stride_oh,
                          SPLITS_PAD: tl.constexpr, HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr):
     seq = tl.program_id(0)
@@ -278,5 +280,5 @@ def decode_attention(q: torch.Tensor, out: torch.Tensor, k_cache: torch.Tensor, 
     if split:
         _decode_merge_kernel[(num_seqs, num_heads)](
             part_out, part_lse, out, num_splits, out.stride(0), out.stride(1),
-            SPLITS_PAD=triton.next_power_of_2(num_splits), HEAD_DIM=head_dim, HEAD_DIM_PAD=head_dim_pad)
+            SPLITS_PAD=MAX_SPLITS, HEAD_DIM=head_dim, HEAD_DIM_PAD=head_dim_pad)
 
