@@ -12,6 +12,7 @@ lists of numbers and strings, so a socket can never be a way to run code (no pic
 from __future__ import annotations
 
 import dataclasses
+import operator
 import types
 import typing
 from typing import Any, Callable, TypeVar
@@ -24,6 +25,7 @@ T = TypeVar("T")
 
 _BY_TAG: dict[int, type] = {}
 _DECODERS: dict[type, Callable[[list], Any]] = {}
+_ENCODERS: dict[type, Callable[[Any], list]] = {}
 
 
 class WireError(ValueError):
@@ -44,7 +46,7 @@ def message(tag: int) -> Callable[[type[T]], type[T]]:
 
 
 def encode(msg: Any) -> bytes:
-    return msgpack.packb([msg.TAG, PROTOCOL_VERSION, *_to_wire_fields(msg)], use_bin_type=True)
+    return msgpack.packb([msg.TAG, PROTOCOL_VERSION, *_encoder_for(type(msg))(msg)], use_bin_type=True)
 
 
 def decode(data: bytes) -> Any:
@@ -60,16 +62,34 @@ def decode(data: bytes) -> Any:
     return _decoder_for(cls)(raw[2:])
 
 
-def _to_wire_fields(obj: Any) -> list:
-    return [_to_wire(getattr(obj, f.name)) for f in dataclasses.fields(obj)]
+def _encoder_for(cls: type) -> Callable[[Any], list]:
+    """Build (once per class) a function instance -> list of wire values, nested dataclasses as lists.
+    Plans carry hundreds of chunks per step: the per-field work is decided here, not per value."""
+    encoder = _ENCODERS.get(cls)
+    if encoder is not None:
+        return encoder
+    hints = typing.get_type_hints(cls)
+    getters = []
+    for f in dataclasses.fields(cls):
+        annotation, args = hints[f.name], typing.get_args(hints[f.name])
+        inner = [a for a in args if a is not type(None)]
+        if dataclasses.is_dataclass(annotation):
+            getters.append(lambda obj, name=f.name, sub=annotation: _encoder_for(sub)(getattr(obj, name)))
+        elif typing.get_origin(annotation) in (typing.Union, types.UnionType) and len(inner) == 1 \
+                and dataclasses.is_dataclass(inner[0]):
+            getters.append(lambda obj, name=f.name, sub=inner[0]: (
+                None if (v := getattr(obj, name)) is None else _encoder_for(sub)(v)))
+        elif typing.get_origin(annotation) is list and args and dataclasses.is_dataclass(args[0]):
+            getters.append(lambda obj, name=f.name, sub=args[0]: [
+                _encoder_for(sub)(v) for v in getattr(obj, name)])
+        else:
+            getters.append(operator.attrgetter(f.name))
 
+    def encoder(obj: Any) -> list:
+        return [get(obj) for get in getters]
 
-def _to_wire(value: Any) -> Any:
-    if dataclasses.is_dataclass(value):
-        return _to_wire_fields(value)
-    if isinstance(value, (list, tuple)) and value and dataclasses.is_dataclass(value[0]):
-        return [_to_wire_fields(v) for v in value]
-    return value
+    _ENCODERS[cls] = encoder
+    return encoder
 
 
 def _decoder_for(cls: type) -> Callable[[list], Any]:

@@ -110,11 +110,12 @@ class ModelRunner:
         request pays for a kernel compile. Uses blocks from 0 up, before any request has one."""
         greedy = SamplingParams(temperature=0.0, seed=0)
         bs = self.block_size
-        short = min(16, self.info.max_model_len - 2)
-        long = min(1024, self.info.max_model_len - 2) if self.device.type == "cuda" else short
+        room = (self.num_kv_blocks // 3) * bs - 2  # tokens each of the three requests may use
+        short = min(16, self.info.max_model_len - 2, room)
+        if short < 1:
+            return  # a pool this small is a test's; nothing worth warming
+        long = min(1024, self.info.max_model_len - 2, room) if self.device.type == "cuda" else short
         blocks_short, blocks_long = -(-(short + 2) // bs), -(-(long + 2) // bs)
-        if blocks_short * 2 + blocks_long > self.num_kv_blocks:
-            long, blocks_long = short, blocks_short
         a, b, c = -1, -2, -3
         table_a = list(range(blocks_short))
         table_b = list(range(blocks_short, blocks_short + blocks_long))
@@ -161,7 +162,9 @@ class ModelRunner:
         t1 = time.perf_counter()
 
         if all_decode and self.graphs is not None and self.graphs.bucket_for(len(chunks)) is not None:
-            logits = self.graphs.run(input_ids, positions, slot_mapping, context_lens, block_tables)[sampling_rows]
+            logits = self.graphs.run(input_ids, positions, slot_mapping, context_lens, block_tables)
+            if len(sampling_rows) < len(chunks):
+                logits = logits[torch.tensor(sampling_rows, device=self.device)]
         else:
             logits = self._forward_eager(input_ids, positions, slot_mapping, q_lens, context_lens, block_tables,
                                          sampling_rows)

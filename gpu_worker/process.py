@@ -5,8 +5,9 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
-import time
+from dataclasses import dataclass
 
 import zmq
 
@@ -15,13 +16,16 @@ from common.control import ControlServer
 from common.messages import StepPlan
 from common.model_info import ModelInfo
 from common.process import announce_ready, init_child_process
+from common.profiling import ProcessProfiler, ProcessStats, ProfileConfig, TorchProfiler
 from common.transport import Endpoints, pull_socket, push_socket, recv, send
 
 ROLE = "gpu_worker"
+CONTROL_POLL_MS = 100  # an idle worker wakes this often to answer control commands queued for its main thread
 log = logging.getLogger(ROLE)
 
 
-def main(config: EngineConfig, info: ModelInfo, run_dir: str, log_level: str, parent_pid: int) -> None:
+def main(config: EngineConfig, info: ModelInfo, run_dir: str, log_level: str, parent_pid: int,
+         profile: ProfileConfig = ProfileConfig()) -> None:
     init_child_process(ROLE, log_level, parent_pid)
     from gpu_worker.model_runner import ModelRunner  # torch is imported here, in the child, never before spawn
 
@@ -31,49 +35,68 @@ def main(config: EngineConfig, info: ModelInfo, run_dir: str, log_level: str, pa
              runner.num_kv_blocks, config.block_size)
 
     ctx = zmq.Context.instance()
-    plans = pull_socket(ctx, endpoints.worker_plans)
-    results = push_socket(ctx, endpoints.scheduler_results)
-    stats = WorkerStats()
-    control = ControlServer(endpoints, ROLE, stats=stats.as_dict)
+    worker = WorkerLoop(runner, pull_socket(ctx, endpoints.worker_plans), push_socket(ctx, endpoints.scheduler_results),
+                        ProcessProfiler(profile, ROLE, TorchProfiler))
+    control = ControlServer(endpoints, ROLE, stats=worker.stats)
     announce_ready(run_dir, ROLE, {"num_kv_blocks": runner.num_kv_blocks, "device": str(runner.device),
                                    "dtype": str(runner.dtype)})
     try:
-        serve(runner, plans, results, control, stats)
+        worker.run(control)
     except SystemExit:
         pass
     finally:
-        plans.close()
-        results.close()
+        worker.close()
 
 
-class WorkerStats:
-    def __init__(self):
-        self.started = time.time()
-        self.steps = 0
-        self.busy_s = 0.0
-        self.prepare_s = 0.0
-        self.forward_s = 0.0
-        self.sample_s = 0.0
-
-    def as_dict(self) -> dict:
-        return {"steps": self.steps, "uptime_s": time.time() - self.started, "busy_s": self.busy_s,
-                "prepare_s": self.prepare_s, "forward_s": self.forward_s, "sample_s": self.sample_s}
+@dataclass(slots=True)
+class StepTotals:
+    steps: int = 0
+    prepare_s: float = 0.0
+    forward_s: float = 0.0
+    sample_s: float = 0.0
 
 
-def serve(runner, plans: zmq.Socket, results: zmq.Socket, control: ControlServer, stats: WorkerStats) -> None:
-    poller = zmq.Poller()
-    poller.register(plans, zmq.POLLIN)
-    while True:
-        for request in control.pending():
-            control.reply(request, {"error": f"{request.kind} is not supported by {ROLE}"})
-        if not poller.poll(timeout=100):
-            continue
-        plan: StepPlan = recv(plans)
-        start = time.perf_counter()
-        result = runner.execute(plan)
-        send(results, result)
-        stats.steps += 1
-        stats.busy_s += time.perf_counter() - start
-        stats.prepare_s += result.timings.prepare_s
-        stats.forward_s += result.timings.forward_s
-        stats.sample_s += result.timings.sample_s
+class WorkerLoop:
+    def __init__(self, runner, plans: zmq.Socket, results: zmq.Socket, profiler: ProcessProfiler):
+        self.runner = runner
+        self.plans = plans
+        self.results = results
+        self.profiler = profiler
+        self.totals = StepTotals()
+        self.activity = ProcessStats()
+        # Steps left in a --profile-steps window. The scheduler opens it on a plan (StepPlan.profile_steps);
+        # plans run in order, one step each, so counting them here keeps the window on exactly those steps.
+        self.profile_steps_left = 0
+
+    def stats(self) -> dict:
+        return {**self.activity.summary(), **dataclasses.asdict(self.totals)}
+
+    def run(self, control: ControlServer) -> None:
+        poller = zmq.Poller()
+        poller.register(self.plans, zmq.POLLIN)
+        while True:
+            for request in control.pending():
+                control.reply(request, self.profiler.answer(request.kind))
+            if not poller.poll(timeout=CONTROL_POLL_MS):
+                continue
+            with self.activity.busy():
+                self._step(recv(self.plans, stats=self.activity.sockets))
+
+    def _step(self, plan: StepPlan) -> None:
+        if plan.profile_steps:
+            self.profiler.start()
+            self.profile_steps_left = plan.profile_steps
+        result = self.runner.execute(plan)
+        send(self.results, result, self.activity.sockets)
+        self.totals.steps += 1
+        self.totals.prepare_s += result.timings.prepare_s
+        self.totals.forward_s += result.timings.forward_s
+        self.totals.sample_s += result.timings.sample_s
+        if self.profile_steps_left:
+            self.profile_steps_left -= 1
+            if self.profile_steps_left == 0:
+                self.profiler.stop()  # after the result is sent: writing the trace delays no one
+
+    def close(self) -> None:
+        self.plans.close()
+        self.results.close()

@@ -18,33 +18,33 @@ _MASK32 = 0xFFFFFFFF
 
 @dataclass(slots=True)
 class SamplingBatch:
-    temperature: torch.Tensor  # [S] float32; 0 for greedy rows
-    top_k: torch.Tensor  # [S] int64; vocab size where disabled
-    top_p: torch.Tensor  # [S] float32; 1 where disabled
-    seed: torch.Tensor  # [S] int64
-    output_index: torch.Tensor  # [S] int64: index of the token being sampled in the request's output
+    """Per-row parameters on the device; all None when every row is greedy (nothing to copy then)."""
+
     all_greedy: bool
-    any_top_k: bool
-    any_top_p: bool
+    temperature: torch.Tensor | None = None  # [S] float32; 0 for greedy rows
+    top_p: torch.Tensor | None = None  # [S] float32; 1 where disabled
+    top_k: torch.Tensor | None = None  # [S] int64; vocab size where disabled
+    seed: torch.Tensor | None = None  # [S] int64
+    output_index: torch.Tensor | None = None  # [S] int64: index of the token being sampled in its output
+    any_top_k: bool = False
+    any_top_p: bool = False
 
     @classmethod
     def build(cls, rows: list[tuple[float, int, float, int, int]], vocab_size: int,
               device: torch.device) -> "SamplingBatch":
         """rows: (temperature, top_k, top_p, seed, output_index) per sampled request."""
-        temps = [r[0] for r in rows]
         top_k = [r[1] if 0 < r[1] < vocab_size else vocab_size for r in rows]
-        top_p = [r[2] for r in rows]
-        greedy = [t == 0.0 or k == 1 for t, k in zip(temps, top_k)]
-        return cls(
-            temperature=torch.tensor([0.0 if g else t for g, t in zip(greedy, temps)], dtype=torch.float32, device=device),
-            top_k=torch.tensor(top_k, dtype=torch.long, device=device),
-            top_p=torch.tensor(top_p, dtype=torch.float32, device=device),
-            seed=torch.tensor([r[3] for r in rows], dtype=torch.long, device=device),
-            output_index=torch.tensor([r[4] for r in rows], dtype=torch.long, device=device),
-            all_greedy=all(greedy),
-            any_top_k=any(not g and k < vocab_size for g, k in zip(greedy, top_k)),
-            any_top_p=any(not g and p < 1.0 for g, p in zip(greedy, top_p)),
-        )
+        greedy = [r[0] == 0.0 or k == 1 for r, k in zip(rows, top_k)]
+        if all(greedy):
+            return cls(all_greedy=True)
+        floats = torch.tensor([[0.0 if g else r[0] for g, r in zip(greedy, rows)], [r[2] for r in rows]],
+                              dtype=torch.float32).to(device, non_blocking=True)
+        ints = torch.tensor([top_k, [r[3] for r in rows], [r[4] for r in rows]],
+                            dtype=torch.long).to(device, non_blocking=True)
+        return cls(all_greedy=False, temperature=floats[0], top_p=floats[1], top_k=ints[0], seed=ints[1],
+                   output_index=ints[2],
+                   any_top_k=any(not g and k < vocab_size for g, k in zip(greedy, top_k)),
+                   any_top_p=any(not g and r[2] < 1.0 for g, r in zip(greedy, rows)))
 
 
 def sample(logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:

@@ -122,18 +122,29 @@ class Scheduler:
         decode_tokens = 0
         preempted = False
 
+        bs = self.block_size
         for request in list(self.running):
             if request.status is not RequestStatus.RUNNING:
                 continue  # preempted earlier in this loop to make room
-            prefilling = request.is_prefilling
-            if prefilling:
-                n = min(request.num_resume_tokens - request.num_computed, budget)
-            elif request.can_sample_more(self.max_model_len) and request.num_tokens_planned > request.num_computed:
+            if not request.is_prefilling:
+                if not request.can_sample_more(self.max_model_len) or \
+                        request.num_tokens_planned == request.num_computed:
+                    continue  # its last token is in flight; it finishes when the result arrives
+                if request.num_computed < len(request.block_ids) * bs:
+                    # The common case, kept cheap: the next token fits in the request's last block.
+                    chunks.append(ScheduledChunk(request.rid, request.num_computed, 1, [], True))
+                    request.num_computed += 1
+                    request.num_samples_planned += 1
+                    if request.num_computed % bs == 0:
+                        self._cache_computed_blocks(request)
+                    decode_tokens += 1
+                    continue
                 n = 1
             else:
-                continue  # its last token is in flight; it finishes when the result arrives
-            if n == 0:
-                continue
+                n = min(request.num_resume_tokens - request.num_computed, budget)
+                if n == 0:
+                    continue
+            prefilling = request.is_prefilling
             before = self.stats.preemptions
             if not self._reserve_blocks(request, request.num_computed + n):
                 preempted = True

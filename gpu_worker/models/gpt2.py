@@ -10,7 +10,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from gpu_worker.models.forward_context import ForwardContext
-from gpu_worker.models.weights import check_all_loaded, copy_param
+from gpu_worker.models.weights import check_all_loaded, copy_param, padded_vocab_size
 
 
 class GPT2Block(nn.Module):
@@ -46,7 +46,8 @@ class GPT2ForCausalLM(nn.Module):
         if unsupported or config.activation_function not in ("gelu_new", "gelu_pytorch_tanh"):
             raise ValueError(f"GPT-2 options not supported: {unsupported or config.activation_function}")
         self.config = config
-        self.wte = nn.Embedding(config.vocab_size, config.n_embd)
+        self.vocab_size = config.vocab_size
+        self.wte = nn.Embedding(padded_vocab_size(config.vocab_size), config.n_embd)
         self.wpe = nn.Embedding(config.n_positions, config.n_embd)
         self.blocks = nn.ModuleList(GPT2Block(config, i) for i in range(config.n_layer))
         self.ln_f = nn.LayerNorm(config.n_embd, eps=config.layer_norm_epsilon)
@@ -63,7 +64,7 @@ class GPT2ForCausalLM(nn.Module):
         return self.ln_f(x)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        return F.linear(hidden, self.wte.weight).float()
+        return F.linear(hidden, self.wte.weight)[:, :self.vocab_size].float()
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
         """Hugging Face GPT-2 names -> ours. HF's Conv1D stores [in, out]; nn.Linear wants [out, in]."""
@@ -81,7 +82,7 @@ class GPT2ForCausalLM(nn.Module):
                         name = name.replace(f".{old}.", f".{new}.")
                         if name.endswith(".weight"):
                             tensor = tensor.t()
-            copy_param(params, name, tensor)
+            copy_param(params, name, tensor, slice(0, tensor.shape[0]) if name == "wte.weight" else None)
             loaded.add(name)
         check_all_loaded(params, loaded)
 

@@ -13,7 +13,7 @@ from torch import nn
 
 from gpu_worker.models.forward_context import ForwardContext
 from gpu_worker.models.rotary import RotaryEmbedding
-from gpu_worker.models.weights import check_all_loaded, copy_param
+from gpu_worker.models.weights import check_all_loaded, copy_param, padded_vocab_size
 
 
 class RMSNorm(nn.Module):
@@ -72,11 +72,13 @@ class LlamaForCausalLM(nn.Module):
         super().__init__()
         self.config = config
         self.tied = bool(getattr(config, "tie_word_embeddings", False))
-        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.vocab_size = config.vocab_size
+        vocab = padded_vocab_size(config.vocab_size)
+        self.embed_tokens = nn.Embedding(vocab, config.hidden_size)
         self.rotary = RotaryEmbedding(config)
         self.layers = nn.ModuleList(LlamaDecoderLayer(config, i, self.rotary) for i in range(config.num_hidden_layers))
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.lm_head = None if self.tied else nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        self.lm_head = None if self.tied else nn.Linear(config.hidden_size, vocab, bias=False)
 
     @property
     def kv_shape(self) -> tuple[int, int, int]:
@@ -91,7 +93,7 @@ class LlamaForCausalLM(nn.Module):
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         weight = self.embed_tokens.weight if self.tied else self.lm_head.weight
-        return F.linear(hidden, weight).float()
+        return F.linear(hidden, weight)[:, :self.vocab_size].float()
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
         """Hugging Face Llama names -> ours, writing q/k/v and gate/up into their fused projections."""
@@ -113,7 +115,7 @@ class LlamaForCausalLM(nn.Module):
             name = name.removeprefix("model.")
             if "rotary_emb" in name or (self.tied and name == "lm_head.weight"):
                 continue
-            rows = None
+            rows = slice(0, tensor.shape[0]) if name in ("embed_tokens.weight", "lm_head.weight") else None
             for hf, (ours, rows_slice) in shards.items():
                 if f".{hf}." in name:
                     name, rows = name.replace(f".{hf}.", f".{ours}."), rows_slice

@@ -21,3 +21,13 @@ def check_all_loaded(params: dict[str, nn.Parameter], loaded: set[str]) -> None:
     missing = sorted(set(params) - loaded)
     if missing:
         raise ValueError(f"checkpoint lacks {len(missing)} tensors, e.g. {missing[:3]}")
+
+
+VOCAB_ALIGNMENT = 64
+
+
+def padded_vocab_size(vocab_size: int) -> int:
+    """Embedding and head rows rounded up to a multiple of 64: the logits matmul then runs on aligned
+    tiles (GPT-2's 50257 rows made cuBLAS pick a kernel several times slower). Extra rows are never
+    looked up, and their logits are cut off."""
+    return -(-vocab_size // VOCAB_ALIGNMENT) * VOCAB_ALIGNMENT
