@@ -21,10 +21,15 @@ import sys
 import threading
 import time
 from dataclasses import replace
+from typing import TYPE_CHECKING
 
 import uvicorn
 
+if TYPE_CHECKING:
+    from common.profiling import ProfileConfig
+
 log = logging.getLogger("launcher")
+SUMMARY_TIMEOUT_S = 1.0  # at shutdown: a process that died is not waited for long
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -40,11 +45,28 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--api-key", default=os.environ.get("CLEARSERVE_API_KEY"),
                         help="require 'Authorization: Bearer KEY' (default: $CLEARSERVE_API_KEY, else none)")
     parser.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    parser.add_argument("--profile-dir", default=None,
+                        help="enable POST /start_profile and /stop_profile: one trace per process is written here")
+    parser.add_argument("--profile-steps", type=int, default=None,
+                        help="profile this many scheduler steps from the first one with work, then stop by itself "
+                             "(needs --profile-dir)")
     add_engine_args(parser)
     args = parser.parse_args(argv)
     if args.tokenizer_workers < 1:
         parser.error("--tokenizer-workers must be at least 1")
+    if args.profile_steps is not None and (args.profile_steps < 1 or args.profile_dir is None):
+        parser.error("--profile-steps needs --profile-dir and a count of at least 1")
     return args
+
+
+def profile_config(args: argparse.Namespace) -> ProfileConfig:
+    from common.profiling import ProfileConfig
+
+    if args.profile_dir is None:
+        return ProfileConfig()
+    path = os.path.abspath(args.profile_dir)
+    os.makedirs(path, exist_ok=True)  # now: a path that cannot be made fails the start, not the first trace
+    return ProfileConfig(path, args.profile_steps)
 
 
 class ChildDied(RuntimeError):
@@ -56,6 +78,7 @@ class Launcher:
         from common.transport import Endpoints, make_run_dir
 
         self.args = args
+        self.profile = profile_config(args)
         self.run_dir = make_run_dir()
         self.endpoints = Endpoints(self.run_dir)
         self.spawn = mp.get_context("spawn")
@@ -82,7 +105,7 @@ class Launcher:
         config = replace(EngineConfig.from_args(args), model=str(folder))
         info = ModelInfo.from_folder(folder, config.max_model_len)
         ready = pull_socket(zmq.Context.instance(), self.endpoints.launcher_ready)
-        common = (self.run_dir, args.log_level, os.getpid())
+        common = (self.run_dir, args.log_level, os.getpid(), self.profile)
         self._start("gpu_worker", gpu_process.main, (config, info, *common))
         for i in range(args.tokenizer_workers):
             self._start(f"tokenizer-{i}", tokenizer_process.main, (i, str(folder), *common))
@@ -121,12 +144,15 @@ class Launcher:
     # ------------------------------------------------------------------ serve
 
     async def serve(self, limits, roles: list[str]) -> None:
+        from common.control import FRONTEND_ROLE
+        from common.profiling import ProcessProfiler
         from frontend.app import build_app
         from frontend.engine_client import ZmqEngineClient
 
-        client = ZmqEngineClient(self.endpoints, self.args.tokenizer_workers, limits, roles)
+        profiler = ProcessProfiler(self.profile, FRONTEND_ROLE) if self.profile.dir is not None else None
+        client = ZmqEngineClient(self.endpoints, self.args.tokenizer_workers, limits, roles, profiler)
         client.start()
-        app = build_app(client, api_key=self.args.api_key)
+        app = build_app(client, api_key=self.args.api_key, profiler=profiler)
         config = uvicorn.Config(app, host=self.args.host, port=self.args.port, log_level=self.args.log_level,
                                 access_log=self.args.log_level == "debug", timeout_graceful_shutdown=5)
         server = AnnouncingServer(config, lambda: self._announce(limits))
@@ -138,12 +164,32 @@ class Launcher:
             self.exit_code = 1
             server.should_exit = True
 
-        self._watch_children(lambda role, p: loop.call_soon_threadsafe(on_child_death, role, p))
-        await server.serve()
+        def report(role: str, process) -> None:
+            try:
+                loop.call_soon_threadsafe(on_child_death, role, process)
+            except RuntimeError:
+                pass  # the event loop has closed: the server is already stopping its children
+
+        self._watch_children(report)
+        try:
+            await server.serve()
+        finally:
+            # uvicorn re-raises the signal that stopped it (KeyboardInterrupt here), hence in a finally.
+            if server.started:
+                await self._print_summary(client)
         await client.close()
         if not server.started and self.exit_code == 0:
             log.error("the HTTP server could not start on %s:%d", self.args.host, self.args.port)
             self.exit_code = 1
+
+    async def _print_summary(self, client) -> None:
+        """One line per process: how busy it was, what went through its sockets."""
+        from common.control import FRONTEND_ROLE
+        from common.profiling import format_summary
+
+        replies = await client.control("stats", timeout=SUMMARY_TIMEOUT_S)
+        rows = {FRONTEND_ROLE: client.stats(), **{role: replies[role].payload for role in sorted(replies)}}
+        print(format_summary(rows), flush=True)
 
     def _announce(self, limits) -> None:
         print(f"clearserve ready on http://{self.args.host}:{self.args.port} serving {limits.served_model_name!r}: "

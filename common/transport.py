@@ -12,6 +12,7 @@ why a request and its abort, taking the same path, can never overtake each other
 from __future__ import annotations
 
 import os
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -86,12 +87,44 @@ def push_socket(ctx: zmq.Context, endpoint: str, bind: bool = False) -> zmq.Sock
     return sock
 
 
-def send(sock: zmq.Socket, message: Any) -> int:
-    """Encode and send; returns the bytes sent (for the per-process serialization stats)."""
-    data = encode(message)
+@dataclass(slots=True)
+class SocketStats:
+    """Messages and bytes through one process's sockets, and the time spent in msgpack on them."""
+
+    messages_in: int = 0
+    messages_out: int = 0
+    bytes_in: int = 0
+    bytes_out: int = 0
+    msgpack_encode_s: float = 0.0
+    msgpack_decode_s: float = 0.0
+
+    def encode(self, message: Any) -> bytes:
+        """Encode a message about to be sent, counting it."""
+        started = time.perf_counter()
+        data = encode(message)
+        self.msgpack_encode_s += time.perf_counter() - started
+        self.messages_out += 1
+        self.bytes_out += len(data)
+        return data
+
+    def decode(self, data: bytes) -> Any:
+        """Decode a received message, counting it (an undecodable one too: it was received)."""
+        started = time.perf_counter()
+        try:
+            return decode(data)
+        finally:
+            self.msgpack_decode_s += time.perf_counter() - started
+            self.messages_in += 1
+            self.bytes_in += len(data)
+
+
+def send(sock: zmq.Socket, message: Any, stats: SocketStats | None = None) -> int:
+    """Encode and send; returns the bytes sent. With `stats`, the message is counted there."""
+    data = stats.encode(message) if stats is not None else encode(message)
     sock.send(data, copy=False)
     return len(data)
 
 
-def recv(sock: zmq.Socket, flags: int = 0) -> Any:
-    return decode(sock.recv(flags, copy=True))
+def recv(sock: zmq.Socket, flags: int = 0, stats: SocketStats | None = None) -> Any:
+    data = sock.recv(flags, copy=True)
+    return stats.decode(data) if stats is not None else decode(data)

@@ -8,13 +8,16 @@ wires in the ZeroMQ one.
 
 from __future__ import annotations
 
+import os
 import time
 
 from fastapi import Depends, FastAPI, Request, Response
 from fastapi.responses import JSONResponse
 from prometheus_client import CONTENT_TYPE_LATEST
 
+from common.control import FRONTEND_ROLE
 from common.messages import ControlReply
+from common.profiling import NOT_ENABLED, ProcessProfiler
 from frontend.auth import api_key_check
 from frontend.engine_client import EngineClient
 from frontend.errors import ApiError, install_error_handlers
@@ -28,7 +31,8 @@ STATS_TIMEOUT_S = 2.0
 PROFILE_TIMEOUT_S = 30.0  # stopping a profiler writes its trace first
 
 
-def build_app(client: EngineClient, api_key: str | None = None) -> FastAPI:
+def build_app(client: EngineClient, api_key: str | None = None, profiler: ProcessProfiler | None = None) -> FastAPI:
+    """`profiler`: this process's own, given when the server runs with --profile-dir."""
     app = FastAPI(title="clearserve")
     install_error_handlers(app)
     app.add_exception_handler(ClientDisconnected, _client_gone)  # type: ignore[arg-type]
@@ -64,17 +68,25 @@ def build_app(client: EngineClient, api_key: str | None = None) -> FastAPI:
         body = metrics.render(scheduler.payload if scheduler is not None else None)
         return Response(body, media_type=CONTENT_TYPE_LATEST)
 
+    # Profiling: the frontend starts first and stops last, so its own trace covers the whole exchange.
     @app.post("/start_profile", dependencies=keyed)
     async def start_profile(request: Request) -> dict:
-        return _by_role(client, await client.control("start_profile", await _json_args(request), PROFILE_TIMEOUT_S))
+        args = await _json_args(request)
+        own = _enabled(profiler).start()
+        return _with_own(_by_role(client, await client.control("start_profile", args, PROFILE_TIMEOUT_S)), own)
 
     @app.post("/stop_profile", dependencies=keyed)
     async def stop_profile(request: Request) -> dict:
-        return _by_role(client, await client.control("stop_profile", await _json_args(request), PROFILE_TIMEOUT_S))
+        args = await _json_args(request)
+        own = _enabled(profiler)
+        body = _by_role(client, await client.control("stop_profile", args, PROFILE_TIMEOUT_S))
+        return _with_own(body, own.stop())
 
     @app.get("/stats", dependencies=keyed)
     async def stats() -> dict:
-        return _by_role(client, await client.control("stats", timeout=STATS_TIMEOUT_S))
+        body = _by_role(client, await client.control("stats", timeout=STATS_TIMEOUT_S))
+        own = client.stats()
+        return body if own is None else _with_own(body, own)
 
     return app
 
@@ -88,6 +100,18 @@ def _model_card(client: EngineClient, created: int) -> dict:
 def _by_role(client: EngineClient, replies: dict[str, ControlReply]) -> dict:
     return {"replies": {role: {"pid": r.pid, "payload": r.payload} for role, r in replies.items()},
             "silent": [role for role in client.roles if role not in replies]}
+
+
+def _with_own(body: dict, payload: dict) -> dict:
+    """Add this process's own answer beside its children's replies (which stay what came over the sockets)."""
+    body[FRONTEND_ROLE] = {"pid": os.getpid(), "payload": payload}
+    return body
+
+
+def _enabled(profiler: ProcessProfiler | None) -> ProcessProfiler:
+    if profiler is None:
+        raise ApiError(400, NOT_ENABLED)
+    return profiler
 
 
 async def _json_args(request: Request) -> dict:

@@ -19,8 +19,10 @@ from dataclasses import dataclass
 import zmq
 import zmq.asyncio
 
+from common.control import FRONTEND_ROLE
 from common.messages import (AbortRequest, ControlReply, ControlRequest, GenerateRequest, OutputBatch,
                              RequestAccepted, RequestOutput, RequestRejected)
+from common.profiling import EventLoopStats, ProcessProfiler
 from common.transport import Endpoints, pull_socket, push_socket
 from common.wire import decode, encode
 
@@ -90,10 +92,20 @@ class EngineClient(ABC):
     @abstractmethod
     def roles(self) -> list[str]: ...
 
+    def stats(self) -> dict | None:
+        """The frontend process's own summary (busy, messages), like every process's stats; None when this
+        client measures nothing."""
+        return None
+
 
 class ZmqEngineClient(EngineClient):
-    def __init__(self, endpoints: Endpoints, num_tokenizers: int, limits: EngineLimits, roles: list[str]):
+    """Create it on the thread that runs the event loop (its busy time is that thread's CPU time)."""
+
+    def __init__(self, endpoints: Endpoints, num_tokenizers: int, limits: EngineLimits, roles: list[str],
+                 profiler: ProcessProfiler | None = None):
         self.limits = limits
+        self.activity = EventLoopStats()
+        self._profiler = profiler
         self._endpoints = endpoints
         self._roles = roles
         self._num_tokenizers = num_tokenizers
@@ -106,6 +118,8 @@ class ZmqEngineClient(EngineClient):
         self._control_in = pull_socket(self._ctx, endpoints.control_replies)
         self._control_seq = itertools.count(1)
         self._control_waiters: dict[int, tuple[asyncio.Future, dict]] = {}
+        # The scheduler's --profile-steps window reaches this process here (scheduler/process.py ProfileWindow).
+        self._control_inbox = pull_socket(self._ctx, endpoints.control(FRONTEND_ROLE)) if profiler else None
         self._tasks: list[asyncio.Task] = []
 
     @property
@@ -115,17 +129,22 @@ class ZmqEngineClient(EngineClient):
     def start(self) -> None:
         """Start the receive loops; call from inside the server's event loop."""
         self._tasks = [asyncio.create_task(self._receive_outputs()), asyncio.create_task(self._receive_control())]
+        if self._control_inbox is not None:
+            self._tasks.append(asyncio.create_task(self._answer_profile_commands()))
+
+    def stats(self) -> dict:
+        return self.activity.summary()
 
     async def submit(self, request: GenerateRequest) -> RequestStream:
         request.rid = next(self._rids)
         stream = RequestStream(request.rid, self)
         self._streams[request.rid] = stream
-        await self._tokenizer_for(request.rid).send(encode(request), copy=False)
+        await self._tokenizer_for(request.rid).send(self.activity.sockets.encode(request), copy=False)
         return stream
 
     async def abort(self, rid: int) -> None:
         if self._streams.pop(rid, None) is not None:
-            await self._tokenizer_for(rid).send(encode(AbortRequest(rid)), copy=False)
+            await self._tokenizer_for(rid).send(self.activity.sockets.encode(AbortRequest(rid)), copy=False)
 
     def _tokenizer_for(self, rid: int) -> zmq.asyncio.Socket:
         # A request keeps one tokenizer worker for its life: its incremental detokenizer lives there.
@@ -133,7 +152,7 @@ class ZmqEngineClient(EngineClient):
 
     async def _receive_outputs(self) -> None:
         while True:
-            message = decode(await self._outputs.recv())
+            message = self.activity.sockets.decode(await self._outputs.recv())
             received = time.time()
             if isinstance(message, OutputBatch):
                 for item in message.items:
@@ -172,6 +191,12 @@ class ZmqEngineClient(EngineClient):
             replies[reply.role] = reply
             if len(replies) == len(self._roles) and not future.done():
                 future.set_result(None)
+
+    async def _answer_profile_commands(self) -> None:
+        # Its only sender, the scheduler, waits for no reply; the profiler logs where the trace went.
+        while True:
+            request: ControlRequest = decode(await self._control_inbox.recv())
+            self._profiler.answer(request.kind)
 
     async def close(self) -> None:
         for task in self._tasks:

@@ -18,10 +18,12 @@ from collections import defaultdict
 import zmq
 
 from common.config import EngineConfig
-from common.control import ControlServer
-from common.messages import AbortRequest, RequestTokens, StepResult, TokenBatch, TokenizedRequest
+from common.control import FRONTEND_ROLE, ControlServer
+from common.messages import (AbortRequest, ControlRequest, RequestTokens, StepPlan, StepResult, TokenBatch,
+                             TokenizedRequest)
 from common.model_info import ModelInfo
 from common.process import announce_ready, init_child_process
+from common.profiling import ProcessProfiler, ProcessStats, ProfileConfig
 from common.transport import Endpoints, pull_socket, push_socket, recv, send
 from scheduler.scheduler import Scheduler
 
@@ -32,9 +34,9 @@ log = logging.getLogger(ROLE)
 
 
 def main(config: EngineConfig, info: ModelInfo, num_kv_blocks: int, num_tokenizers: int, run_dir: str,
-         log_level: str, parent_pid: int) -> None:
+         log_level: str, parent_pid: int, profile: ProfileConfig = ProfileConfig()) -> None:
     init_child_process(ROLE, log_level, parent_pid)
-    loop = SchedulerLoop(Scheduler(config, info, num_kv_blocks), Endpoints(run_dir), num_tokenizers)
+    loop = SchedulerLoop(Scheduler(config, info, num_kv_blocks), Endpoints(run_dir), num_tokenizers, profile)
     announce_ready(run_dir, ROLE, {"max_model_len": loop.scheduler.max_model_len})
     try:
         loop.run()
@@ -42,8 +44,54 @@ def main(config: EngineConfig, info: ModelInfo, num_kv_blocks: int, num_tokenize
         pass
 
 
+class ProfileWindow:
+    """--profile-steps N: every process profiles the first N steps with work, then stops by itself.
+
+    The scheduler counts steps, so it coordinates:
+    - the GPU worker: the window's first plan carries `profile_steps=N`; the worker starts its profiler before
+      that step and stops after the N-th (it counts plans, which run in order, one step each: exactly the
+      window's steps, whatever the overlap);
+    - the scheduler itself: starts with that first plan, stops once the N-th step's result is processed;
+    - tokenizer workers and the frontend: start_profile / stop_profile on their control sockets at those
+      two moments (their loops have no steps: their window is the same span of time). Their replies go
+      to the frontend's control-replies as for any command, and are dropped there (nobody waits on seq 0).
+    One window per run: the next steps are not profiled.
+    """
+
+    def __init__(self, steps: int, profiler: ProcessProfiler, endpoints: Endpoints, num_tokenizers: int):
+        self.steps = steps
+        self.profiler = profiler
+        ctx = zmq.Context.instance()
+        roles = [f"tokenizer-{i}" for i in range(num_tokenizers)] + [FRONTEND_ROLE]
+        self.others = [push_socket(ctx, endpoints.control(role)) for role in roles]
+        self.results_left: int | None = None  # None: not opened yet; 0: closed
+
+    def on_plan(self, plan: StepPlan) -> None:
+        if self.results_left is not None:
+            return
+        # No plan was sent before this one (it is the first step with work), so none is in flight: the next
+        # `steps` results are exactly the window's steps.
+        self.results_left = self.steps
+        plan.profile_steps = self.steps
+        self.profiler.start()
+        self._tell_others("start_profile")
+
+    def on_result(self) -> None:
+        if not self.results_left:
+            return
+        self.results_left -= 1
+        if self.results_left == 0:
+            self.profiler.stop()
+            self._tell_others("stop_profile")
+
+    def _tell_others(self, kind: str) -> None:
+        for sock in self.others:
+            send(sock, ControlRequest(kind))
+
+
 class SchedulerLoop:
-    def __init__(self, scheduler: Scheduler, endpoints: Endpoints, num_tokenizers: int):
+    def __init__(self, scheduler: Scheduler, endpoints: Endpoints, num_tokenizers: int,
+                 profile: ProfileConfig = ProfileConfig()):
         self.scheduler = scheduler
         self.endpoints = endpoints
         ctx = zmq.Context.instance()
@@ -52,9 +100,10 @@ class SchedulerLoop:
         self.plans = push_socket(ctx, endpoints.worker_plans)
         self.tokenizers = [push_socket(ctx, endpoints.tokenizer_tokens(i)) for i in range(num_tokenizers)]
         self.control = ControlServer(endpoints, ROLE, stats=self.stats)
+        self.activity = ProcessStats()
+        self.profiler = ProcessProfiler(profile, ROLE)
+        self.window = ProfileWindow(profile.steps, self.profiler, endpoints, num_tokenizers) if profile.steps else None
         self.in_flight = 0
-        self.started = time.time()
-        self.busy_s = 0.0
         self.last_log = 0.0
 
     def run(self) -> None:
@@ -63,40 +112,47 @@ class SchedulerLoop:
         progress = True
         while True:
             for command in self.control.pending():
-                self.control.reply(command, {"error": f"{command.kind} is not supported by {ROLE}"})
+                self.control.reply(command, self.profiler.answer(command.kind))
             # Wait for input only when the last round did nothing: otherwise look and go on.
             ready = dict(poller.poll(timeout=0 if progress else IDLE_POLL_MS))
-            start = time.perf_counter()
-            if self.requests in ready:
-                self._drain_requests()
-            progress = False
-            while self.in_flight < PLANS_IN_FLIGHT:
-                plan = self.scheduler.schedule()
-                if plan is None:
-                    break
-                send(self.plans, plan)
-                self.in_flight += 1
-                progress = True
-            self.busy_s += time.perf_counter() - start
+            with self.activity.busy():
+                if self.requests in ready:
+                    self._drain_requests()
+                progress = self._send_plans()
             if self.in_flight:
                 # Either the queue ahead of the GPU is full, or nothing more can be planned until tokens
-                # come back: wait for the oldest step.
-                result: StepResult = recv(self.results)
-                start = time.perf_counter()
-                self.in_flight -= 1
-                self._stream(self.scheduler.process_result(result))
-                self.busy_s += time.perf_counter() - start
+                # come back: wait (idle) for the oldest step.
+                self.results.poll()
+                with self.activity.busy():
+                    result: StepResult = recv(self.results, stats=self.activity.sockets)
+                    self.in_flight -= 1
+                    self._stream(self.scheduler.process_result(result))
+                    if self.window is not None:
+                        self.window.on_result()
                 progress = True
             self._maybe_log()
+
+    def _send_plans(self) -> bool:
+        sent = False
+        while self.in_flight < PLANS_IN_FLIGHT:
+            plan = self.scheduler.schedule()
+            if plan is None:
+                break
+            if self.window is not None:
+                self.window.on_plan(plan)
+            send(self.plans, plan, self.activity.sockets)
+            self.in_flight += 1
+            sent = True
+        return sent
 
     def _drain_requests(self) -> None:
         while True:
             try:
-                message = recv(self.requests, zmq.NOBLOCK)
+                message = recv(self.requests, zmq.NOBLOCK, self.activity.sockets)
             except zmq.Again:
                 return
             if isinstance(message, TokenizedRequest):
-                send(self._tokenizer_of(message.rid), self.scheduler.add_request(message))
+                send(self._tokenizer_of(message.rid), self.scheduler.add_request(message), self.activity.sockets)
             elif isinstance(message, AbortRequest):
                 # The tokenizer worker already ended the request for its client; only the blocks remain.
                 self.scheduler.abort_request(message.rid, message.reason)
@@ -106,7 +162,7 @@ class SchedulerLoop:
         for item in outputs:
             by_tokenizer[item.rid % len(self.tokenizers)].append(item)
         for index, items in by_tokenizer.items():
-            send(self.tokenizers[index], TokenBatch(items))
+            send(self.tokenizers[index], TokenBatch(items), self.activity.sockets)
 
     def _tokenizer_of(self, rid: int) -> zmq.Socket:
         return self.tokenizers[rid % len(self.tokenizers)]
@@ -128,6 +184,7 @@ class SchedulerLoop:
         blocks = self.scheduler.blocks
         evictable = self.scheduler.cache.num_evictable if self.scheduler.cache is not None else 0
         return {
+            **self.activity.summary(),
             "num_running": len(self.scheduler.running),
             "num_waiting": len(self.scheduler.waiting),
             "kv_blocks_total": blocks.num_blocks,
@@ -143,6 +200,4 @@ class SchedulerLoop:
             "preemptions": s.preemptions,
             "last_step_prefill_tokens": s.last_step_prefill_tokens,
             "last_step_decode_tokens": s.last_step_decode_tokens,
-            "uptime_s": time.time() - self.started,
-            "busy_s": self.busy_s,
         }

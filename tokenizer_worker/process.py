@@ -21,8 +21,8 @@ from common.control import ControlServer
 from common.messages import (AbortRequest, GenerateRequest, OutputBatch, RequestAccepted,
                              RequestRejected, TokenBatch)
 from common.process import announce_ready, init_child_process
-from common.transport import Endpoints, pull_socket, push_socket
-from common.wire import decode, encode
+from common.profiling import ProcessProfiler, ProcessStats, ProfileConfig
+from common.transport import Endpoints, pull_socket, push_socket, send
 from tokenizer_worker.tokenizer import Tokenizer
 from tokenizer_worker.worker import TokenizerWorker
 
@@ -41,23 +41,18 @@ class WorkerStats:
     aborted: int = 0
     stop_string_aborts: int = 0
     tokens_detokenized: int = 0
-    busy_s: float = 0.0  # handling messages, i.e. not waiting for one
     tokenize_s: float = 0.0
     detokenize_s: float = 0.0
-    messages_in: int = 0
-    messages_out: int = 0
-    bytes_in: int = 0
-    bytes_out: int = 0
-    msgpack_decode_s: float = 0.0
-    msgpack_encode_s: float = 0.0
 
 
 class TokenizerProcess:
-    def __init__(self, index: int, tokenizer: Tokenizer, endpoints: Endpoints):
+    def __init__(self, index: int, tokenizer: Tokenizer, endpoints: Endpoints, profile: ProfileConfig):
         self.role = f"tokenizer-{index}"
         self.run_dir = endpoints.run_dir
         self.worker = TokenizerWorker(tokenizer)
         self.stats = WorkerStats()
+        self.activity = ProcessStats()
+        self.profiler = ProcessProfiler(profile, self.role)
         ctx = zmq.Context.instance()
         self.from_frontend = pull_socket(ctx, endpoints.tokenizer_requests(index))
         self.from_scheduler = pull_socket(ctx, endpoints.tokenizer_tokens(index))
@@ -66,7 +61,8 @@ class TokenizerProcess:
         self.control = ControlServer(endpoints, self.role, stats=self.stats_snapshot)
 
     def stats_snapshot(self) -> dict:
-        return {**dataclasses.asdict(self.stats), "active_requests": len(self.worker.requests)}
+        return {**self.activity.summary(), **dataclasses.asdict(self.stats),
+                "active_requests": len(self.worker.requests)}
 
     def run(self) -> None:
         announce_ready(self.run_dir, self.role)
@@ -76,18 +72,17 @@ class TokenizerProcess:
         poller.register(self.from_frontend, zmq.POLLIN)
         while True:
             ready = dict(poller.poll(CONTROL_POLL_MS))
-            started = time.perf_counter()
-            # Tokens first: they are what clients are waiting on.
-            if self.from_scheduler in ready:
-                self._drain(self.from_scheduler, self._on_scheduler_message)
-            if self.from_frontend in ready:
-                self._drain(self.from_frontend, self._on_frontend_message)
-            for command in self.control.pending():
-                if command.kind == "shutdown":
-                    self.control.reply(command)
-                    return
-                self.control.reply(command, {"error": f"{self.role} does not support '{command.kind}'"})
-            self.stats.busy_s += time.perf_counter() - started
+            with self.activity.busy():
+                # Tokens first: they are what clients are waiting on.
+                if self.from_scheduler in ready:
+                    self._drain(self.from_scheduler, self._on_scheduler_message)
+                if self.from_frontend in ready:
+                    self._drain(self.from_frontend, self._on_frontend_message)
+                for command in self.control.pending():
+                    if command.kind == "shutdown":
+                        self.control.reply(command)
+                        return
+                    self.control.reply(command, self.profiler.answer(command.kind))
 
     def close(self) -> None:
         for sock in (self.from_frontend, self.from_scheduler, self.to_scheduler, self.to_frontend):
@@ -140,33 +135,24 @@ class TokenizerProcess:
                 data = sock.recv(zmq.NOBLOCK)
             except zmq.Again:
                 return
-            started = time.perf_counter()
             try:
-                message = decode(data)
+                message = self.activity.sockets.decode(data)
             except ValueError as exc:  # WireError, or msgpack's own errors: not one of our messages
                 log.warning("undecodable message dropped: %s", exc)
                 continue
-            finally:
-                self.stats.msgpack_decode_s += time.perf_counter() - started
-                self.stats.messages_in += 1
-                self.stats.bytes_in += len(data)
             handle(message)
 
     def _send(self, sock: zmq.Socket, message: Any) -> None:
-        started = time.perf_counter()
-        data = encode(message)
-        self.stats.msgpack_encode_s += time.perf_counter() - started
-        sock.send(data, copy=False)
-        self.stats.messages_out += 1
-        self.stats.bytes_out += len(data)
+        send(sock, message, self.activity.sockets)
 
 
-def main(index: int, model_folder: str, run_dir: str, log_level: str, parent_pid: int) -> None:
+def main(index: int, model_folder: str, run_dir: str, log_level: str, parent_pid: int,
+         profile: ProfileConfig = ProfileConfig()) -> None:
     """Entry point of tokenizer worker `index`, started by the launcher with the spawn context."""
     init_child_process(f"tokenizer-{index}", log_level, parent_pid)
     process: TokenizerProcess | None = None
     try:
-        process = TokenizerProcess(index, Tokenizer.load(model_folder), Endpoints(run_dir))
+        process = TokenizerProcess(index, Tokenizer.load(model_folder), Endpoints(run_dir), profile)
         process.run()
     except SystemExit:  # SIGTERM from the launcher
         pass

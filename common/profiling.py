@@ -1,0 +1,220 @@
+"""Per-process profiling, and the per-process summary every process reports in its stats.
+
+    --profile-dir DIR      POST /start_profile ... POST /stop_profile  ->  DIR/{role}-{pid}.trace.json per process
+    --profile-steps N      the same, opened at the first step with work and closed after N steps (the
+                           scheduler coordinates: scheduler/process.py ProfileWindow)
+
+Two kinds of profiler behind one interface, `start(dir, role)` then `stop() -> path`:
+- PythonProfiler (frontend, tokenizer workers, scheduler): viztracer, every Python call of every thread as a
+  Chrome "X" (complete) event; a ring buffer of MAX_PYTHON_EVENTS, so a long profile keeps its latest
+  events and its memory stays bounded.
+- TorchProfiler (GPU worker): torch.profiler, CPU operators plus CUDA kernels where there is a GPU.
+Both write Chrome trace-event JSON, which Perfetto (ui.perfetto.dev) and chrome://tracing open.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import threading
+import time
+from abc import ABC, abstractmethod
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Iterator
+
+from common.transport import SocketStats
+
+log = logging.getLogger(__name__)
+
+# About 100 bytes per event in memory and 150 in the JSON: tens of MB at most per process.
+MAX_PYTHON_EVENTS = 200_000
+NOT_ENABLED = "the server was started without --profile-dir"
+
+
+@dataclass(frozen=True, slots=True)
+class ProfileConfig:
+    dir: str | None = None  # where traces go; None: profiling is off
+    steps: int | None = None  # profile this many scheduler steps from the first one with work, then stop
+
+
+def trace_path(dir: str, role: str) -> str:
+    return os.path.join(dir, f"{role}-{os.getpid()}.trace.json")
+
+
+class Profiler(ABC):
+    """One process's profiler. Start and stop it on the thread that runs the process's loop."""
+
+    def __init__(self) -> None:
+        self._path: str | None = None
+
+    @property
+    def active(self) -> bool:
+        return self._path is not None
+
+    def start(self, dir: str, role: str) -> None:
+        if self.active:
+            raise RuntimeError("the profiler is already running")
+        os.makedirs(dir, exist_ok=True)
+        self._path = trace_path(dir, role)
+        self._start()
+
+    def stop(self) -> str:
+        """Stop, write the trace, and return its path."""
+        if self._path is None:
+            raise RuntimeError("the profiler is not running")
+        path, self._path = self._path, None
+        self._stop_and_write(path)
+        return path
+
+    @abstractmethod
+    def _start(self) -> None: ...
+
+    @abstractmethod
+    def _stop_and_write(self, path: str) -> None: ...
+
+
+class PythonProfiler(Profiler):
+    def __init__(self, max_events: int = MAX_PYTHON_EVENTS) -> None:
+        super().__init__()
+        self.max_events = max_events
+        self._tracer = None
+
+    def _start(self) -> None:
+        from viztracer import VizTracer
+
+        # file_info=False: no copy of every traced source file in the trace; register_global=False: this
+        # tracer is ours, not a process-wide singleton other code might pick up.
+        self._tracer = VizTracer(tracer_entries=self.max_events, verbose=0, file_info=False, register_global=False)
+        self._tracer.start()
+
+    def _stop_and_write(self, path: str) -> None:
+        self._tracer.stop()
+        self._tracer.save(path)
+        self._tracer = None  # frees the ring buffer
+
+
+class TorchProfiler(Profiler):
+    def __init__(self) -> None:
+        super().__init__()
+        self._profile = None
+
+    def _start(self) -> None:
+        import torch
+        from torch.profiler import ProfilerActivity, profile
+
+        activities = [ProfilerActivity.CPU]
+        if torch.cuda.is_available():
+            activities.append(ProfilerActivity.CUDA)
+        self._profile = profile(activities=activities)
+        self._profile.start()
+
+    def _stop_and_write(self, path: str) -> None:
+        self._profile.stop()
+        self._profile.export_chrome_trace(path)
+        self._profile = None
+
+
+class ProcessProfiler:
+    """A process's answers to start_profile / stop_profile, from its control socket or --profile-steps:
+    the reply payload is {"started": True}, {"trace": path}, or {"error": why}."""
+
+    def __init__(self, config: ProfileConfig, role: str, kind: type[Profiler] = PythonProfiler):
+        self.config = config
+        self.role = role
+        self.profiler = kind()
+
+    def start(self) -> dict:
+        if self.config.dir is None:
+            return {"error": NOT_ENABLED}
+        if self.profiler.active:
+            return {"error": f"{self.role} is already profiling"}
+        self.profiler.start(self.config.dir, self.role)
+        log.info("profiling started")
+        return {"started": True}
+
+    def stop(self) -> dict:
+        if not self.profiler.active:
+            return {"error": f"{self.role} is not profiling"}
+        path = self.profiler.stop()
+        log.info("profile written to %s", path)
+        return {"trace": path}
+
+    def answer(self, kind: str) -> dict:
+        """The reply to a control command queued for the main thread."""
+        if kind == "start_profile":
+            return self.start()
+        if kind == "stop_profile":
+            return self.stop()
+        return {"error": f"{self.role} does not support '{kind}'"}
+
+
+# ---------------------------------------------------------------- the per-process summary
+
+
+class ProcessStats:
+    """Busy vs idle time and socket traffic: the keys every process's stats share.
+
+    busy: handling messages or computing, measured around the loop's work; idle: the rest of the time since
+    the process started serving, i.e. waiting on a socket. Control traffic is not counted in the sockets:
+    asking for stats should not change them.
+    """
+
+    def __init__(self) -> None:
+        self.sockets = SocketStats()
+        self.busy_s = 0.0
+        self._started = time.perf_counter()
+
+    @contextmanager
+    def busy(self) -> Iterator[None]:
+        started = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.busy_s += time.perf_counter() - started
+
+    def _busy_s(self) -> float:
+        return self.busy_s
+
+    def summary(self) -> dict:
+        uptime = time.perf_counter() - self._started
+        busy = min(self._busy_s(), uptime)
+        return {"uptime_s": uptime, "busy_s": busy, "idle_s": uptime - busy,
+                "busy_pct": round(100 * busy / uptime, 1) if uptime > 0 else 0.0,
+                **dataclasses.asdict(self.sockets)}
+
+
+class EventLoopStats(ProcessStats):
+    """For an asyncio process, whose waiting happens inside the event loop where no hook tells it apart
+    from work: busy is the CPU time of the loop's thread (create this on that thread)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._clock = time.pthread_getcpuclockid(threading.get_ident())
+        self._cpu_started = time.clock_gettime(self._clock)
+
+    def _busy_s(self) -> float:
+        return time.clock_gettime(self._clock) - self._cpu_started
+
+
+def format_summary(stats_by_role: dict[str, dict]) -> str:
+    """One line per process, for the launcher's shutdown."""
+    lines = ["process summary (busy: handling messages or computing; idle: waiting on a socket)"]
+    for role, s in stats_by_role.items():
+        lines.append(
+            f"  {role:<12} busy {s['busy_pct']:5.1f}% of {s['uptime_s']:7.1f} s   "
+            f"messages in {s['messages_in']:>7} out {s['messages_out']:>7}   "
+            f"bytes in {_size(s['bytes_in'])} out {_size(s['bytes_out'])}   "
+            f"msgpack {s['msgpack_encode_s'] + s['msgpack_decode_s']:6.3f} s")
+    return "\n".join(lines)
+
+
+def _size(num_bytes: int) -> str:
+    if num_bytes < 1e3:
+        return f"{num_bytes:5d} B "
+    if num_bytes < 1e6:
+        return f"{num_bytes / 1e3:5.1f} kB"
+    if num_bytes < 1e9:
+        return f"{num_bytes / 1e6:5.1f} MB"
+    return f"{num_bytes / 1e9:5.1f} GB"

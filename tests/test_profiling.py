@@ -1,0 +1,236 @@
+"""Per-process profiling and the per-process summary: the profilers on their own, the HTTP endpoints against
+a fake engine, then a real server on CPU writing one Chrome trace per process, on request and with
+--profile-steps."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from pathlib import Path
+
+import pytest
+import zmq
+from fastapi.testclient import TestClient
+
+from common.messages import AbortRequest
+from common.profiling import NOT_ENABLED, ProcessProfiler, ProcessStats, ProfileConfig, PythonProfiler, TorchProfiler
+from common.transport import pull_socket, push_socket, recv, send
+from frontend.app import build_app
+from tests.fake_engine import FakeEngineClient
+from tests.server_process import ServerProcess, wait_until
+
+CHILDREN = {"gpu_worker", "scheduler", "tokenizer-0", "tokenizer-1"}
+ROLES = CHILDREN | {"frontend"}  # the launcher process serves HTTP, and profiles itself as "frontend"
+SUMMARY_KEYS = {"uptime_s", "busy_s", "idle_s", "busy_pct", "messages_in", "messages_out", "bytes_in", "bytes_out",
+                "msgpack_encode_s", "msgpack_decode_s"}
+TRACE_NAME = re.compile(r"(?P<role>[a-z_]+(?:-\d+)?)-(?P<pid>\d+)\.trace\.json")
+
+
+def inner(x: int) -> int:
+    return x + 1
+
+
+def outer(x: int) -> int:
+    return inner(x) * 2
+
+
+def complete_events(path: str | Path) -> list[dict]:
+    return [e for e in json.loads(Path(path).read_text())["traceEvents"] if e.get("ph") == "X"]
+
+
+def named(events: list[dict], name: str) -> list[dict]:
+    return [e for e in events if e["name"].split(" ")[0].endswith(name)]
+
+
+# ---------------------------------------------------------------- the profilers
+
+
+def test_python_profiler_records_a_nested_call_as_nested_complete_events(tmp_path):
+    profiler = PythonProfiler()
+    profiler.start(str(tmp_path), "unit")
+    outer(1)
+    path = profiler.stop()
+
+    assert path == str(tmp_path / f"unit-{os.getpid()}.trace.json")
+    events = complete_events(path)
+    [caller], [callee] = named(events, "outer"), named(events, "inner")
+    assert caller["pid"] == callee["pid"] == os.getpid() and caller["tid"] == callee["tid"]
+    assert caller["ts"] <= callee["ts"] and callee["ts"] + callee["dur"] <= caller["ts"] + caller["dur"]
+
+
+def test_python_profiler_keeps_at_most_its_event_cap(tmp_path):
+    profiler = PythonProfiler(max_events=1000)
+    profiler.start(str(tmp_path), "unit")
+    for i in range(10_000):
+        inner(i)
+    events = complete_events(profiler.stop())
+    assert 0 < len(events) <= 1000
+    assert named(events, "inner")  # the latest calls are the ones kept
+
+
+def test_torch_profiler_writes_a_chrome_trace_of_operators(tmp_path):
+    import torch
+
+    profiler = TorchProfiler()
+    profiler.start(str(tmp_path), "gpu_worker")
+    torch.ones(8, 8) @ torch.ones(8, 8)
+    path = profiler.stop()
+
+    assert Path(path).name == f"gpu_worker-{os.getpid()}.trace.json"
+    assert named(complete_events(path), "aten::matmul")
+
+
+def test_a_process_profiler_answers_each_command_with_a_result_or_a_reason(tmp_path):
+    assert ProcessProfiler(ProfileConfig(), "scheduler").answer("start_profile") == {"error": NOT_ENABLED}
+    profiler = ProcessProfiler(ProfileConfig(str(tmp_path)), "scheduler")
+    assert "error" in profiler.answer("stop_profile")
+    assert profiler.answer("start_profile") == {"started": True}
+    assert "error" in profiler.answer("start_profile")
+    assert Path(profiler.answer("stop_profile")["trace"]).is_file()
+    assert "error" in profiler.answer("shutdown")
+
+
+def test_process_stats_count_messages_bytes_and_busy_time():
+    stats = ProcessStats()
+    ctx = zmq.Context()
+    try:
+        receiver = pull_socket(ctx, "inproc://stats")
+        sender = push_socket(ctx, "inproc://stats")
+        with stats.busy():
+            sent = send(sender, AbortRequest(7), stats.sockets)
+            assert recv(receiver, stats=stats.sockets) == AbortRequest(7)
+    finally:
+        ctx.destroy(linger=0)
+
+    summary = stats.summary()
+    assert set(summary) == SUMMARY_KEYS
+    assert (summary["messages_in"], summary["messages_out"]) == (1, 1)
+    assert summary["bytes_in"] == summary["bytes_out"] == sent
+    assert 0 < summary["busy_s"] <= summary["uptime_s"]
+    assert summary["busy_s"] + summary["idle_s"] == pytest.approx(summary["uptime_s"])
+
+
+# ---------------------------------------------------------------- the endpoints (fake engine)
+
+
+@pytest.mark.parametrize("path", ["/start_profile", "/stop_profile"])
+def test_profiling_endpoints_are_400_without_a_profile_dir(path):
+    response = TestClient(build_app(FakeEngineClient())).post(path)
+    assert response.status_code == 400
+    assert response.json()["error"]["message"] == NOT_ENABLED
+
+
+def test_profiling_endpoints_reach_every_process_and_profile_the_frontend_too(tmp_path):
+    engine = FakeEngineClient()
+    http = TestClient(build_app(engine, profiler=ProcessProfiler(ProfileConfig(str(tmp_path)), "frontend")))
+
+    started = http.post("/start_profile").json()
+    assert engine.control_calls[-1][0] == "start_profile"
+    assert set(started["replies"]) == {"tokenizer-0", "scheduler", "gpu_worker"}
+    assert started["frontend"] == {"pid": os.getpid(), "payload": {"started": True}}
+
+    stopped = http.post("/stop_profile").json()
+    assert engine.control_calls[-1][0] == "stop_profile"
+    assert Path(stopped["frontend"]["payload"]["trace"]).name == f"frontend-{os.getpid()}.trace.json"
+
+
+# ---------------------------------------------------------------- a real server on CPU
+
+
+def traces_by_role(folder: Path) -> dict[str, tuple[int, list[dict]]]:
+    """Every trace in `folder` by role: (pid from the file name, its complete events)."""
+    traces = {}
+    for path in folder.iterdir():
+        match = TRACE_NAME.fullmatch(path.name)
+        assert match, f"unexpected file {path.name}"
+        traces[match["role"]] = (int(match["pid"]), complete_events(path))
+    return traces
+
+
+def all_traces_written(folder: Path) -> dict | None:
+    """The traces once one per process is there and whole (a trace being written does not parse yet)."""
+    if len(list(folder.iterdir())) < len(ROLES):
+        return None
+    try:
+        return traces_by_role(folder)
+    except json.JSONDecodeError:
+        return None
+
+
+def replies_with_frontend(body: dict) -> dict[str, dict]:
+    """A control endpoint's answer by role: the children's replies and the frontend's own."""
+    return {**body["replies"], "frontend": body["frontend"]}
+
+
+def server_pids(server: ServerProcess) -> dict[str, int]:
+    return {**server.child_pids(), "frontend": server.proc.pid}
+
+
+def generate(server: ServerProcess, n: int, max_tokens: int) -> None:
+    with server.client() as c:
+        for i in range(n):
+            response = c.post("/v1/completions", json={"prompt": f"profile me {i}", "max_tokens": max_tokens,
+                                                       "temperature": 0, "ignore_eos": True})
+            assert response.status_code == 200, response.text
+
+
+@pytest.fixture(scope="module")
+def profiled_server(tiny_llama, tmp_path_factory):
+    folder = tmp_path_factory.mktemp("traces")
+    srv = ServerProcess(tiny_llama, "--num-kv-blocks", "64", "--profile-dir", str(folder),
+                        log_path=tmp_path_factory.mktemp("log") / "server.log")
+    yield srv, folder
+    srv.stop()
+
+
+def test_a_profiled_run_writes_one_chrome_trace_per_process_named_by_role_and_pid(profiled_server):
+    server, folder = profiled_server
+    pids = server_pids(server)
+    with server.client() as c:
+        started = c.post("/start_profile").json()
+        assert started["silent"] == []
+        assert {role: r["payload"] for role, r in replies_with_frontend(started).items()} == \
+            {role: {"started": True} for role in ROLES}
+        generate(server, n=3, max_tokens=4)
+        stopped = replies_with_frontend(c.post("/stop_profile").json())
+
+    assert set(stopped) == ROLES
+    traces = traces_by_role(folder)
+    assert {role: pid for role, (pid, _) in traces.items()} == pids
+    assert {Path(r["payload"]["trace"]).name for r in stopped.values()} == {p.name for p in folder.iterdir()}
+    for role, (_, events) in traces.items():
+        assert events, f"{role}'s trace has no events"
+    assert named(traces["scheduler"][1], "Scheduler.schedule")
+    assert named(traces["gpu_worker"][1], "aten::embedding")
+
+
+def test_stats_report_busy_idle_and_messages_for_every_process(profiled_server):
+    server, _ = profiled_server
+    generate(server, n=1, max_tokens=2)
+    with server.client() as c:
+        stats = replies_with_frontend(c.get("/stats").json())
+    assert set(stats) == ROLES
+    for role, reply in stats.items():
+        summary = reply["payload"]
+        assert SUMMARY_KEYS <= set(summary), role
+        assert summary["messages_in"] > 0 and summary["messages_out"] > 0, role
+        assert 0 < summary["busy_s"] <= summary["uptime_s"] and 0 <= summary["busy_pct"] <= 100, role
+    assert stats["scheduler"]["payload"]["steps"] > 0  # the scheduling counters are still there
+
+
+def test_profile_steps_profiles_that_many_steps_in_every_process_then_stops(tiny_llama, tmp_path):
+    folder = tmp_path / "traces"
+    server = ServerProcess(tiny_llama, "--num-kv-blocks", "64", "--profile-dir", str(folder),
+                           "--profile-steps", "3", log_path=tmp_path / "server.log")
+    try:
+        pids = server_pids(server)
+        generate(server, n=1, max_tokens=8)  # 8 steps: the window closes after the third
+        traces = wait_until(lambda: all_traces_written(folder), timeout=60, what="a trace from every process")
+        assert {role: pid for role, (pid, _) in traces.items()} == pids
+        for role, (_, events) in traces.items():
+            assert events, f"{role}'s trace has no events"
+        # One embedding lookup per forward: the worker's window held exactly the three steps.
+        assert len(named(traces["gpu_worker"][1], "aten::embedding")) == 3
+    finally:
+        server.stop()
