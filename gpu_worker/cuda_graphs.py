@@ -1,5 +1,8 @@
 """Decode steps replayed from CUDA graphs: one graph per batch-size bucket, captured at start-up.
 
+Inputs that only the device knows (tokens sampled by the previous step, not yet read back) are copied
+into the input-id buffer on the device, after the host copy and before the replay.
+
 A decode step of a small model is mostly kernel-launch overhead (a dozen launches per layer, each a few
 microseconds of Python and driver time). Captured once, a step is one replay. Everything a step changes
 lives in static device buffers, refilled by a single host-to-device copy before each replay:
@@ -82,8 +85,9 @@ class DecodeGraphs:
         return None
 
     def run(self, input_ids: np.ndarray, positions: np.ndarray, slots: np.ndarray, context_lens: list[int],
-            block_tables: list[list[int]]) -> torch.Tensor:
-        """Replay the decode graph for these sequences (one token each); returns their logits [n, V]."""
+            block_tables: list[list[int]], device_inputs: tuple[torch.Tensor, torch.Tensor] | None) -> torch.Tensor:
+        """Replay the decode graph for these sequences (one token each); returns their logits [n, V].
+        device_inputs: (rows, token ids) already on the device, overriding those rows of input_ids."""
         n = len(input_ids)
         bucket = self.bucket_for(n)
         b, w = self.max_batch, self.width
@@ -98,6 +102,9 @@ class DecodeGraphs:
             tables[row, :len(blocks)] = blocks
         self._fill_padding(n, bucket)
         self._device.copy_(self._host, non_blocking=True)
+        if device_inputs is not None:
+            rows, tokens = device_inputs
+            self.input_ids.index_copy_(0, rows, tokens.to(torch.int32))
         self.graphs[bucket].replay()
         return self.logits[bucket][:n]
 

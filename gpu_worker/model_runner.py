@@ -1,9 +1,16 @@
 """Runs step plans: keeps a mirror of each running request, builds the flat token batch, runs the model
 and samples. It allocates no block and makes no decision; every choice arrives in the plan.
 
-    plan ──▶ drop released mirrors ─▶ add new mirrors ─▶ extend block tables ─▶ copy blocks
-         ──▶ order chunks (multi-token first, single-token last) ─▶ inputs, positions, slots
-         ──▶ forward ─▶ logits of sampling rows only ─▶ sample ─▶ StepResult (plan order)
+A step is launched, then finished:
+
+    launch(plan N):  drop released mirrors, add new ones, extend block tables, copy blocks; order the
+                     chunks (multi-token first); inputs, positions, slots; forward (a CUDA graph for
+                     decode-only steps); sample; start copying the tokens to the host   -- no waiting
+    finish(N):       wait for N's tokens; append them to the mirrors; StepResult in plan order
+
+Launching N+1 before finishing N keeps the GPU busy while the host prepares the next step. N+1 may then
+compute a token that N sampled and the host has not seen yet: each mirror owns a slot in a device
+tensor holding its last sampled token, and such inputs are gathered from there on the device.
 """
 
 from __future__ import annotations
@@ -30,13 +37,28 @@ from gpu_worker.sampler import SamplingBatch, sample
 class RequestMirror:
     """The worker's copy of a running request: its tokens so far and its block table."""
 
-    token_ids: list[int]
+    token_ids: list[int]  # prompt and the sampled tokens read back so far
     block_table: list[int]
     temperature: float
     top_k: int
     top_p: float
     seed: int
-    num_sampled: int
+    num_sampled: int  # samples launched, including one whose token may not be read back yet
+    slot: int  # its row in ModelRunner.last_tokens
+
+
+@dataclass(slots=True)
+class LaunchedStep:
+    """A step whose forward and sampling are queued on the device, its tokens on their way to the host."""
+
+    step_id: int
+    rids: list[int]  # requests that sample, in the order of `tokens`
+    mirrors: list[RequestMirror]  # theirs, same order (kept even if a later plan drops them)
+    plan_order: list[int]  # positions in `rids` of the plan's order of those requests
+    tokens: torch.Tensor | None  # host tensor the sampled ids are copied into
+    copied: torch.cuda.Event | None
+    prepare_s: float
+    forward_s: float
 
 
 def resolve_device(name: str) -> torch.device:
@@ -64,6 +86,11 @@ class ModelRunner:
             self.graphs = DecodeGraphs(self.model, self.attention, self.kv_cache, config.max_num_seqs,
                                        info.max_model_len, scratch_block=self.num_kv_blocks)
         self.mirrors: dict[int, RequestMirror] = {}
+        # Last sampled token of each mirror, on the device. A released slot may be reused at once: the
+        # device runs steps in order, so the old owner's last write lands before the new owner's.
+        num_slots = config.max_num_seqs + 3  # + the warm-up's three requests
+        self.last_tokens = torch.zeros(num_slots, dtype=torch.long, device=self.device)
+        self._free_slots = list(range(num_slots - 1, -1, -1))
         self.warm_up()
 
     def _num_kv_blocks(self) -> int:
@@ -133,61 +160,108 @@ class ModelRunner:
 
     # ------------------------------------------------------------------ the step
 
-    @torch.inference_mode()
     def execute(self, plan: StepPlan) -> StepResult:
+        """Launch and finish one step (no overlap)."""
+        return self.finish(self.launch(plan))
+
+    @torch.inference_mode()
+    def launch(self, plan: StepPlan) -> LaunchedStep:
         t0 = time.perf_counter()
         for rid in plan.released:
-            self.mirrors.pop(rid, None)
+            mirror = self.mirrors.pop(rid, None)
+            if mirror is not None:
+                self._free_slots.append(mirror.slot)
         for spec in plan.new_requests:
             self.mirrors[spec.rid] = self._mirror_for(spec)
         for chunk in plan.chunks:
             self.mirrors[chunk.rid].block_table.extend(chunk.new_block_ids)
         self.kv_cache.copy_blocks(plan.block_copies)
         if not plan.chunks:
-            return StepResult(plan.step_id, [], [], time.time(), StepTimings())
+            return LaunchedStep(plan.step_id, [], [], [], None, None, time.perf_counter() - t0, 0.0)
 
         # Multi-token chunks first, single-token chunks last (the attention backend's layout).
         chunks = sorted(plan.chunks, key=lambda c: c.num_tokens == 1)
         mirrors = [self.mirrors[c.rid] for c in chunks]
         q_lens = [c.num_tokens for c in chunks]
-        input_ids = np.fromiter(
-            (t for c, m in zip(chunks, mirrors) for t in m.token_ids[c.start:c.start + c.num_tokens]),
-            dtype=np.int64, count=sum(q_lens))
+        input_ids, pending_rows, pending_slots = self._input_ids(chunks, mirrors, sum(q_lens))
         positions = np.concatenate([np.arange(c.start, c.start + c.num_tokens) for c in chunks])
         context_lens = [c.start + c.num_tokens for c in chunks]
         block_tables = [m.block_table for m in mirrors]
         slot_mapping = self._slot_mapping(positions, q_lens, block_tables)
         sampling_rows = [i for i, c in enumerate(chunks) if c.sample]
-        all_decode = len(input_ids) == len(chunks)
+        pending = (torch.tensor(pending_rows, device=self.device), torch.tensor(pending_slots, device=self.device)) \
+            if pending_rows else None
         t1 = time.perf_counter()
 
-        if all_decode and self.graphs is not None and self.graphs.bucket_for(len(chunks)) is not None:
-            logits = self.graphs.run(input_ids, positions, slot_mapping, context_lens, block_tables)
+        if len(input_ids) == len(chunks) and self.graphs is not None and self.graphs.bucket_for(len(chunks)):
+            logits = self.graphs.run(input_ids, positions, slot_mapping, context_lens, block_tables,
+                                     None if pending is None else (pending[0], self.last_tokens[pending[1]]))
             if len(sampling_rows) < len(chunks):
                 logits = logits[torch.tensor(sampling_rows, device=self.device)]
         else:
             logits = self._forward_eager(input_ids, positions, slot_mapping, q_lens, context_lens, block_tables,
-                                         sampling_rows)
-        t2 = time.perf_counter()
-        tokens: list[int] = []
-        if sampling_rows:
-            rows = [(m.temperature, m.top_k, m.top_p, m.seed, m.num_sampled)
-                    for m in (mirrors[i] for i in sampling_rows)]
-            tokens = sample(logits, SamplingBatch.build(rows, logits.shape[1], self.device)).tolist()
-        elif self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
-        sampled_time = time.time()
-        t3 = time.perf_counter()
+                                         sampling_rows, pending)
+        sampled = [mirrors[i] for i in sampling_rows]
+        tokens = copied = None
+        if sampled:
+            rows = [(m.temperature, m.top_k, m.top_p, m.seed, m.num_sampled) for m in sampled]
+            drawn = sample(logits, SamplingBatch.build(rows, logits.shape[1], self.device))
+            slots = torch.tensor([m.slot for m in sampled], device=self.device)
+            self.last_tokens.index_copy_(0, slots, drawn)
+            for m in sampled:
+                m.num_sampled += 1
+            tokens, copied = self._copy_to_host(drawn)
+        rids = [chunks[i].rid for i in sampling_rows]
+        index = {rid: k for k, rid in enumerate(rids)}
+        plan_order = [index[c.rid] for c in plan.chunks if c.rid in index]
+        return LaunchedStep(plan.step_id, rids, sampled, plan_order, tokens, copied, t1 - t0,
+                            time.perf_counter() - t1)
 
-        by_rid = {}
-        for i, token in zip(sampling_rows, tokens):
-            mirror = mirrors[i]
-            mirror.token_ids.append(token)
-            mirror.num_sampled += 1
-            by_rid[chunks[i].rid] = token
-        rids = [c.rid for c in plan.chunks if c.rid in by_rid]
-        return StepResult(plan.step_id, rids, [by_rid[r] for r in rids], sampled_time,
-                          StepTimings(prepare_s=t1 - t0, forward_s=t2 - t1, sample_s=t3 - t2))
+    def finish(self, step: LaunchedStep) -> StepResult:
+        """Wait for a launched step's tokens and record them."""
+        t0 = time.perf_counter()
+        token_ids: list[int] = []
+        if step.tokens is not None:
+            if step.copied is not None:
+                step.copied.synchronize()
+            token_ids = step.tokens.tolist()
+            for mirror, token in zip(step.mirrors, token_ids):
+                mirror.token_ids.append(token)
+        sampled_time = time.time()
+        # Results in plan order: the scheduler hands out first tokens in the order it admitted requests.
+        return StepResult(step.step_id, [step.rids[k] for k in step.plan_order],
+                          [token_ids[k] for k in step.plan_order], sampled_time,
+                          StepTimings(prepare_s=step.prepare_s, forward_s=step.forward_s,
+                                      sample_s=time.perf_counter() - t0))
+
+    def _input_ids(self, chunks, mirrors, num_tokens: int) -> tuple[np.ndarray, list[int], list[int]]:
+        """Token ids of every computed position. A position the host does not know yet is the token the
+        previous step sampled: left 0 here, listed as (row, mirror slot) to be gathered on the device."""
+        ids = np.zeros(num_tokens, dtype=np.int64)
+        pending_rows, pending_slots = [], []
+        row = 0
+        for chunk, mirror in zip(chunks, mirrors):
+            known = mirror.token_ids
+            end = chunk.start + chunk.num_tokens
+            if end <= len(known):
+                ids[row:row + chunk.num_tokens] = known[chunk.start:end]
+            else:
+                if end != len(known) + 1:
+                    raise ValueError(f"request {chunk.rid}: position {end - 1} is more than one step ahead")
+                ids[row:row + chunk.num_tokens - 1] = known[chunk.start:]
+                pending_rows.append(row + chunk.num_tokens - 1)
+                pending_slots.append(mirror.slot)
+            row += chunk.num_tokens
+        return ids, pending_rows, pending_slots
+
+    def _copy_to_host(self, tokens: torch.Tensor) -> tuple[torch.Tensor, torch.cuda.Event | None]:
+        if self.device.type != "cuda":
+            return tokens, None
+        host = torch.empty(tokens.shape, dtype=tokens.dtype, pin_memory=True)
+        host.copy_(tokens, non_blocking=True)
+        event = torch.cuda.Event()
+        event.record()
+        return host, event
 
     def _slot_mapping(self, positions: np.ndarray, q_lens: list[int], block_tables: list[list[int]]) -> np.ndarray:
         """Flat KV-store slot of every token: its block (from its sequence's table) times block size plus offset."""
@@ -203,15 +277,17 @@ class ModelRunner:
 
     def _forward_eager(self, input_ids: np.ndarray, positions: np.ndarray, slot_mapping: np.ndarray,
                        q_lens: list[int], context_lens: list[int], block_tables: list[list[int]],
-                       sampling_rows: list[int]) -> torch.Tensor:
+                       sampling_rows: list[int], pending) -> torch.Tensor:
         """Run the model op by op; returns the logits of the sampling rows."""
         layout = BatchLayout(q_lens, context_lens, block_tables, num_prefill_seqs=sum(1 for n in q_lens if n > 1))
         device = self.device
         ctx = ForwardContext(self.attention,
                              self.attention.build_metadata(layout, torch.from_numpy(slot_mapping), device),
                              self.kv_cache)
-        hidden = self.model(torch.from_numpy(input_ids).to(device, non_blocking=True),
-                            torch.from_numpy(positions).to(device, non_blocking=True), ctx)
+        ids = torch.from_numpy(input_ids).to(device, non_blocking=True)
+        if pending is not None:
+            ids[pending[0]] = self.last_tokens[pending[1]]
+        hidden = self.model(ids, torch.from_numpy(positions).to(device, non_blocking=True), ctx)
         if not sampling_rows:
             return hidden.new_empty(0, 0)
         ends = np.cumsum(q_lens) - 1
@@ -221,4 +297,7 @@ class ModelRunner:
         s = spec.sampling
         if s.seed is None:
             raise ValueError(f"request {spec.rid} arrived without a seed; the scheduler assigns one")
-        return RequestMirror(list(spec.token_ids), [], s.temperature, s.top_k, s.top_p, s.seed, spec.num_sampled)
+        if not self._free_slots:
+            raise RuntimeError("more running requests than --max-num-seqs allows")
+        return RequestMirror(list(spec.token_ids), [], s.temperature, s.top_k, s.top_p, s.seed, spec.num_sampled,
+                             self._free_slots.pop())

@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import zmq
 
@@ -18,6 +19,9 @@ from common.model_info import ModelInfo
 from common.process import announce_ready, init_child_process
 from common.profiling import ProcessProfiler, ProcessStats, ProfileConfig, TorchProfiler
 from common.transport import Endpoints, pull_socket, push_socket, recv, send
+
+if TYPE_CHECKING:
+    from gpu_worker.model_runner import LaunchedStep
 
 ROLE = "gpu_worker"
 CONTROL_POLL_MS = 100  # an idle worker wakes this often to answer control commands queued for its main thread
@@ -64,38 +68,58 @@ class WorkerLoop:
         self.profiler = profiler
         self.totals = StepTotals()
         self.activity = ProcessStats()
-        # Steps left in a --profile-steps window. The scheduler opens it on a plan (StepPlan.profile_steps);
-        # plans run in order, one step each, so counting them here keeps the window on exactly those steps.
-        self.profile_steps_left = 0
+        # A --profile-steps window. The scheduler opens it on a plan (StepPlan.profile_steps); plans run in
+        # order, one step each, so counting launches keeps the window on exactly those steps. The window's
+        # last step is finished before any later one is launched, and the profiler stops there.
+        self.profile_launches_left = 0
+        self.profile_last_step: int | None = None
 
     def stats(self) -> dict:
         return {**self.activity.summary(), **dataclasses.asdict(self.totals)}
 
     def run(self, control: ControlServer) -> None:
+        """Launch each plan as it arrives, and finish (read back) the previous step only after launching
+        the next one, so the device never waits for the host between steps."""
         poller = zmq.Poller()
         poller.register(self.plans, zmq.POLLIN)
+        in_flight: LaunchedStep | None = None
         while True:
             for request in control.pending():
                 control.reply(request, self.profiler.answer(request.kind))
-            if not poller.poll(timeout=CONTROL_POLL_MS):
+            # A step in flight: just look for the next plan; none: wait for one.
+            if not poller.poll(timeout=0 if in_flight is not None else CONTROL_POLL_MS):
+                if in_flight is not None:
+                    with self.activity.busy():
+                        self._finish(in_flight)
+                    in_flight = None
                 continue
             with self.activity.busy():
-                self._step(recv(self.plans, stats=self.activity.sockets))
+                plan: StepPlan = recv(self.plans, stats=self.activity.sockets)
+                if in_flight is not None and in_flight.step_id == self.profile_last_step:
+                    self._finish(in_flight)  # closes the profile window before anything else runs
+                    in_flight = None
+                if plan.profile_steps:
+                    self.profiler.start()
+                    self.profile_launches_left = plan.profile_steps
+                launched = self.runner.launch(plan)
+                if self.profile_launches_left:
+                    self.profile_launches_left -= 1
+                    if self.profile_launches_left == 0:
+                        self.profile_last_step = plan.step_id
+                if in_flight is not None:
+                    self._finish(in_flight)
+                in_flight = launched
 
-    def _step(self, plan: StepPlan) -> None:
-        if plan.profile_steps:
-            self.profiler.start()
-            self.profile_steps_left = plan.profile_steps
-        result = self.runner.execute(plan)
+    def _finish(self, step: LaunchedStep) -> None:
+        result = self.runner.finish(step)
         send(self.results, result, self.activity.sockets)
         self.totals.steps += 1
         self.totals.prepare_s += result.timings.prepare_s
         self.totals.forward_s += result.timings.forward_s
         self.totals.sample_s += result.timings.sample_s
-        if self.profile_steps_left:
-            self.profile_steps_left -= 1
-            if self.profile_steps_left == 0:
-                self.profiler.stop()  # after the result is sent: writing the trace delays no one
+        if step.step_id == self.profile_last_step:
+            self.profile_last_step = None
+            self.profiler.stop()  # after the result is sent: writing the trace delays no one
 
     def close(self) -> None:
         self.plans.close()

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import itertools
 import time
+from collections import deque
 from dataclasses import dataclass, field, replace
 from typing import Callable, Sequence
 
@@ -17,7 +18,8 @@ from common.model_info import ModelInfo
 from common.model_source import resolve_model
 from common.sampling_params import InvalidParameter, SamplingParams
 from common.wire import decode, encode
-from gpu_worker.model_runner import ModelRunner
+from gpu_worker.model_runner import LaunchedStep, ModelRunner
+from scheduler.process import PLANS_IN_FLIGHT
 from scheduler.scheduler import Scheduler
 
 
@@ -64,15 +66,20 @@ class LLM:
         self.scheduler.abort_request(rid)
 
     def step(self) -> list[RequestTokens]:
-        """Plan one step, run it, and return the tokens it produced ([] when idle)."""
+        """Plan one step, run it, and return the tokens it produced ([] when idle). No overlap."""
         plan = self.scheduler.schedule()
         if plan is None:
             return []
+        return self._finish(self._launch(plan))
+
+    def _launch(self, plan: StepPlan) -> LaunchedStep:
         plan = decode(encode(plan))
         if self.record_plans:
             self.plans_executed.append(plan)
-        result = decode(encode(self.runner.execute(plan)))
-        return self.scheduler.process_result(result)
+        return self.runner.launch(plan)
+
+    def _finish(self, step: LaunchedStep) -> list[RequestTokens]:
+        return self.scheduler.process_result(decode(encode(self.runner.finish(step))))
 
     # ------------------------------------------------------------------ batch level
 
@@ -92,8 +99,18 @@ class LLM:
             outputs[rid] = CompletionOutput(ids)
             order.append(rid)
         pending = set(order)
+        # As the server runs: the next step is planned and launched before the previous one's tokens are
+        # read back (see scheduler/process.py), at most PLANS_IN_FLIGHT steps outstanding.
+        in_flight: deque[LaunchedStep] = deque()
         while pending:
-            for tokens in self.step():
+            plan = self.scheduler.schedule() if len(in_flight) < PLANS_IN_FLIGHT else None
+            if plan is not None:
+                in_flight.append(self._launch(plan))
+            if not in_flight:
+                raise RuntimeError("requests are unfinished but the scheduler planned nothing")
+            if plan is not None and len(in_flight) < PLANS_IN_FLIGHT:
+                continue
+            for tokens in self._finish(in_flight.popleft()):
                 if tokens.rid in outputs:
                     out = outputs[tokens.rid]
                     out.token_ids.extend(tokens.token_ids)
@@ -102,6 +119,8 @@ class LLM:
                         pending.discard(tokens.rid)
             if on_step is not None:
                 on_step()
+        while in_flight:  # steps planned before the last finish was seen: their tokens are discarded
+            self._finish(in_flight.popleft())
         if any(isinstance(p, str) for p in prompts):
             for out in outputs.values():
                 out.text = self.tokenizer.decode(out.token_ids, skip_special_tokens=True)
