@@ -149,8 +149,6 @@ class StepPlan:
     new_requests: list[NewRequestSpec]
     chunks: list[ScheduledChunk]
     released: list[int]  # finished, aborted or preempted rids: the worker drops their mirror
-    # Block copies to make before the forward, as (src, dst) pairs.
-    block_copies: list[list[int]] = field(default_factory=list)
     # --profile-steps: > 0 opens the worker's profiling window on this step, for this many steps (counted by
     # the worker, so the window stays on exactly those steps; scheduler/process.py ProfileWindow).
     profile_steps: int = 0

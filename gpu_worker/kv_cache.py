@@ -21,13 +21,6 @@ class PagedKVCache:
     def layer(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
         return self.data[index, 0], self.data[index, 1]
 
-    def copy_blocks(self, pairs: list[list[int]]) -> None:
-        if not pairs:
-            return
-        src = torch.tensor([p[0] for p in pairs], device=self.data.device)
-        dst = torch.tensor([p[1] for p in pairs], device=self.data.device)
-        self.data[:, :, dst] = self.data[:, :, src]
-
     @staticmethod
     def bytes_per_block(num_layers: int, block_size: int, num_kv_heads: int, head_dim: int,
                         dtype: torch.dtype) -> int:

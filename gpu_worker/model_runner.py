@@ -3,7 +3,7 @@ and samples. It allocates no block and makes no decision; every choice arrives i
 
 A step is launched, then finished:
 
-    launch(plan N):  drop released mirrors, add new ones, extend block tables, copy blocks; order the
+    launch(plan N):  drop released mirrors, add new ones, extend block tables; order the
                      chunks (multi-token first); inputs, positions, slots; forward (a CUDA graph for
                      decode-only steps); sample; start copying the tokens to the host   -- no waiting
     finish(N):       wait for N's tokens; append them to the mirrors; StepResult in plan order
@@ -27,6 +27,7 @@ from common.model_info import ModelInfo
 from common.sampling_params import SamplingParams
 from gpu_worker.attention import BatchLayout, make_attention_backend
 from gpu_worker.cuda_graphs import DecodeGraphs
+from gpu_worker.host_copy import to_device
 from gpu_worker.kv_cache import PagedKVCache
 from gpu_worker.model_loader import load_model, resolve_dtype
 from gpu_worker.models.forward_context import ForwardContext
@@ -175,7 +176,6 @@ class ModelRunner:
             self.mirrors[spec.rid] = self._mirror_for(spec)
         for chunk in plan.chunks:
             self.mirrors[chunk.rid].block_table.extend(chunk.new_block_ids)
-        self.kv_cache.copy_blocks(plan.block_copies)
         if not plan.chunks:
             return LaunchedStep(plan.step_id, [], [], [], None, None, time.perf_counter() - t0, 0.0)
 
@@ -189,7 +189,7 @@ class ModelRunner:
         block_tables = [m.block_table for m in mirrors]
         slot_mapping = self._slot_mapping(positions, q_lens, block_tables)
         sampling_rows = [i for i, c in enumerate(chunks) if c.sample]
-        pending = (torch.tensor(pending_rows, device=self.device), torch.tensor(pending_slots, device=self.device)) \
+        pending = (to_device(pending_rows, torch.long, self.device), to_device(pending_slots, torch.long, self.device)) \
             if pending_rows else None
         t1 = time.perf_counter()
 
@@ -197,7 +197,7 @@ class ModelRunner:
             logits = self.graphs.run(input_ids, positions, slot_mapping, context_lens, block_tables,
                                      None if pending is None else (pending[0], self.last_tokens[pending[1]]))
             if len(sampling_rows) < len(chunks):
-                logits = logits[torch.tensor(sampling_rows, device=self.device)]
+                logits = logits[to_device(sampling_rows, torch.long, self.device)]
         else:
             logits = self._forward_eager(input_ids, positions, slot_mapping, q_lens, context_lens, block_tables,
                                          sampling_rows, pending)
@@ -206,7 +206,7 @@ class ModelRunner:
         if sampled:
             rows = [(m.temperature, m.top_k, m.top_p, m.seed, m.num_sampled) for m in sampled]
             drawn = sample(logits, SamplingBatch.build(rows, logits.shape[1], self.device))
-            slots = torch.tensor([m.slot for m in sampled], device=self.device)
+            slots = to_device([m.slot for m in sampled], torch.long, self.device)
             self.last_tokens.index_copy_(0, slots, drawn)
             for m in sampled:
                 m.num_sampled += 1
@@ -284,14 +284,14 @@ class ModelRunner:
         ctx = ForwardContext(self.attention,
                              self.attention.build_metadata(layout, torch.from_numpy(slot_mapping), device),
                              self.kv_cache)
-        ids = torch.from_numpy(input_ids).to(device, non_blocking=True)
+        ids = to_device(input_ids, torch.long, device)
         if pending is not None:
             ids[pending[0]] = self.last_tokens[pending[1]]
-        hidden = self.model(ids, torch.from_numpy(positions).to(device, non_blocking=True), ctx)
+        hidden = self.model(ids, to_device(positions, torch.long, device), ctx)
         if not sampling_rows:
             return hidden.new_empty(0, 0)
         ends = np.cumsum(q_lens) - 1
-        return self.model.compute_logits(hidden[torch.from_numpy(ends[sampling_rows]).to(device)])
+        return self.model.compute_logits(hidden[to_device(ends[sampling_rows], torch.long, device)])
 
     def _mirror_for(self, spec: NewRequestSpec) -> RequestMirror:
         s = spec.sampling

@@ -13,6 +13,8 @@ from dataclasses import dataclass
 
 import torch
 
+from gpu_worker.host_copy import to_device
+
 _MASK32 = 0xFFFFFFFF
 
 
@@ -37,10 +39,9 @@ class SamplingBatch:
         greedy = [r[0] == 0.0 or k == 1 for r, k in zip(rows, top_k)]
         if all(greedy):
             return cls(all_greedy=True)
-        floats = torch.tensor([[0.0 if g else r[0] for g, r in zip(greedy, rows)], [r[2] for r in rows]],
-                              dtype=torch.float32).to(device, non_blocking=True)
-        ints = torch.tensor([top_k, [r[3] for r in rows], [r[4] for r in rows]],
-                            dtype=torch.long).to(device, non_blocking=True)
+        floats = to_device([[0.0 if g else r[0] for g, r in zip(greedy, rows)], [r[2] for r in rows]],
+                           torch.float32, device)
+        ints = to_device([top_k, [r[3] for r in rows], [r[4] for r in rows]], torch.long, device)
         return cls(all_greedy=False, temperature=floats[0], top_p=floats[1], top_k=ints[0], seed=ints[1],
                    output_index=ints[2],
                    any_top_k=any(not g and k < vocab_size for g, k in zip(greedy, top_k)),
