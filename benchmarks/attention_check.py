@@ -31,8 +31,15 @@ import triton.testing
 from gpu_worker.attention import BatchLayout, TorchAttention
 from gpu_worker.attention import triton_kernels as kernels
 from gpu_worker.attention.triton_backend import TritonAttention
+from gpu_worker.host_copy import StagingRing
 
 DEVICE = torch.device("cuda")
+STAGING = StagingRing(DEVICE, 1 << 24)
+
+
+def build_metadata(backend, layout, slots: torch.Tensor):
+    STAGING.next_step()
+    return backend.build_metadata(layout, slots.cpu().numpy(), STAGING)
 BLOCK_SIZE = 16
 
 
@@ -92,7 +99,7 @@ def make_batch(seqs: list[tuple[int, int]], shape: Shape, block_size: int, dtype
 
 def run(backend, batch: Batch, scale: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     k_cache, v_cache = batch.k_cache.clone(), batch.v_cache.clone()
-    metadata = backend.build_metadata(batch.layout, batch.slots, DEVICE)
+    metadata = build_metadata(backend, batch.layout, batch.slots)
     out = backend.forward(batch.q, batch.k, batch.v, k_cache, v_cache, metadata, scale)
     return out, k_cache, v_cache
 
@@ -181,11 +188,11 @@ def throughput(seqs: list[tuple[int, int]], shape: Shape, dtype: torch.dtype, ms
 
 def time_backend(backend, batch: Batch, scale: float) -> tuple[float, float]:
     """(forward ms on the GPU, build_metadata ms on the host, copy queued)."""
-    metadata = backend.build_metadata(batch.layout, batch.slots, DEVICE)
+    metadata = build_metadata(backend, batch.layout, batch.slots)
     torch.cuda.synchronize()
     start = time.perf_counter()
     for _ in range(20):
-        backend.build_metadata(batch.layout, batch.slots, DEVICE)
+        build_metadata(backend, batch.layout, batch.slots)
     host_ms = (time.perf_counter() - start) / 20 * 1e3
     ms = bench_ms(lambda: backend.forward(batch.q, batch.k, batch.v, batch.k_cache, batch.v_cache, metadata, scale))
     return ms, host_ms
@@ -217,7 +224,7 @@ def run_speed(failures: list[str]) -> list[str]:
 def sweep_splits(batch: Batch, shape: Shape, failures: list[str]) -> None:
     """Decode time per forced split count, next to the heuristic's pick."""
     try:
-        metadata = TritonAttention(BLOCK_SIZE).build_metadata(batch.layout, batch.slots, DEVICE)
+        metadata = build_metadata(TritonAttention(BLOCK_SIZE), batch.layout, batch.slots)
         max_ctx = metadata.max_decode_context
         sms = torch.cuda.get_device_properties(DEVICE).multi_processor_count
         picked = kernels.decode_num_splits(len(batch.layout.query_lens), shape.kv_heads, max_ctx, sms)

@@ -115,7 +115,7 @@ def _converter_for(annotation: Any) -> Callable[[Any], Any] | None:
     origin = typing.get_origin(annotation)
     args = typing.get_args(annotation)
     if dataclasses.is_dataclass(annotation):
-        return lambda v, d=_decoder_for_lazy(annotation): d()(v)
+        return _lazy_decoder(annotation)
     if origin in (typing.Union, types.UnionType):
         inner = [a for a in args if a is not type(None)]
         if len(inner) == 1:
@@ -123,11 +123,18 @@ def _converter_for(annotation: Any) -> Callable[[Any], Any] | None:
             return None if conv is None else (lambda v: None if v is None else conv(v))
         return None
     if origin is list and args and dataclasses.is_dataclass(args[0]):
-        item = _decoder_for_lazy(args[0])
-        return lambda v: [item()(x) for x in v]
+        item = _lazy_decoder(args[0])
+        return lambda v: [item(x) for x in v]
     return None
 
 
-def _decoder_for_lazy(cls: type) -> Callable[[], Callable[[list], Any]]:
-    # Nested classes may be defined after their container; resolve at first use.
-    return lambda: _decoder_for(cls)
+def _lazy_decoder(cls: type) -> Callable[[list], Any]:
+    """The decoder of `cls`, looked up on first use (a nested class may be defined after its container)."""
+    resolved: list[Callable[[list], Any]] = []
+
+    def decode_nested(values: list) -> Any:
+        if not resolved:
+            resolved.append(_decoder_for(cls))
+        return resolved[0](values)
+
+    return decode_nested

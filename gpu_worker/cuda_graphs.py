@@ -7,7 +7,7 @@ A decode step of a small model is mostly kernel-launch overhead (a dozen launche
 microseconds of Python and driver time). Captured once, a step is one replay. Everything a step changes
 lives in static device buffers, refilled by a single host-to-device copy before each replay:
 
-    host (pinned) ─ one copy ─▶ | input ids | positions | slots | context lens | block tables [B, W] |
+    host (pinned, a ring) ─ one copy ─▶ | input ids | positions | slots | context lens | block tables [B, W] |
                                  views of one int32 device buffer, read by the captured kernels
 
 Batches are padded up to the next bucket; padding rows read and write a scratch KV block that no
@@ -21,6 +21,7 @@ import numpy as np
 import torch
 
 from gpu_worker.attention.base import AttentionBackend
+from gpu_worker.host_copy import STEPS_IN_FLIGHT
 from gpu_worker.kv_cache import PagedKVCache
 from gpu_worker.models.forward_context import ForwardContext
 
@@ -45,8 +46,11 @@ class DecodeGraphs:
         b, w = max_batch, self.width
         # Field offsets in the flat int32 buffer.
         self._sizes = [b, b, b, b, b * w]
-        self._host = torch.zeros(sum(self._sizes), dtype=torch.int32).pin_memory()
-        self._device = torch.zeros_like(self._host, device=self.device)
+        # Host side: a ring, so that a buffer whose copy is still queued is never rewritten (host_copy.py).
+        self._hosts = [torch.zeros(sum(self._sizes), dtype=torch.int32).pin_memory()
+                       for _ in range(STEPS_IN_FLIGHT + 1)]
+        self._turn = 0
+        self._device = torch.zeros_like(self._hosts[0], device=self.device)
         views, offset = [], 0
         for size in self._sizes:
             views.append(self._device[offset:offset + size])
@@ -59,8 +63,8 @@ class DecodeGraphs:
 
     def _capture(self, attention: AttentionBackend, kv_cache: PagedKVCache, max_model_len: int) -> None:
         pool = torch.cuda.graph_pool_handle()
-        self._fill_padding(0, self.max_batch)
-        self._device.copy_(self._host)
+        self._fill_padding(self._hosts[0], 0, self.max_batch)
+        self._device.copy_(self._hosts[0])
         for bucket in reversed(self.buckets):  # largest first: smaller graphs reuse its memory
             metadata = attention.static_decode_metadata(
                 self.slots[:bucket], self.context_lens[:bucket], self.block_tables[:bucket], max_model_len)
@@ -91,8 +95,9 @@ class DecodeGraphs:
         n = len(input_ids)
         bucket = self.bucket_for(n)
         b, w = self.max_batch, self.width
-        host = self._host.numpy()
-        ids_h, pos_h, slots_h, ctx_h, tables_h = np.split(host, np.cumsum(self._sizes)[:-1])
+        self._turn += 1
+        host_buffer = self._hosts[self._turn % len(self._hosts)]
+        ids_h, pos_h, slots_h, ctx_h, tables_h = np.split(host_buffer.numpy(), np.cumsum(self._sizes)[:-1])
         ids_h[:n] = input_ids
         pos_h[:n] = positions
         slots_h[:n] = slots
@@ -100,18 +105,17 @@ class DecodeGraphs:
         tables = tables_h.reshape(b, w)
         for row, blocks in enumerate(block_tables):
             tables[row, :len(blocks)] = blocks
-        self._fill_padding(n, bucket)
-        self._device.copy_(self._host, non_blocking=True)
+        self._fill_padding(host_buffer, n, bucket)
+        self._device.copy_(host_buffer, non_blocking=True)
         if device_inputs is not None:
             rows, tokens = device_inputs
             self.input_ids.index_copy_(0, rows, tokens.to(torch.int32))
         self.graphs[bucket].replay()
         return self.logits[bucket][:n]
 
-    def _fill_padding(self, first: int, last: int) -> None:
+    def _fill_padding(self, host_buffer: torch.Tensor, first: int, last: int) -> None:
         """Rows [first, last) become harmless: token 0 at position 0, in the scratch block."""
-        host = self._host.numpy()
-        ids_h, pos_h, slots_h, ctx_h, tables_h = np.split(host, np.cumsum(self._sizes)[:-1])
+        ids_h, pos_h, slots_h, ctx_h, tables_h = np.split(host_buffer.numpy(), np.cumsum(self._sizes)[:-1])
         ids_h[first:last] = 0
         pos_h[first:last] = 0
         slots_h[first:last] = self.scratch_slot

@@ -1,9 +1,15 @@
-"""Host-to-device copies that never make the host wait.
+"""Host-to-device copies that neither wait for the device nor allocate.
 
 `torch.tensor(values, device="cuda")` copies from pageable memory, which blocks the host until the
 device has finished everything queued before it: with the next step launched while the previous one
-runs, that would be a full stall per copy. Staged through pinned memory (torch's caching host
-allocator keeps the buffer alive until the copy is done), the copy is queued and the host goes on.
+runs, that is a stall per copy. Pinned memory makes the copy asynchronous, but allocating it per step
+is slow, and a pinned buffer may be rewritten only once the copy out of it has run.
+
+So: a ring of preallocated pinned buffers, one taken per step. At most STEPS_IN_FLIGHT launched steps
+are unfinished, and finishing a step waits for its tokens, which the device produces after every copy
+that step made; a ring one longer than that never rewrites a buffer whose copy is pending.
+
+    step k:  host ring[k % depth] ──copy──▶ device buffer (one; the device runs steps in order)
 """
 
 from __future__ import annotations
@@ -11,9 +17,38 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+STEPS_IN_FLIGHT = 2
+ALIGN = 16  # bytes: Triton specializes kernels on 16-byte pointer alignment; every field starts aligned
 
-def to_device(values: np.ndarray | list, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-    host = torch.as_tensor(values, dtype=dtype)
-    if device.type != "cuda":
-        return host
-    return host.pin_memory().to(device, non_blocking=True)
+
+class StagingRing:
+    def __init__(self, device: torch.device, capacity_bytes: int, depth: int = STEPS_IN_FLIGHT + 1):
+        self.device = device
+        self.capacity = capacity_bytes
+        if device.type == "cuda":
+            self._hosts = [torch.empty(capacity_bytes, dtype=torch.uint8, pin_memory=True) for _ in range(depth)]
+            self._device = torch.empty(capacity_bytes, dtype=torch.uint8, device=device)
+        self._turn = -1
+        self._offset = 0
+
+    def next_step(self) -> None:
+        """Start staging a new step's inputs (in the next host buffer of the ring)."""
+        self._turn += 1
+        self._offset = 0
+
+    def upload(self, values: np.ndarray | list, dtype: torch.dtype) -> torch.Tensor:
+        """A device tensor holding `values`; the copy is queued, not waited for."""
+        host = torch.as_tensor(np.asarray(values), dtype=dtype)
+        if self.device.type != "cuda":
+            return host
+        nbytes = host.numel() * host.element_size()
+        start = self._offset
+        end = start + nbytes
+        if end > self.capacity:
+            raise RuntimeError(f"step inputs need more than the {self.capacity} staging bytes")
+        self._offset = -(-end // ALIGN) * ALIGN
+        buffer = self._hosts[self._turn % len(self._hosts)]
+        buffer[start:end].view(dtype).copy_(host.reshape(-1))
+        target = self._device[start:end]
+        target.copy_(buffer[start:end], non_blocking=True)
+        return target.view(dtype).view(host.shape)

@@ -27,7 +27,7 @@ from common.model_info import ModelInfo
 from common.sampling_params import SamplingParams
 from gpu_worker.attention import BatchLayout, make_attention_backend
 from gpu_worker.cuda_graphs import DecodeGraphs
-from gpu_worker.host_copy import to_device
+from gpu_worker.host_copy import StagingRing
 from gpu_worker.kv_cache import PagedKVCache
 from gpu_worker.model_loader import load_model, resolve_dtype
 from gpu_worker.models.forward_context import ForwardContext
@@ -87,6 +87,10 @@ class ModelRunner:
             self.graphs = DecodeGraphs(self.model, self.attention, self.kv_cache, config.max_num_seqs,
                                        info.max_model_len, scratch_block=self.num_kv_blocks)
         self.mirrors: dict[int, RequestMirror] = {}
+        # Per-step inputs: ids and positions (8 bytes each per token), metadata (block tables dominate).
+        max_tokens = config.max_num_batched_tokens + config.max_num_seqs
+        table_width = -(-info.max_model_len // config.block_size)
+        self.staging = StagingRing(self.device, 32 * max_tokens + 8 * config.max_num_seqs * (table_width + 16) + 2**16)
         # Last sampled token of each mirror, on the device. A released slot may be reused at once: the
         # device runs steps in order, so the old owner's last write lands before the new owner's.
         num_slots = config.max_num_seqs + 3  # + the warm-up's three requests
@@ -122,7 +126,10 @@ class ModelRunner:
         probe_cache = PagedKVCache(num_layers, blocks, self.block_size, kv_heads, head_dim, self.dtype, self.device)
         layout = BatchLayout([tokens], [tokens], [list(range(blocks))], 1)
         slots = torch.arange(tokens)
-        ctx = ForwardContext(self.attention, self.attention.build_metadata(layout, slots, self.device), probe_cache)
+        staging = StagingRing(self.device, 64 * tokens + 2**16, depth=1)
+        staging.next_step()
+        ctx = ForwardContext(self.attention, self.attention.build_metadata(layout, slots.numpy(), staging),
+                             probe_cache)
         ids = torch.zeros(tokens, dtype=torch.long, device=self.device)
         hidden = self.model(ids, slots.to(self.device), ctx)
         self.model.compute_logits(hidden[-min(tokens, self.config.max_num_seqs):])
@@ -189,7 +196,9 @@ class ModelRunner:
         block_tables = [m.block_table for m in mirrors]
         slot_mapping = self._slot_mapping(positions, q_lens, block_tables)
         sampling_rows = [i for i, c in enumerate(chunks) if c.sample]
-        pending = (to_device(pending_rows, torch.long, self.device), to_device(pending_slots, torch.long, self.device)) \
+        staging = self.staging
+        staging.next_step()
+        pending = (staging.upload(pending_rows, torch.long), staging.upload(pending_slots, torch.long)) \
             if pending_rows else None
         t1 = time.perf_counter()
 
@@ -197,7 +206,7 @@ class ModelRunner:
             logits = self.graphs.run(input_ids, positions, slot_mapping, context_lens, block_tables,
                                      None if pending is None else (pending[0], self.last_tokens[pending[1]]))
             if len(sampling_rows) < len(chunks):
-                logits = logits[to_device(sampling_rows, torch.long, self.device)]
+                logits = logits[staging.upload(sampling_rows, torch.long)]
         else:
             logits = self._forward_eager(input_ids, positions, slot_mapping, q_lens, context_lens, block_tables,
                                          sampling_rows, pending)
@@ -205,8 +214,8 @@ class ModelRunner:
         tokens = copied = None
         if sampled:
             rows = [(m.temperature, m.top_k, m.top_p, m.seed, m.num_sampled) for m in sampled]
-            drawn = sample(logits, SamplingBatch.build(rows, logits.shape[1], self.device))
-            slots = to_device([m.slot for m in sampled], torch.long, self.device)
+            drawn = sample(logits, SamplingBatch.build(rows, logits.shape[1], staging))
+            slots = staging.upload([m.slot for m in sampled], torch.long)
             self.last_tokens.index_copy_(0, slots, drawn)
             for m in sampled:
                 m.num_sampled += 1
@@ -282,16 +291,16 @@ class ModelRunner:
         layout = BatchLayout(q_lens, context_lens, block_tables, num_prefill_seqs=sum(1 for n in q_lens if n > 1))
         device = self.device
         ctx = ForwardContext(self.attention,
-                             self.attention.build_metadata(layout, torch.from_numpy(slot_mapping), device),
+                             self.attention.build_metadata(layout, slot_mapping, self.staging),
                              self.kv_cache)
-        ids = to_device(input_ids, torch.long, device)
+        ids = self.staging.upload(input_ids, torch.long)
         if pending is not None:
             ids[pending[0]] = self.last_tokens[pending[1]]
-        hidden = self.model(ids, to_device(positions, torch.long, device), ctx)
+        hidden = self.model(ids, self.staging.upload(positions, torch.long), ctx)
         if not sampling_rows:
             return hidden.new_empty(0, 0)
         ends = np.cumsum(q_lens) - 1
-        return self.model.compute_logits(hidden[to_device(ends[sampling_rows], torch.long, device)])
+        return self.model.compute_logits(hidden[self.staging.upload(ends[sampling_rows], torch.long)])
 
     def _mirror_for(self, spec: NewRequestSpec) -> RequestMirror:
         s = spec.sampling

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
-from gpu_worker.host_copy import to_device
+from gpu_worker.host_copy import StagingRing
 
 _MASK32 = 0xFFFFFFFF
 
@@ -33,15 +33,15 @@ class SamplingBatch:
 
     @classmethod
     def build(cls, rows: list[tuple[float, int, float, int, int]], vocab_size: int,
-              device: torch.device) -> "SamplingBatch":
+              staging: StagingRing) -> "SamplingBatch":
         """rows: (temperature, top_k, top_p, seed, output_index) per sampled request."""
         top_k = [r[1] if 0 < r[1] < vocab_size else vocab_size for r in rows]
         greedy = [r[0] == 0.0 or k == 1 for r, k in zip(rows, top_k)]
         if all(greedy):
             return cls(all_greedy=True)
-        floats = to_device([[0.0 if g else r[0] for g, r in zip(greedy, rows)], [r[2] for r in rows]],
-                           torch.float32, device)
-        ints = to_device([top_k, [r[3] for r in rows], [r[4] for r in rows]], torch.long, device)
+        floats = staging.upload([[0.0 if g else r[0] for g, r in zip(greedy, rows)], [r[2] for r in rows]],
+                                torch.float32)
+        ints = staging.upload([top_k, [r[3] for r in rows], [r[4] for r in rows]], torch.long)
         return cls(all_greedy=False, temperature=floats[0], top_p=floats[1], top_k=ints[0], seed=ints[1],
                    output_index=ints[2],
                    any_top_k=any(not g and k < vocab_size for g, k in zip(greedy, top_k)),

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import torch
 
+from gpu_worker.host_copy import StagingRing
 from gpu_worker.sampler import SamplingBatch, apply_top_k_top_p, exponential_noise, sample
 
 VOCAB = 50
 
 
 def batch(rows):
-    return SamplingBatch.build(rows, VOCAB, torch.device("cpu"))
+    return SamplingBatch.build(rows, VOCAB, StagingRing(torch.device("cpu"), 0))
 
 
 def random_logits(rows: int, seed: int = 0) -> torch.Tensor:

@@ -21,8 +21,15 @@ pytest.importorskip("triton", reason="triton is not installed (pip install trito
 from gpu_worker.attention import BatchLayout, TorchAttention  # noqa: E402
 from gpu_worker.attention import triton_kernels  # noqa: E402
 from gpu_worker.attention.triton_backend import TritonAttention  # noqa: E402
+from gpu_worker.host_copy import StagingRing  # noqa: E402
 
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+STAGING = StagingRing(DEVICE, 1 << 24)
+
+
+def build_metadata(backend, layout, slots: torch.Tensor):
+    STAGING.next_step()
+    return backend.build_metadata(layout, slots.cpu().numpy(), STAGING)
 SCALE = 0.2
 
 
@@ -97,7 +104,7 @@ def run_reference(batch: Batch) -> tuple[torch.Tensor, torch.Tensor, torch.Tenso
     backend = TorchAttention(batch.k_cache.shape[1])
     k_cache, v_cache = batch.k_cache.clone(), batch.v_cache.clone()
     q, k, v = batch.qkv_views()
-    out = backend.forward(q, k, v, k_cache, v_cache, backend.build_metadata(batch.layout, batch.slots, DEVICE), SCALE)
+    out = backend.forward(q, k, v, k_cache, v_cache, build_metadata(backend, batch.layout, batch.slots), SCALE)
     return out, k_cache, v_cache
 
 
@@ -106,7 +113,7 @@ def run_triton(batch: Batch, monkeypatch: pytest.MonkeyPatch) -> tuple[torch.Ten
     backend = TritonAttention(batch.k_cache.shape[1])
     k_cache, v_cache = (_poison_slots(c, batch.poisoned) for c in (batch.k_cache, batch.v_cache))
     q, k, v = batch.qkv_views()
-    metadata = backend.build_metadata(batch.layout, batch.slots, DEVICE)
+    metadata = build_metadata(backend, batch.layout, batch.slots)
     with monkeypatch.context() as patch:
         nan_filled_empty(patch)
         out = backend.forward(q, k, v, k_cache, v_cache, metadata, SCALE)
@@ -187,7 +194,7 @@ def test_long_decode_contexts_are_split_and_match_reference(monkeypatch):
 def test_decode_result_does_not_depend_on_the_number_of_splits(num_splits):
     batch = mixed_batch([(300, 1), (40, 1), (511, 1)], 16, 8, 2, 32, seed=8)
     backend = TritonAttention(16)
-    metadata = backend.build_metadata(batch.layout, batch.slots, DEVICE)
+    metadata = build_metadata(backend, batch.layout, batch.slots)
     q, k, v = batch.qkv_views()
     k_cache, v_cache = batch.k_cache.clone(), batch.v_cache.clone()
     triton_kernels.store_kv(k, v, k_cache, v_cache, metadata.slot_mapping)
@@ -208,5 +215,5 @@ def test_split_heuristic_splits_only_long_contexts_on_an_idle_gpu():
 def test_block_table_width_is_a_power_of_two_covering_every_context():
     layout = BatchLayout(query_lens=[1, 1], context_lens=[33, 70], block_tables=[[1, 2, 3, 9], [4, 5, 6, 7, 8]],
                          num_prefill_seqs=0)
-    metadata = TritonAttention(16).build_metadata(layout, torch.tensor([32, 69]), DEVICE)
+    metadata = build_metadata(TritonAttention(16), layout, torch.tensor([32, 69]))
     assert metadata.block_tables.tolist() == [[1, 2, 3, 0, 0, 0, 0, 0], [4, 5, 6, 7, 8, 0, 0, 0]]

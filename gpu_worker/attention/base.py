@@ -18,7 +18,10 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import torch
+
+from gpu_worker.host_copy import StagingRing
 
 
 @dataclass(slots=True)
@@ -50,8 +53,8 @@ class AttentionBackend(ABC):
         raise NotImplementedError(f"{type(self).__name__} cannot be captured in CUDA graphs")
 
     @abstractmethod
-    def build_metadata(self, layout: BatchLayout, slot_mapping: torch.Tensor, device: torch.device) -> Any:
-        """Everything the layers need, on `device`; called once per forward."""
+    def build_metadata(self, layout: BatchLayout, slot_mapping: np.ndarray, staging: StagingRing) -> Any:
+        """Everything the layers need, on the staging ring's device; called once per forward."""
 
     @abstractmethod
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,

@@ -1,7 +1,7 @@
 """Attention in Triton kernels (gpu_worker/attention/triton_kernels.py): the CUDA backend.
 
-build_metadata packs everything the kernels read into one int32 host buffer and moves it to the device
-in a single copy; every field is a view into it:
+build_metadata packs everything the kernels read into one int32 array (each field 16-byte aligned) and
+moves it to the device in a single copy through the staging ring; every field is a view into it:
 
     | slots [T] | context lens [S] | query starts [P+1] | tiles [2, num tiles] | block tables [S, W] |
 
@@ -25,6 +25,7 @@ import triton
 
 from gpu_worker.attention import triton_kernels as kernels
 from gpu_worker.attention.base import AttentionBackend, BatchLayout
+from gpu_worker.host_copy import StagingRing
 
 # The Triton interpreter (CPU, tests) has no SMs; pretending to be an H100 makes it take the same
 # split-KV decisions the GPU would.
@@ -60,8 +61,8 @@ class TritonAttention(AttentionBackend):
             prefill_tiles=torch.zeros(2, 0, dtype=torch.int32, device=device), block_tables=block_tables,
             num_prefill_seqs=0, num_prefill_tokens=0, max_decode_context=max_context, num_sms=_num_sms(device))
 
-    def build_metadata(self, layout: BatchLayout, slot_mapping: torch.Tensor,
-                       device: torch.device) -> TritonAttentionMetadata:
+    def build_metadata(self, layout: BatchLayout, slot_mapping: np.ndarray,
+                       staging: StagingRing) -> TritonAttentionMetadata:
         num_pre = layout.num_prefill_seqs
         query_lens = np.asarray(layout.query_lens, dtype=np.int32)
         context_lens = np.asarray(layout.context_lens, dtype=np.int32)
@@ -69,22 +70,19 @@ class TritonAttention(AttentionBackend):
         np.cumsum(query_lens[:num_pre], out=query_starts[1:])
         tiles = _prefill_tiles(query_lens[:num_pre])
         tables = self._block_table_array(layout.block_tables, context_lens)
-        parts = [slot_mapping.cpu().numpy().astype(np.int32), context_lens, query_starts, tiles, tables]
-        host = torch.from_numpy(np.concatenate([p.ravel() for p in parts]))
-        if device.type == "cuda":
-            # From pageable memory the copy would wait for the GPU to go idle; pinned, it queues behind it.
-            host = host.pin_memory()
-        flat = host.to(device, non_blocking=True)
-        fields = []
-        offset = 0
-        for part in parts:
-            fields.append(flat[offset:offset + part.size].view(part.shape))
-            offset += part.size
-        slots, ctx, starts, tile_t, table_t = fields
+        parts = [slot_mapping.astype(np.int32), context_lens, query_starts, tiles, tables]
+        # One copy for all fields; each starts 16-byte aligned, as Triton specializes on pointer alignment.
+        sizes = [-(-p.size // 4) * 4 for p in parts]
+        packed = np.zeros(sum(sizes), dtype=np.int32)
+        offsets = np.concatenate([[0], np.cumsum(sizes)[:-1]])
+        for part, offset in zip(parts, offsets):
+            packed[offset:offset + part.size] = part.ravel()
+        flat = staging.upload(packed, torch.int32)
+        slots, ctx, starts, tile_t, table_t = (flat[o:o + p.size].view(p.shape) for p, o in zip(parts, offsets))
         return TritonAttentionMetadata(
             slot_mapping=slots, context_lens=ctx, query_starts=starts, prefill_tiles=tile_t, block_tables=table_t,
             num_prefill_seqs=num_pre, num_prefill_tokens=int(query_starts[-1]),
-            max_decode_context=int(context_lens[num_pre:].max(initial=0)), num_sms=_num_sms(device))
+            max_decode_context=int(context_lens[num_pre:].max(initial=0)), num_sms=_num_sms(staging.device))
 
     def _block_table_array(self, block_tables: list[list[int]], context_lens: np.ndarray) -> np.ndarray:
         """[S, W] int32; each row holds the blocks its context uses (a table may list blocks ahead)."""
