@@ -59,6 +59,16 @@ class RequestStream:
             self.finished = True
         return event
 
+    def ready_events(self) -> list[Event]:
+        """Events already queued, without waiting (a slow reader catches up in one go)."""
+        events = []
+        while not self.finished and not self._queue.empty():
+            event = self._queue.get_nowait()
+            if isinstance(event, RequestRejected) or (isinstance(event, RequestOutput) and event.finish_reason):
+                self.finished = True
+            events.append(event)
+        return events
+
     def __aiter__(self):
         return self
 

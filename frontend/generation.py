@@ -58,6 +58,17 @@ class Generation:
             self._record(output)
             yield output
 
+    async def output_batches(self) -> AsyncGenerator[list[RequestOutput], None]:
+        """Outputs grouped by what had arrived when the previous group was written: one output per group
+        while the client keeps up, several when it (or this process) falls behind, so the per-write cost
+        is paid once per group rather than once per token. Metrics still see every output."""
+        async for first in self.stream:
+            batch = [first, *self.stream.ready_events()]
+            for output in batch:
+                assert isinstance(output, RequestOutput)
+                self._record(output)
+            yield batch
+
     def _record(self, output: RequestOutput) -> None:
         self.metrics.output(output, self.accepted.times, self._last_token_streamed)
         if output.token_ids:

@@ -67,9 +67,11 @@ async def _sse_chunks(generation: Generation, fmt: ResponseFormat, include_usage
     opening = fmt.opening_chunk()
     if opening is not None:
         yield sse_event({**opening, **extra})
-    async for output in generation.outputs():
-        if output.text or output.finish_reason:  # tokens still held back by the detokenizer make no chunk
-            yield sse_event({**fmt.chunk(output.text, output.finish_reason), **extra})
+    async for batch in generation.output_batches():
+        text = "".join(output.text for output in batch)
+        finish_reason = batch[-1].finish_reason
+        if text or finish_reason:  # tokens still held back by the detokenizer make no chunk
+            yield sse_event({**fmt.chunk(text, finish_reason), **extra})
     if include_usage:
         yield sse_event(fmt.usage_chunk(generation.usage()))
     yield SSE_DONE
