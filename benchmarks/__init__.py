@@ -1,1 +1,3 @@
-"""Benchmarks: `python -m benchmarks.offline` (in-process throughput) and `python -m benchmarks.serve` (HTTP)."""
+"""Benchmarks: `python -m benchmarks.offline` (in-process throughput), `python -m benchmarks.serve` (streaming
+latency over HTTP) and `python -m benchmarks.scheduler_suite` (the scheduler's before/after pairs). See
+docs/benchmarks.md."""

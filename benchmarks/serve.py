@@ -1,0 +1,430 @@
+"""Streaming latency benchmark: many concurrent requests to a running server's native POST /generate.
+
+    python -m benchmarks.serve --num-requests 32 --prompt Hello --prompt-repeats 1,1,1,64
+    python -m benchmarks.serve --launch "--model ../shared/models/gpt2 --load-format dummy" \\
+        --input-len-range 64-512 --output-len-range 16-128 --request-rate 4 --output-json run.json --plot-dir plots
+    python -m benchmarks.serve --compare before.json after.json
+
+Workload (one of): --prompt TEXT × --prompt-repeats (cycled per request, --unique-prompts to defeat the
+prefix cache); random token ids (--input-len-range, seeded); a JSON --prompts-file. New tokens:
+--max-new-tokens, or seeded random --output-len-range. Arrivals: all at once, every --submit-interval-ms,
+or Poisson at --request-rate; --max-concurrency caps requests in flight. Greedy unless --temperature.
+
+Prints p50/p95/p99 of submit latency, tokenize, queue wait, prefill→first token, TTFT, TPOT, ITL and
+end-to-end latency (definitions in benchmarks/latency.py), throughput, and the scheduler's own counters
+over the run (from GET /stats). --launch "ARGS" starts `python launch.py ARGS --port FREE`, waits until
+/health answers, and stops it with SIGTERM afterwards; otherwise --url.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import shlex
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import httpx
+
+from benchmarks.latency import (LATENCY_METRICS, RequestTimings, Summary, inter_token_latencies, request_latencies,
+                                summarize)
+from benchmarks.workloads import (WorkloadRequest, load_prompts_file, parse_range, parse_repeats, random_lengths,
+                                  random_token_prompts, repeated_text_prompts, send_offsets, unique_prompt)
+
+ROOT = Path(__file__).resolve().parent.parent
+SERVER_START_TIMEOUT_S = 300.0
+REQUEST_TIMEOUT_S = 600.0  # the longest silence on one stream (a request can queue behind many others)
+WARMUP_PROMPT = "warm-up"  # shares no KV block with any benchmark prompt
+# Cumulative scheduler counters of GET /stats; the benchmark reports their change over the run.
+SCHEDULER_COUNTERS = ("steps", "prompt_tokens_computed", "decode_tokens_computed", "generated_tokens",
+                      "prompt_tokens_admitted", "cache_hit_tokens", "preemptions")
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    server = parser.add_argument_group("server")
+    server.add_argument("--url", default="http://127.0.0.1:8000", help="a running server (ignored with --launch)")
+    server.add_argument("--launch", metavar="ARGS",
+                        help="start `python launch.py ARGS --port FREE` for this run and stop it afterwards")
+    server.add_argument("--server-log", help="--launch: the server's output goes here (default: a temp file)")
+    server.add_argument("--api-key", help="sent as 'Authorization: Bearer KEY'")
+
+    work = parser.add_argument_group("workload")
+    work.add_argument("--num-requests", type=int, default=32)
+    work.add_argument("--prompt", default="Hello", help="prompt text, repeated --prompt-repeats times")
+    work.add_argument("--prompt-repeats", default="1",
+                      help="repeat counts cycled over requests: '1,1,1,64'; ranges count up: '900-915'")
+    work.add_argument("--unique-prompts", action="store_true",
+                      help="prefix each prompt with its request index, so the prefix cache cannot share them")
+    work.add_argument("--prompts-file", help="JSON list of prompts: strings or {\"prompt\", \"max_tokens\"}")
+    work.add_argument("--input-len-range", help="random token-id prompts, lengths LOW-HIGH (seeded)")
+    work.add_argument("--model", help="random prompts: the model folder whose vocabulary to draw from "
+                                      "(default: --launch's --model, else the default model)")
+    work.add_argument("--max-new-tokens", type=int, default=64)
+    work.add_argument("--output-len-range", help="random new-token counts LOW-HIGH per request (seeded)")
+    work.add_argument("--no-stop-on-eos", dest="ignore_eos", action="store_true",
+                      help="generate all the new tokens even past EOS")
+    work.add_argument("--temperature", type=float, default=0.0, help="0: greedy")
+    work.add_argument("--seed", type=int, default=0, help="seeds random lengths, random ids and Poisson arrivals")
+    arrivals = work.add_mutually_exclusive_group()
+    arrivals.add_argument("--submit-interval-ms", type=float, help="a fixed gap between submissions")
+    arrivals.add_argument("--request-rate", type=float, help="Poisson arrivals, requests per second")
+    work.add_argument("--max-concurrency", type=int, help="requests in flight at most (default: no cap)")
+    work.add_argument("--warmup-requests", type=int, default=1,
+                      help="short requests sent before the run and left out of every figure")
+
+    out = parser.add_argument_group("output")
+    out.add_argument("--output-json", help="per-request timings, summary, server counters and the command")
+    out.add_argument("--plot-dir", help="write latency_cdf.png and tokens_over_time.png here")
+    out.add_argument("--label", help="a name for this run in plots and JSON")
+    out.add_argument("--compare", nargs=2, metavar=("A.json", "B.json"),
+                     help="print two runs' --output-json side by side with ratios B/A, and exit")
+    args = parser.parse_args(argv)
+    if args.num_requests < 1:
+        parser.error("--num-requests must be at least 1")
+    if args.max_concurrency is not None and args.max_concurrency < 1:
+        parser.error("--max-concurrency must be at least 1")
+    if args.prompts_file and args.input_len_range:
+        parser.error("give --prompts-file or --input-len-range, not both")
+    return args
+
+
+# ---------------------------------------------------------------------------------------------- workload
+
+
+def build_workload(args: argparse.Namespace) -> list[WorkloadRequest]:
+    n = args.num_requests
+    if args.output_len_range:
+        # seed + 1: output lengths drawn independently of the input lengths below
+        max_tokens: list[int | None] = list(random_lengths(n, parse_range(args.output_len_range), args.seed + 1))
+    else:
+        max_tokens = [args.max_new_tokens] * n
+    if args.input_len_range:
+        vocab_size, eos = _vocabulary(args)
+        ids = random_token_prompts(n, parse_range(args.input_len_range), vocab_size, args.seed, frozenset(eos))
+        return [WorkloadRequest(max_tokens[i], input_ids=ids[i]) for i in range(n)]
+    if args.prompts_file:
+        items = load_prompts_file(args.prompts_file)
+        requests = []
+        for i in range(n):
+            text, own_max = items[i % len(items)]
+            text = unique_prompt(i, text) if args.unique_prompts else text
+            requests.append(WorkloadRequest(own_max if own_max is not None else max_tokens[i], prompt=text))
+        return requests
+    prompts = repeated_text_prompts(args.prompt, parse_repeats(args.prompt_repeats), n, args.unique_prompts)
+    return [WorkloadRequest(max_tokens[i], prompt=prompts[i]) for i in range(n)]
+
+
+def _vocabulary(args: argparse.Namespace) -> tuple[int, list[int]]:
+    """Vocabulary size and EOS ids of the served model, for random token-id prompts."""
+    from common.model_info import ModelInfo
+    from common.model_source import resolve_model
+
+    model = args.model
+    if model is None and args.launch:
+        words = shlex.split(args.launch)
+        if "--model" in words[:-1]:
+            model = words[words.index("--model") + 1]
+    info = ModelInfo.from_folder(resolve_model(model))
+    return info.vocab_size, info.eos_token_ids
+
+
+# ---------------------------------------------------------------------------------------------- server
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class LaunchedServer:
+    """`python launch.py ARGS --port FREE` for the length of a `with` block."""
+
+    def __init__(self, launch_args: str, log_path: str | None = None):
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.command = [sys.executable, str(ROOT / "launch.py"), *shlex.split(launch_args), "--port", str(self.port)]
+        self.log_path = Path(log_path or tempfile.mkstemp(prefix="clearserve-bench-", suffix=".log")[1])
+        self.proc: subprocess.Popen | None = None
+
+    def __enter__(self) -> "LaunchedServer":
+        with open(self.log_path, "wb") as log:
+            self.proc = subprocess.Popen(self.command, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
+        try:
+            self._wait_ready()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    def _wait_ready(self) -> None:
+        deadline = time.monotonic() + SERVER_START_TIMEOUT_S
+        with httpx.Client(base_url=self.url, timeout=5) as client:
+            while time.monotonic() < deadline:
+                if self.proc.poll() is not None:
+                    raise RuntimeError(f"the server exited with code {self.proc.returncode} while starting; "
+                                       f"its log ({self.log_path}):\n{self._log_tail()}")
+                try:
+                    if client.get("/health").status_code == 200:
+                        return
+                except httpx.TransportError:
+                    pass  # not listening yet
+                time.sleep(0.2)  # a poll bounded by the deadline
+        raise TimeoutError(f"the server did not answer /health within {SERVER_START_TIMEOUT_S:.0f} s; "
+                           f"its log ({self.log_path}):\n{self._log_tail()}")
+
+    def _log_tail(self, lines: int = 40) -> str:
+        return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+
+    def stop(self) -> None:
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            self.proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+
+
+async def scheduler_stats(client: httpx.AsyncClient) -> dict | None:
+    """The scheduler's cumulative counters (GET /stats), or None if the server does not give them."""
+    try:
+        response = await client.get("/stats")
+        return response.json()["replies"]["scheduler"]["payload"] if response.status_code == 200 else None
+    except (httpx.HTTPError, KeyError, ValueError):
+        return None
+
+
+async def served_model(client: httpx.AsyncClient) -> str | None:
+    try:
+        response = await client.get("/v1/models")
+        return response.json()["data"][0]["id"] if response.status_code == 200 else None
+    except (httpx.HTTPError, KeyError, IndexError, ValueError):
+        return None
+
+
+def server_view(before: dict | None, after: dict | None) -> dict | None:
+    """What the scheduler did during the run: counter deltas and per-step means."""
+    if before is None or after is None:
+        return None
+    delta = {key: after.get(key, 0) - before.get(key, 0) for key in SCHEDULER_COUNTERS}
+    steps = delta["steps"]
+    admitted = delta["prompt_tokens_admitted"]
+    return {**delta,
+            "mean_prefill_tokens_per_step": delta["prompt_tokens_computed"] / steps if steps else 0.0,
+            "mean_decode_tokens_per_step": delta["decode_tokens_computed"] / steps if steps else 0.0,
+            "cache_hit_rate": delta["cache_hit_tokens"] / admitted if admitted else 0.0}
+
+
+# ---------------------------------------------------------------------------------------------- client
+
+
+async def send_request(client: httpx.AsyncClient, request: WorkloadRequest, sampling: dict) -> RequestTimings:
+    """One streamed /generate request, timed. Failures are recorded, not raised."""
+    body: dict = {"stream": True, "sampling_params": {**sampling, "max_tokens": request.max_tokens}}
+    if request.input_ids is not None:
+        body["input_ids"] = request.input_ids
+    else:
+        body["prompt"] = request.prompt
+    content = json.dumps(body).encode()  # encoded before the submit stamp: our own work is not the server's
+    timings = RequestTimings(submit=time.time())
+    try:
+        async with client.stream("POST", "/generate", content=content,
+                                 headers={"Content-Type": "application/json"}) as response:
+            if response.status_code != 200:
+                body_text = (await response.aread()).decode(errors="replace")
+                timings.error = f"HTTP {response.status_code}: {body_text[:300]}"
+            else:
+                async for line in response.aiter_lines():
+                    if line:
+                        _record_line(timings, json.loads(line))
+    except (httpx.HTTPError, ValueError, KeyError) as exc:  # a broken connection or a malformed line
+        timings.error = f"{type(exc).__name__}: {exc}"
+    timings.done = time.time()
+    if timings.error is None and timings.finish_reason is None:
+        timings.error = "the stream ended without a summary line"
+    return timings
+
+
+def _record_line(timings: RequestTimings, event: dict) -> None:
+    token_ids = event.get("token_ids")
+    if token_ids is not None:  # an output
+        for _ in token_ids:
+            timings.token_sampled.append(event["sampled_time"])
+            timings.token_streamed.append(event["streamed_time"])
+        if event["finish_reason"] is not None:
+            timings.finished = event["streamed_time"]
+        return
+    # The summary line closes the stream.
+    times = event["times"]
+    timings.prompt_tokens = event["prompt_tokens"]
+    timings.completion_tokens = event["completion_tokens"]
+    timings.num_cached_tokens = event["num_cached_tokens"]
+    timings.finish_reason = event["finish_reason"]
+    timings.arrival, timings.tokenized = times["arrival"], times["tokenized"]
+    timings.queued, timings.first_scheduled = times["queued"], times["first_scheduled"]
+
+
+@dataclass(slots=True)
+class Measurement:
+    model: str | None
+    stats_before: dict | None
+    stats_after: dict | None
+    requests: list[RequestTimings]
+
+
+async def measure(url: str, workload: list[WorkloadRequest], offsets: list[float], sampling: dict,
+                  max_concurrency: int | None, headers: dict, warmup: int) -> Measurement:
+    """Warm up, snapshot the scheduler's counters, send the workload on its schedule, snapshot again."""
+    # One connection per request in flight: a request waiting for a pooled connection would count as
+    # the server's submit latency.
+    limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
+    async with httpx.AsyncClient(base_url=url, headers=headers, limits=limits,
+                                 timeout=httpx.Timeout(REQUEST_TIMEOUT_S)) as client:
+        model = await served_model(client)
+        for _ in range(warmup):
+            result = await send_request(client, WorkloadRequest(2, prompt=WARMUP_PROMPT), sampling)
+            if result.error:
+                raise RuntimeError(f"the warm-up request failed: {result.error}")
+        before = await scheduler_stats(client)
+        gate = asyncio.Semaphore(max_concurrency or len(workload))
+        loop = asyncio.get_running_loop()
+        start = loop.time()
+
+        async def scheduled(request: WorkloadRequest, offset: float) -> RequestTimings:
+            await asyncio.sleep(max(0.0, start + offset - loop.time()))  # the workload's arrival schedule
+            async with gate:
+                return await send_request(client, request, sampling)
+
+        requests = list(await asyncio.gather(*(scheduled(r, o) for r, o in zip(workload, offsets))))
+        after = await scheduler_stats(client)
+    return Measurement(model, before, after, requests)
+
+
+# ---------------------------------------------------------------------------------------------- report
+
+
+def summary_dict(summary: Summary) -> dict:
+    return {"completed": summary.completed, "failed": summary.failed, "duration_s": summary.duration_s,
+            "prompt_tokens": summary.prompt_tokens, "completion_tokens": summary.completion_tokens,
+            "request_throughput": summary.request_throughput,
+            "completion_throughput": summary.completion_throughput,
+            "total_throughput": summary.total_throughput,
+            "latencies_ms": {key: asdict(p) for key, p in summary.latencies_ms.items()}}
+
+
+def request_dict(index: int, request: WorkloadRequest, t: RequestTimings) -> dict:
+    raw = asdict(t)
+    raw.update(index=index, max_tokens=request.max_tokens)
+    if t.ok:
+        raw["latencies_s"] = request_latencies(t)
+        raw["itl_s"] = inter_token_latencies(t)
+    return raw
+
+
+def _fmt(value: float | None) -> str:
+    return "-" if value is None else f"{value:.1f}"
+
+
+def print_report(result: dict) -> None:
+    s = result["summary"]
+    print(f"\n{result['label'] or 'run'}: {s['completed']} requests completed, {s['failed']} failed, "
+          f"{s['duration_s']:.2f} s; model {result['model']!r} at {result['url']}")
+    print(f"{'latency (ms)':<34}{'p50':>10}{'p95':>10}{'p99':>10}{'mean':>10}{'samples':>9}")
+    for key, label in LATENCY_METRICS:
+        p = s["latencies_ms"][key]
+        print(f"{label:<34}{_fmt(p['p50']):>10}{_fmt(p['p95']):>10}{_fmt(p['p99']):>10}{_fmt(p['mean']):>10}"
+              f"{p['count']:>9}")
+    print(f"throughput: {s['completion_throughput']:.1f} completion tokens/s, {s['total_throughput']:.1f} total "
+          f"tokens/s, {s['request_throughput']:.2f} requests/s ({s['prompt_tokens']} prompt + "
+          f"{s['completion_tokens']} completion tokens)")
+    v = result["server"]
+    if v is None:
+        print("server: GET /stats gave no scheduler counters")
+    else:
+        print(f"server: {v['steps']} steps, mean {v['mean_prefill_tokens_per_step']:.1f} prefill + "
+              f"{v['mean_decode_tokens_per_step']:.1f} decode tokens per step; prefix cache hit "
+              f"{v['cache_hit_tokens']} of {v['prompt_tokens_admitted']} prompt tokens "
+              f"({100 * v['cache_hit_rate']:.1f}%); {v['preemptions']} preemptions")
+    errors = [r["error"] for r in result["requests"] if r["error"]]
+    if errors:
+        print(f"first error of {len(errors)}: {errors[0]}")
+
+
+def compare(path_a: str, path_b: str) -> None:
+    a, b = (json.loads(Path(p).read_text()) for p in (path_a, path_b))
+    print(f"A: {path_a}  ({a['command']})\nB: {path_b}  ({b['command']})")
+    print(f"{'metric':<40}{'A':>12}{'B':>12}{'B/A':>8}")
+    rows: list[tuple[str, float | None, float | None]] = []
+    for key, label in LATENCY_METRICS:
+        for stat in ("p50", "p95", "p99"):
+            rows.append((f"{label} {stat} (ms)", a["summary"]["latencies_ms"][key][stat],
+                         b["summary"]["latencies_ms"][key][stat]))
+    for key, label in [("completion_throughput", "completion tokens/s"), ("total_throughput", "total tokens/s"),
+                       ("request_throughput", "requests/s"), ("duration_s", "duration (s)")]:
+        rows.append((label, a["summary"][key], b["summary"][key]))
+    if a.get("server") and b.get("server"):
+        for key in ("cache_hit_tokens", "preemptions", "steps", "mean_prefill_tokens_per_step",
+                    "mean_decode_tokens_per_step"):
+            rows.append((f"server {key}", a["server"][key], b["server"][key]))
+    for label, x, y in rows:
+        ratio = f"{y / x:.2f}" if x and y is not None else "-"
+        print(f"{label:<40}{_fmt(x):>12}{_fmt(y):>12}{ratio:>8}")
+
+
+# ---------------------------------------------------------------------------------------------- main
+
+
+def run(args: argparse.Namespace, command: str) -> dict:
+    """Run the benchmark against args.url (or a server launched for it); the result as --output-json has it."""
+    workload = build_workload(args)
+    interval = args.submit_interval_ms / 1000 if args.submit_interval_ms is not None else None
+    offsets = send_offsets(len(workload), interval, args.request_rate, args.seed)
+    sampling = {"temperature": args.temperature, "ignore_eos": args.ignore_eos}
+    headers = {"Authorization": f"Bearer {args.api_key}"} if args.api_key else {}
+    server = LaunchedServer(args.launch, args.server_log) if args.launch else None
+    with server if server is not None else contextlib.nullcontext():
+        url = server.url if server is not None else args.url
+        m = asyncio.run(measure(url, workload, offsets, sampling, args.max_concurrency, headers,
+                                args.warmup_requests))
+    result = {"command": command, "label": args.label, "url": url, "model": m.model, "args": vars(args),
+              "started_at": min(r.submit for r in m.requests),
+              "summary": summary_dict(summarize(m.requests)), "server": server_view(m.stats_before, m.stats_after),
+              "server_log": str(server.log_path) if server is not None else None,
+              "requests": [request_dict(i, w, t) for i, (w, t) in enumerate(zip(workload, m.requests))]}
+    if args.plot_dir:
+        from benchmarks.plots import write_plots
+
+        write_plots(m.requests, Path(args.plot_dir), f"{args.label or ''} {command}".strip())
+    if args.output_json:
+        Path(args.output_json).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.output_json).write_text(json.dumps(result, indent=1))
+    return result
+
+
+def main(argv: list[str] | None = None) -> dict | None:
+    argv = sys.argv[1:] if argv is None else argv
+    args = parse_args(argv)
+    if args.compare:
+        compare(*args.compare)
+        return None
+    result = run(args, shlex.join(["python", "-m", "benchmarks.serve", *argv]))
+    print_report(result)
+    return result
+
+
+if __name__ == "__main__":
+    main()
