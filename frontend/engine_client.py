@@ -163,10 +163,9 @@ class ZmqEngineClient(EngineClient):
     async def _receive_outputs(self) -> None:
         while True:
             message = self.activity.sockets.decode(await self._outputs.recv())
-            received = time.time()
             if isinstance(message, OutputBatch):
+                # streamed_time is stamped when the HTTP layer hands an output to its client (generation.py).
                 for item in message.items:
-                    item.streamed_time = received
                     self._deliver(item.rid, item, final=item.finish_reason is not None)
             else:
                 self._deliver(message.rid, message, final=isinstance(message, RequestRejected))

@@ -2,7 +2,9 @@
 
     start()    submit, then wait for the engine's verdict while watching the client:
                accepted -> a Generation;  rejected -> ApiError(status);  client gone -> abort, ClientDisconnected
-    outputs()  the outputs in order, each recorded in the metrics and in the usage
+    outputs()  the outputs in order, each recorded in the metrics and in the usage, and stamped with
+               streamed_time as it is handed to the client's stream (unless the client already set one:
+               tests' scripted clients do)
     collect()  all outputs (non-streaming), aborting if the client leaves first
     close()    abort unless finished: every path out of an endpoint ends here
 """
@@ -10,6 +12,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 from typing import AsyncGenerator
 
 from starlette.types import Receive
@@ -55,6 +58,7 @@ class Generation:
     async def outputs(self) -> AsyncGenerator[RequestOutput, None]:
         async for output in self.stream:
             assert isinstance(output, RequestOutput)
+            output.streamed_time = output.streamed_time or time.time()  # handed to the client's stream now
             self._record(output)
             yield output
 
@@ -64,8 +68,10 @@ class Generation:
         is paid once per group rather than once per token. Metrics still see every output."""
         async for first in self.stream:
             batch = [first, *self.stream.ready_events()]
+            handed = time.time()
             for output in batch:
                 assert isinstance(output, RequestOutput)
+                output.streamed_time = output.streamed_time or handed
                 self._record(output)
             yield batch
 

@@ -168,6 +168,12 @@ class ModelRunner:
 
     # ------------------------------------------------------------------ the step
 
+    @property
+    def launches_async(self) -> bool:
+        """Whether launch() returns before the step is computed. On a CPU it computes everything, so
+        launching the next step before finishing this one would only hold this one's tokens back."""
+        return self.device.type == "cuda"
+
     def execute(self, plan: StepPlan) -> StepResult:
         """Launch and finish one step (no overlap)."""
         return self.finish(self.launch(plan))

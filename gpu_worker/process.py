@@ -109,6 +109,9 @@ class WorkerLoop:
                 if in_flight is not None:
                     self._finish(in_flight)
                 in_flight = launched
+                if not self.runner.launches_async:
+                    self._finish(in_flight)
+                    in_flight = None
 
     def _finish(self, step: LaunchedStep) -> None:
         result = self.runner.finish(step)

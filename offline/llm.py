@@ -102,13 +102,14 @@ class LLM:
         # As the server runs: the next step is planned and launched before the previous one's tokens are
         # read back (see scheduler/process.py), at most PLANS_IN_FLIGHT steps outstanding.
         in_flight: deque[LaunchedStep] = deque()
+        depth = PLANS_IN_FLIGHT if self.runner.launches_async else 1
         while pending:
-            plan = self.scheduler.schedule() if len(in_flight) < PLANS_IN_FLIGHT else None
+            plan = self.scheduler.schedule() if len(in_flight) < depth else None
             if plan is not None:
                 in_flight.append(self._launch(plan))
             if not in_flight:
                 raise RuntimeError("requests are unfinished but the scheduler planned nothing")
-            if plan is not None and len(in_flight) < PLANS_IN_FLIGHT:
+            if plan is not None and len(in_flight) < depth:
                 continue
             for tokens in self._finish(in_flight.popleft()):
                 if tokens.rid in outputs:

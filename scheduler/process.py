@@ -109,28 +109,32 @@ class SchedulerLoop:
     def run(self) -> None:
         poller = zmq.Poller()
         poller.register(self.requests, zmq.POLLIN)
-        progress = True
+        poller.register(self.results, zmq.POLLIN)
         while True:
             for command in self.control.pending():
                 self.control.reply(command, self.profiler.answer(command.kind))
-            # Wait for input only when the last round did nothing: otherwise look and go on.
-            ready = dict(poller.poll(timeout=0 if progress else IDLE_POLL_MS))
             with self.activity.busy():
+                self._send_plans()
+            # Wait (idle) for whichever comes first: a step's result, or new requests. Requests arriving
+            # while a step runs are queued (and answered) at once, ready for the next plan.
+            ready = dict(poller.poll(timeout=IDLE_POLL_MS))
+            with self.activity.busy():
+                if self.results in ready:
+                    self._drain_results()
                 if self.requests in ready:
                     self._drain_requests()
-                progress = self._send_plans()
-            if self.in_flight:
-                # Either the queue ahead of the GPU is full, or nothing more can be planned until tokens
-                # come back: wait (idle) for the oldest step.
-                self.results.poll()
-                with self.activity.busy():
-                    result: StepResult = recv(self.results, stats=self.activity.sockets)
-                    self.in_flight -= 1
-                    self._stream(self.scheduler.process_result(result))
-                    if self.window is not None:
-                        self.window.on_result()
-                progress = True
             self._maybe_log()
+
+    def _drain_results(self) -> None:
+        while self.in_flight:
+            try:
+                result: StepResult = recv(self.results, zmq.NOBLOCK, stats=self.activity.sockets)
+            except zmq.Again:
+                return
+            self.in_flight -= 1
+            self._stream(self.scheduler.process_result(result))
+            if self.window is not None:
+                self.window.on_result()
 
     def _send_plans(self) -> bool:
         sent = False

@@ -163,7 +163,7 @@ class Scheduler:
         self.stats.last_step_decode_tokens = decode_tokens
         if not chunks and not self._released:
             return None
-        self.stats.steps += 1
+        self.stats.steps += bool(chunks)  # a plan that only releases requests runs no forward
         self.stats.prompt_tokens_computed += self.stats.last_step_prefill_tokens
         self.stats.decode_tokens_computed += decode_tokens
         self._step_id += 1
