@@ -22,7 +22,7 @@ def init_child_process(role: str, log_level: str, parent_pid: int) -> None:
 def configure_logging(role: str, log_level: str) -> None:
     logging.basicConfig(
         level=getattr(logging, log_level.upper(), logging.INFO),
-        format=f"%(asctime)s %(levelname)s [{role} pid={os.getpid()}] %(message)s",
+        format=f"%(asctime)s.%(msecs)03d %(levelname)s [{role} pid={os.getpid()}] %(message)s",
         datefmt="%H:%M:%S", stream=sys.stderr, force=True)
 
 

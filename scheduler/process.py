@@ -145,6 +145,11 @@ class SchedulerLoop:
             if self.window is not None:
                 self.window.on_plan(plan)
             send(self.plans, plan, self.activity.sockets)
+            if log.isEnabledFor(logging.DEBUG):
+                s = self.scheduler.stats
+                log.debug("step %d: %d prefill + %d decode tokens, %d admitted, %d running, %d waiting",
+                          plan.step_id, s.last_step_prefill_tokens, s.last_step_decode_tokens,
+                          len(plan.new_requests), len(self.scheduler.running), len(self.scheduler.waiting))
             self.in_flight += 1
             sent = True
         return sent
