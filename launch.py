@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import logging
 import multiprocessing as mp
 import multiprocessing.connection
@@ -174,7 +175,6 @@ class Launcher:
         try:
             await server.serve()
         finally:
-            # uvicorn re-raises the signal that stopped it (KeyboardInterrupt here), hence in a finally.
             if server.started:
                 await self._print_summary(client)
         await client.close()
@@ -237,6 +237,14 @@ class AnnouncingServer(uvicorn.Server):
         await super().startup(sockets)
         if self.started:
             self.on_listening()
+
+    @contextlib.contextmanager
+    def capture_signals(self):
+        # uvicorn re-raises a captured SIGINT/SIGTERM once it has stopped, which would cut the launcher's
+        # own shutdown (summary, children) short with a KeyboardInterrupt: forget them instead.
+        with super().capture_signals():
+            yield
+            self._captured_signals.clear()
 
 
 def _interrupt(signum, frame) -> None:
