@@ -17,7 +17,6 @@ import zmq
 from common.messages import ControlReply, ControlRequest
 from common.transport import Endpoints, pull_socket, push_socket, recv, send
 
-ANSWERED_IN_THREAD = ("ping", "stats")
 # The launcher process's role. It answers only profiling commands (the --profile-steps window), from its
 # event loop (frontend/engine_client.py); /health and /stats need no socket to reach it.
 FRONTEND_ROLE = "frontend"

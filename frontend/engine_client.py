@@ -116,7 +116,6 @@ class ZmqEngineClient(EngineClient):
         self.limits = limits
         self.activity = EventLoopStats()
         self._profiler = profiler
-        self._endpoints = endpoints
         self._roles = roles
         self._num_tokenizers = num_tokenizers
         self._rids = itertools.count(1)

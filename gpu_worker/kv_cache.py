@@ -24,4 +24,4 @@ class PagedKVCache:
     @staticmethod
     def bytes_per_block(num_layers: int, block_size: int, num_kv_heads: int, head_dim: int,
                         dtype: torch.dtype) -> int:
-        return num_layers * 2 * block_size * num_kv_heads * head_dim * torch.tensor([], dtype=dtype).element_size()
+        return num_layers * 2 * block_size * num_kv_heads * head_dim * dtype.itemsize

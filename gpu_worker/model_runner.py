@@ -204,18 +204,18 @@ class ModelRunner:
         sampling_rows = [i for i, c in enumerate(chunks) if c.sample]
         staging = self.staging
         staging.next_step()
-        pending = (staging.upload(pending_rows, torch.long), staging.upload(pending_slots, torch.long)) \
-            if pending_rows else None
+        # (rows, token ids) of the inputs only the device knows: gathered from the last-token slots.
+        device_inputs = None if not pending_rows else (
+            staging.upload(pending_rows, torch.long), self.last_tokens[staging.upload(pending_slots, torch.long)])
         t1 = time.perf_counter()
 
         if len(input_ids) == len(chunks) and self.graphs is not None and self.graphs.bucket_for(len(chunks)):
-            logits = self.graphs.run(input_ids, positions, slot_mapping, context_lens, block_tables,
-                                     None if pending is None else (pending[0], self.last_tokens[pending[1]]))
+            logits = self.graphs.run(input_ids, positions, slot_mapping, context_lens, block_tables, device_inputs)
             if len(sampling_rows) < len(chunks):
                 logits = logits[staging.upload(sampling_rows, torch.long)]
         else:
             logits = self._forward_eager(input_ids, positions, slot_mapping, q_lens, context_lens, block_tables,
-                                         sampling_rows, pending)
+                                         sampling_rows, device_inputs)
         sampled = [mirrors[i] for i in sampling_rows]
         tokens = copied = None
         if sampled:
@@ -292,7 +292,8 @@ class ModelRunner:
 
     def _forward_eager(self, input_ids: np.ndarray, positions: np.ndarray, slot_mapping: np.ndarray,
                        q_lens: list[int], context_lens: list[int], block_tables: list[list[int]],
-                       sampling_rows: list[int], pending) -> torch.Tensor:
+                       sampling_rows: list[int],
+                       device_inputs: tuple[torch.Tensor, torch.Tensor] | None) -> torch.Tensor:
         """Run the model op by op; returns the logits of the sampling rows."""
         layout = BatchLayout(q_lens, context_lens, block_tables, num_prefill_seqs=sum(1 for n in q_lens if n > 1))
         device = self.device
@@ -300,8 +301,8 @@ class ModelRunner:
                              self.attention.build_metadata(layout, slot_mapping, self.staging),
                              self.kv_cache)
         ids = self.staging.upload(input_ids, torch.long)
-        if pending is not None:
-            ids[pending[0]] = self.last_tokens[pending[1]]
+        if device_inputs is not None:
+            ids[device_inputs[0]] = device_inputs[1]
         hidden = self.model(ids, self.staging.upload(positions, torch.long), ctx)
         if not sampling_rows:
             return hidden.new_empty(0, 0)

@@ -42,7 +42,6 @@ class SchedulerStats:
     prompt_tokens_admitted: int = 0
     cache_hit_tokens: int = 0  # prompt tokens served from the prefix cache at first admission
     preemptions: int = 0
-    finished_requests: int = 0
     last_step_prefill_tokens: int = 0
     last_step_decode_tokens: int = 0
 
@@ -291,7 +290,6 @@ class Scheduler:
         request.status = RequestStatus.FINISHED
         request.finish_reason = reason
         del self.requests[request.rid]
-        self.stats.finished_requests += 1
 
     # ------------------------------------------------------------------ results
 
