@@ -4,14 +4,16 @@ One step, in order:
   1. running requests, oldest first: a decode computes its one new token; a prompt being chunked takes
      its next chunk from the prompt-token budget. Short of blocks, the prefix cache evicts, then the
      newest running request is preempted (blocks freed, recomputed later with the tokens it had).
-  2. waiting requests, FIFO, while there is room (--max-num-seqs running, --max-prefill-requests per
+  2. waiting requests, FIFO, while there is room (--max-num-seqs seats, --max-prefill-requests per
      step, --max-num-batched-tokens prompt tokens): each reuses its longest cached prefix and computes
      the rest (a chunk of it, if it does not fit the budget and chunking is on). The first request that
      cannot be admitted stops admission: order is kept.
 All of a step's chunks go to the worker as one plan, computed in one forward.
 
 Results arrive one step late at worst (the next plan is made while the GPU runs this one), so a request
-that sampled EOS may be scheduled once more; that extra token is discarded here.
+that sampled EOS may be scheduled once more; that extra token is discarded here. A request whose last
+token is in flight because it reached max_tokens (known without the result) gives up its seat at once:
+the next plan admits a successor instead of leaving the seat idle for a step.
 """
 
 from __future__ import annotations
@@ -120,15 +122,18 @@ class Scheduler:
         new_specs: list[NewRequestSpec] = []
         decode_tokens = 0
         preempted = False
+        seats_taken = 0  # running requests with work left; the others only wait for their last token
 
         bs = self.block_size
         for request in list(self.running):
             if request.status is not RequestStatus.RUNNING:
                 continue  # preempted earlier in this loop to make room
             if not request.is_prefilling:
-                if not request.can_sample_more(self.max_model_len) or \
-                        request.num_tokens_planned == request.num_computed:
+                if not request.can_sample_more(self.max_model_len):
                     continue  # its last token is in flight; it finishes when the result arrives
+                seats_taken += 1
+                if request.num_tokens_planned == request.num_computed:
+                    continue  # its next token is in flight
                 if request.num_computed < len(request.block_ids) * bs:
                     # The common case, kept cheap: the next token fits in the request's last block.
                     chunks.append(ScheduledChunk(request.rid, request.num_computed, 1, [], True))
@@ -140,6 +145,7 @@ class Scheduler:
                     continue
                 n = 1
             else:
+                seats_taken += 1
                 n = min(request.num_resume_tokens - request.num_computed, budget)
                 if n == 0:
                     continue
@@ -156,7 +162,7 @@ class Scheduler:
                 decode_tokens += 1
 
         if not preempted:
-            budget = self._admit(budget, chunks, new_specs)
+            budget = self._admit(budget, self.config.max_num_seqs - seats_taken, chunks, new_specs)
 
         self.stats.last_step_prefill_tokens = self.config.max_num_batched_tokens - budget
         self.stats.last_step_decode_tokens = decode_tokens
@@ -169,11 +175,12 @@ class Scheduler:
         released, self._released = self._released, []
         return StepPlan(self._step_id, new_specs, chunks, released)
 
-    def _admit(self, budget: int, chunks: list[ScheduledChunk], new_specs: list[NewRequestSpec]) -> int:
+    def _admit(self, budget: int, free_seats: int, chunks: list[ScheduledChunk],
+               new_specs: list[NewRequestSpec]) -> int:
         full_budget = self.config.max_num_batched_tokens
-        limit = self.config.max_prefill_requests or self.config.max_num_seqs
+        limit = min(free_seats, self.config.max_prefill_requests or self.config.max_num_seqs)
         admitted = 0
-        while self.waiting and budget > 0 and admitted < limit and len(self.running) < self.config.max_num_seqs:
+        while self.waiting and budget > 0 and admitted < limit:
             request = self.waiting[0]
             if request.num_samples_in_flight:
                 break  # preempted with a sample still on the GPU: resume once it has arrived

@@ -6,8 +6,12 @@ from __future__ import annotations
 
 import pytest
 
+from common.config import EngineConfig
+from common.messages import StageTimes, TokenizedRequest
+from common.model_info import ModelInfo
 from common.sampling_params import SamplingParams
 from offline import LLM
+from scheduler.scheduler import Scheduler
 from tests.tiny_models import random_prompts
 
 GREEDY = SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True)
@@ -145,3 +149,16 @@ def test_a_request_that_can_never_fit_is_rejected_clearly(tiny_llama):
     llm = make_llm(tiny_llama, block_size=4, num_kv_blocks=8)
     with pytest.raises(InvalidParameter, match="context length 32"):
         llm.add_request(list(range(1, 21)), SamplingParams(max_tokens=20))
+
+
+def test_a_request_whose_last_token_is_in_flight_hands_its_seat_over_at_once():
+    # Two plans in flight, as the server runs: plan 2 is made before plan 1's tokens are back. Request 0
+    # reaches max_tokens in plan 1, so plan 2 can already give its seat to request 1.
+    scheduler = Scheduler(EngineConfig(block_size=4, max_num_seqs=1), ModelInfo("llama", 64, [0], 16), 16)
+    for rid in (0, 1):
+        scheduler.add_request(TokenizedRequest(rid, [3, 4, 5], SamplingParams(max_tokens=1), StageTimes()))
+    first, second = scheduler.schedule(), scheduler.schedule()
+    assert [s.rid for s in first.new_requests] == [0]
+    assert [s.rid for s in second.new_requests] == [1], "the seat is not left idle for a step"
+    assert [c.rid for c in second.chunks] == [1], "request 0 computes nothing more"
+    scheduler.check_integrity()
