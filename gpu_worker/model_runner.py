@@ -93,7 +93,9 @@ class ModelRunner:
         self.staging = StagingRing(self.device, 32 * max_tokens + 8 * config.max_num_seqs * (table_width + 16) + 2**16)
         # Last sampled token of each mirror, on the device. A released slot may be reused at once: the
         # device runs steps in order, so the old owner's last write lands before the new owner's.
-        num_slots = config.max_num_seqs + 3  # + the warm-up's three requests
+        # Mirrors alive at once: the seated requests, plus as many whose last token is in flight (they
+        # gave their seat away and are released with the next plan), plus the warm-up's three requests.
+        num_slots = 2 * config.max_num_seqs + 3
         self.last_tokens = torch.zeros(num_slots, dtype=torch.long, device=self.device)
         self._free_slots = list(range(num_slots - 1, -1, -1))
         self.warm_up()
@@ -314,6 +316,6 @@ class ModelRunner:
         if s.seed is None:
             raise ValueError(f"request {spec.rid} arrived without a seed; the scheduler assigns one")
         if not self._free_slots:
-            raise RuntimeError("more running requests than --max-num-seqs allows")
+            raise RuntimeError("more live requests than --max-num-seqs allows (seated plus finishing)")
         return RequestMirror(list(spec.token_ids), [], s.temperature, s.top_k, s.top_p, s.seed, spec.num_sampled,
                              self._free_slots.pop())

@@ -42,6 +42,8 @@ class LLM:
         self._rids = itertools.count()
         self.plans_executed: list[StepPlan] = []  # every plan run, for tests and inspection
         self.record_plans = False
+        # Plans outstanding before the oldest one's tokens are read, as the server runs (see generate).
+        self.plans_in_flight = PLANS_IN_FLIGHT if self.runner.launches_async else 1
 
     @property
     def tokenizer(self):
@@ -102,7 +104,7 @@ class LLM:
         # As the server runs: the next step is planned and launched before the previous one's tokens are
         # read back (see scheduler/process.py), at most PLANS_IN_FLIGHT steps outstanding.
         in_flight: deque[LaunchedStep] = deque()
-        depth = PLANS_IN_FLIGHT if self.runner.launches_async else 1
+        depth = self.plans_in_flight
         while pending:
             plan = self.scheduler.schedule() if len(in_flight) < depth else None
             if plan is not None:

@@ -162,3 +162,17 @@ def test_a_request_whose_last_token_is_in_flight_hands_its_seat_over_at_once():
     assert [s.rid for s in second.new_requests] == [1], "the seat is not left idle for a step"
     assert [c.rid for c in second.chunks] == [1], "request 0 computes nothing more"
     scheduler.check_integrity()
+
+
+def test_two_plans_in_flight_hand_seats_over_and_leave_outputs_unchanged(tiny_model):
+    # As the server runs: each plan is made before the previous one's tokens are read. The first four
+    # requests reach max_tokens in the same step, so the next plan seats the other four while the worker
+    # still holds the first four: eight live requests on a decode batch of four.
+    prompts = random_prompts(8, [5, 30, 9, 14, 3, 22, 11, 7], vocab=512, seed=13)
+    params = SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True)
+    baseline = run(make_llm(tiny_model), prompts, params)
+    overlapped = make_llm(tiny_model, max_num_seqs=4)
+    overlapped.plans_in_flight = 2
+    assert run(overlapped, prompts, params) == baseline
+    admissions = [len(p.new_requests) for p in overlapped.plans_executed if p.new_requests]
+    assert admissions == [4, 4], "the second four are seated in one plan, as the first four finish"
