@@ -84,7 +84,7 @@ def make_batch(seqs: list[tuple[int, int]], shape: Shape, block_size: int, dtype
         tables.append(table)
         slots += [table[p // block_size] * block_size + p % block_size for p in range(cached, cached + new)]
     query_lens = [new for _, new in seqs]
-    layout = BatchLayout(query_lens, context_lens, tables, sum(1 for n in query_lens if n > 1))
+    layout = BatchLayout.build(query_lens, context_lens, tables, block_size)
     gen = torch.Generator(DEVICE).manual_seed(rng.randrange(2**31))
 
     def rand(*size: int) -> torch.Tensor:

@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
-import time
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 

@@ -20,7 +20,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from gpu_worker.attention.base import AttentionBackend
+from gpu_worker.attention.base import AttentionBackend, BatchLayout
 from gpu_worker.host_copy import STEPS_IN_FLIGHT
 from gpu_worker.kv_cache import PagedKVCache
 from gpu_worker.models.forward_context import ForwardContext
@@ -88,8 +88,8 @@ class DecodeGraphs:
                 return bucket
         return None
 
-    def run(self, input_ids: np.ndarray, positions: np.ndarray, slots: np.ndarray, context_lens: list[int],
-            block_tables: list[list[int]], device_inputs: tuple[torch.Tensor, torch.Tensor] | None) -> torch.Tensor:
+    def run(self, input_ids: np.ndarray, positions: np.ndarray, slots: np.ndarray, layout: BatchLayout,
+            device_inputs: tuple[torch.Tensor, torch.Tensor] | None) -> torch.Tensor:
         """Replay the decode graph for these sequences (one token each); returns their logits [n, V].
         device_inputs: (rows, token ids) already on the device, overriding those rows of input_ids."""
         n = len(input_ids)
@@ -101,10 +101,10 @@ class DecodeGraphs:
         ids_h[:n] = input_ids
         pos_h[:n] = positions
         slots_h[:n] = slots
-        ctx_h[:n] = context_lens
-        tables = tables_h.reshape(b, w)
-        for row, blocks in enumerate(block_tables):
-            tables[row, :len(blocks)] = blocks
+        ctx_h[:n] = layout.context_lens
+        # Columns past the layout's width keep older entries: never read, as no context reaches them.
+        width = min(w, layout.block_table.shape[1])
+        tables_h.reshape(b, w)[:n, :width] = layout.block_table[:, :width]
         self._fill_padding(host_buffer, n, bucket)
         self._device.copy_(host_buffer, non_blocking=True)
         if device_inputs is not None:

@@ -126,7 +126,7 @@ class ModelRunner:
         num_layers, kv_heads, head_dim = self.model.kv_shape
         blocks = -(-tokens // self.block_size)
         probe_cache = PagedKVCache(num_layers, blocks, self.block_size, kv_heads, head_dim, self.dtype, self.device)
-        layout = BatchLayout([tokens], [tokens], [list(range(blocks))], 1)
+        layout = BatchLayout.build([tokens], [tokens], [list(range(blocks))], self.block_size)
         slots = torch.arange(tokens)
         staging = StagingRing(self.device, 64 * tokens + 2**16, depth=1)
         staging.next_step()
@@ -200,9 +200,9 @@ class ModelRunner:
         q_lens = [c.num_tokens for c in chunks]
         input_ids, pending_rows, pending_slots = self._input_ids(chunks, mirrors, sum(q_lens))
         positions = np.concatenate([np.arange(c.start, c.start + c.num_tokens) for c in chunks])
-        context_lens = [c.start + c.num_tokens for c in chunks]
-        block_tables = [m.block_table for m in mirrors]
-        slot_mapping = self._slot_mapping(positions, q_lens, block_tables)
+        layout = BatchLayout.build(q_lens, [c.start + c.num_tokens for c in chunks],
+                                   [m.block_table for m in mirrors], self.block_size)
+        slot_mapping = layout.slot_mapping(positions, self.block_size)
         sampling_rows = [i for i, c in enumerate(chunks) if c.sample]
         staging = self.staging
         staging.next_step()
@@ -212,12 +212,11 @@ class ModelRunner:
         t1 = time.perf_counter()
 
         if len(input_ids) == len(chunks) and self.graphs is not None and self.graphs.bucket_for(len(chunks)):
-            logits = self.graphs.run(input_ids, positions, slot_mapping, context_lens, block_tables, device_inputs)
+            logits = self.graphs.run(input_ids, positions, slot_mapping, layout, device_inputs)
             if len(sampling_rows) < len(chunks):
                 logits = logits[staging.upload(sampling_rows, torch.long)]
         else:
-            logits = self._forward_eager(input_ids, positions, slot_mapping, q_lens, context_lens, block_tables,
-                                         sampling_rows, device_inputs)
+            logits = self._forward_eager(input_ids, positions, slot_mapping, layout, sampling_rows, device_inputs)
         sampled = [mirrors[i] for i in sampling_rows]
         tokens = copied = None
         if sampled:
@@ -280,25 +279,10 @@ class ModelRunner:
         event.record()
         return host, event
 
-    def _slot_mapping(self, positions: np.ndarray, q_lens: list[int], block_tables: list[list[int]]) -> np.ndarray:
-        """Flat KV-store slot of every token: its block (from its sequence's table) times block size plus offset."""
-        bs = self.block_size
-        if len(positions) == len(q_lens):  # one token per sequence: no per-token gather needed
-            blocks = [table[p // bs] for table, p in zip(block_tables, positions.tolist())]
-            return np.asarray(blocks, dtype=np.int64) * bs + positions % bs
-        seq_index = np.repeat(np.arange(len(q_lens)), q_lens)
-        tables = np.zeros((len(block_tables), max(len(t) for t in block_tables)), dtype=np.int64)
-        for i, table in enumerate(block_tables):
-            tables[i, :len(table)] = table
-        return tables[seq_index, positions // bs] * bs + positions % bs
-
     def _forward_eager(self, input_ids: np.ndarray, positions: np.ndarray, slot_mapping: np.ndarray,
-                       q_lens: list[int], context_lens: list[int], block_tables: list[list[int]],
-                       sampling_rows: list[int],
+                       layout: BatchLayout, sampling_rows: list[int],
                        device_inputs: tuple[torch.Tensor, torch.Tensor] | None) -> torch.Tensor:
         """Run the model op by op; returns the logits of the sampling rows."""
-        layout = BatchLayout(q_lens, context_lens, block_tables, num_prefill_seqs=sum(1 for n in q_lens if n > 1))
-        device = self.device
         ctx = ForwardContext(self.attention,
                              self.attention.build_metadata(layout, slot_mapping, self.staging),
                              self.kv_cache)
@@ -308,7 +292,7 @@ class ModelRunner:
         hidden = self.model(ids, self.staging.upload(positions, torch.long), ctx)
         if not sampling_rows:
             return hidden.new_empty(0, 0)
-        ends = np.cumsum(q_lens) - 1
+        ends = np.cumsum(layout.query_lens) - 1
         return self.model.compute_logits(hidden[self.staging.upload(ends[sampling_rows], torch.long)])
 
     def _mirror_for(self, spec: NewRequestSpec) -> RequestMirror:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
+import numpy as np
 import pytest
 import torch
 
@@ -63,7 +64,7 @@ def random_tables(context_lens: list[int], block_size: int, gen: torch.Generator
 def make_batch(layout: BatchLayout, num_blocks: int, block_size: int, heads: int, kv_heads: int, head_dim: int,
                dtype: torch.dtype, gen: torch.Generator) -> Batch:
     slots, cached = [], set()
-    for q_len, ctx, table in zip(layout.query_lens, layout.context_lens, layout.block_tables):
+    for q_len, ctx, table in zip(layout.query_lens, layout.context_lens, layout.block_table.tolist()):
         flat = [table[p // block_size] * block_size + p % block_size for p in range(ctx)]
         slots += flat[ctx - q_len:]
         cached.update(flat[:ctx - q_len])
@@ -85,7 +86,7 @@ def mixed_batch(seqs: list[tuple[int, int]], block_size: int, heads: int, kv_hea
     context_lens = [cached + new for cached, new in seqs]
     tables, num_blocks = random_tables(context_lens, block_size, gen)
     query_lens = [new for _, new in seqs]
-    layout = BatchLayout(query_lens, context_lens, tables, sum(1 for n in query_lens if n > 1))
+    layout = BatchLayout.build(query_lens, context_lens, tables, block_size)
     return make_batch(layout, num_blocks, block_size, heads, kv_heads, head_dim, dtype, gen)
 
 
@@ -176,8 +177,8 @@ def test_sequence_reads_prefix_written_in_the_same_forward(monkeypatch):
     """B shares A's first two blocks (a prefix-cache hit) while A is still computing them: A's K/V must
     reach the store before B attends."""
     block_size = 16
-    layout = BatchLayout(query_lens=[40, 8], context_lens=[40, 40], block_tables=[[3, 0, 5], [3, 0, 1]],
-                         num_prefill_seqs=2)
+    layout = BatchLayout.build(query_lens=[40, 8], context_lens=[40, 40], block_tables=[[3, 0, 5], [3, 0, 1]],
+                               block_size=block_size)
     gen = torch.Generator().manual_seed(6)
     assert_matches_reference(make_batch(layout, 6, block_size, 4, 2, 32, torch.float32, gen), monkeypatch)
 
@@ -213,7 +214,11 @@ def test_split_heuristic_splits_only_long_contexts_on_an_idle_gpu():
 
 
 def test_block_table_width_is_a_power_of_two_covering_every_context():
-    layout = BatchLayout(query_lens=[1, 1], context_lens=[33, 70], block_tables=[[1, 2, 3, 9], [4, 5, 6, 7, 8]],
-                         num_prefill_seqs=0)
+    # The first table lists a block beyond its context (allocated ahead): it is left out.
+    layout = BatchLayout.build(query_lens=[1, 1], context_lens=[33, 70], block_tables=[[1, 2, 3, 9], [4, 5, 6, 7, 8]],
+                               block_size=16)
+    assert layout.num_prefill_seqs == 0
+    assert layout.block_table.tolist() == [[1, 2, 3, 0, 0, 0, 0, 0], [4, 5, 6, 7, 8, 0, 0, 0]]
+    assert layout.slot_mapping(np.array([32, 69]), 16).tolist() == [3 * 16 + 0, 8 * 16 + 5]
     metadata = build_metadata(TritonAttention(16), layout, torch.tensor([32, 69]))
-    assert metadata.block_tables.tolist() == [[1, 2, 3, 0, 0, 0, 0, 0], [4, 5, 6, 7, 8, 0, 0, 0]]
+    assert metadata.block_tables.tolist() == layout.block_table.tolist()

@@ -28,12 +28,32 @@ from gpu_worker.host_copy import StagingRing
 class BatchLayout:
     query_lens: list[int]  # tokens computed this forward, per sequence
     context_lens: list[int]  # KV length after this forward (cached + new), per sequence
-    block_tables: list[list[int]]
+    # [S, W] int32, the one padded form of the block tables every consumer reads: row i holds the blocks
+    # sequence i's context uses, then zeros (never read); W is a power of two so kernels see few strides.
+    block_table: np.ndarray
     num_prefill_seqs: int  # sequences [0, num_prefill_seqs) have query_len > 1, the rest exactly 1
+
+    @classmethod
+    def build(cls, query_lens: list[int], context_lens: list[int], block_tables: list[list[int]],
+              block_size: int) -> "BatchLayout":
+        """block_tables may list blocks beyond a context (allocated ahead); only the used ones are kept."""
+        used = [-(-n // block_size) for n in context_lens]
+        width = 1 << (max(used) - 1).bit_length()
+        table = np.zeros((len(block_tables), width), dtype=np.int32)
+        for row, blocks, n in zip(table, block_tables, used):
+            row[:n] = blocks[:n]
+        return cls(query_lens, context_lens, table, sum(1 for n in query_lens if n > 1))
 
     @property
     def num_tokens(self) -> int:
         return sum(self.query_lens)
+
+    def slot_mapping(self, positions: np.ndarray, block_size: int) -> np.ndarray:
+        """Flat KV-store slot of every computed token: its block (from its sequence's row) times block
+        size plus its offset in the block. positions: [T], sequences' tokens in layout order."""
+        seq_of_token = np.repeat(np.arange(len(self.query_lens)), self.query_lens)
+        blocks = self.block_table[seq_of_token, positions // block_size].astype(np.int64)
+        return blocks * block_size + positions % block_size
 
 
 class AttentionBackend(ABC):

@@ -53,15 +53,10 @@ class TorchAttention(AttentionBackend):
     def _group(self, layout: BatchLayout, first: int, last: int, token_start: int, device: torch.device) -> _Group:
         q_lens = torch.tensor(layout.query_lens[first:last], dtype=torch.long)
         ctx_lens = torch.tensor(layout.context_lens[first:last], dtype=torch.long)
-        tables = layout.block_tables[first:last]
         num_seqs = last - first
         max_q, max_kv = int(q_lens.max()), int(ctx_lens.max())
         bs = self.block_size
-        max_blocks = (max_kv + bs - 1) // bs
-        table = torch.zeros(num_seqs, max_blocks, dtype=torch.long)
-        for i, blocks in enumerate(tables):
-            used = min(len(blocks), max_blocks)
-            table[i, :used] = torch.tensor(blocks[:used], dtype=torch.long)
+        table = torch.from_numpy(layout.block_table[first:last]).long()
         pos = torch.arange(max_kv)
         kv_slots = table[:, pos // bs] * bs + pos % bs
         # Query i of a sequence sits at context position (ctx_len - q_len + i): it sees keys up to there.

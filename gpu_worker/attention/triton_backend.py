@@ -21,7 +21,6 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
-import triton
 
 from gpu_worker.attention import triton_kernels as kernels
 from gpu_worker.attention.base import AttentionBackend, BatchLayout
@@ -69,8 +68,7 @@ class TritonAttention(AttentionBackend):
         query_starts = np.zeros(num_pre + 1, dtype=np.int32)
         np.cumsum(query_lens[:num_pre], out=query_starts[1:])
         tiles = _prefill_tiles(query_lens[:num_pre])
-        tables = self._block_table_array(layout.block_tables, context_lens)
-        parts = [slot_mapping.astype(np.int32), context_lens, query_starts, tiles, tables]
+        parts = [slot_mapping.astype(np.int32), context_lens, query_starts, tiles, layout.block_table]
         # One copy for all fields; each starts 16-byte aligned, as Triton specializes on pointer alignment.
         sizes = [-(-p.size // 4) * 4 for p in parts]
         packed = np.zeros(sum(sizes), dtype=np.int32)
@@ -83,15 +81,6 @@ class TritonAttention(AttentionBackend):
             slot_mapping=slots, context_lens=ctx, query_starts=starts, prefill_tiles=tile_t, block_tables=table_t,
             num_prefill_seqs=num_pre, num_prefill_tokens=int(query_starts[-1]),
             max_decode_context=int(context_lens[num_pre:].max(initial=0)), num_sms=_num_sms(staging.device))
-
-    def _block_table_array(self, block_tables: list[list[int]], context_lens: np.ndarray) -> np.ndarray:
-        """[S, W] int32; each row holds the blocks its context uses (a table may list blocks ahead)."""
-        used = -(-context_lens // self.block_size)
-        width = triton.next_power_of_2(int(used.max()))
-        table = np.zeros((len(block_tables), width), dtype=np.int32)
-        for row, blocks, n in zip(table, block_tables, used.tolist()):
-            row[:n] = blocks[:n]
-        return table
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor,
                 v_cache: torch.Tensor, metadata: TritonAttentionMetadata, scale: float) -> torch.Tensor:
