@@ -94,8 +94,8 @@ class ModelRunner:
         # Last sampled token of each mirror, on the device. A released slot may be reused at once: the
         # device runs steps in order, so the old owner's last write lands before the new owner's.
         # Mirrors alive at once: the seated requests, plus as many whose last token is in flight (they
-        # gave their seat away and are released with the next plan), plus the warm-up's three requests.
-        num_slots = 2 * config.max_num_seqs + 3
+        # gave their seat away and are released with the next plan), plus the warm-up's four requests.
+        num_slots = 2 * config.max_num_seqs + 4
         self.last_tokens = torch.zeros(num_slots, dtype=torch.long, device=self.device)
         self._free_slots = list(range(num_slots - 1, -1, -1))
         self.warm_up()
@@ -143,30 +143,36 @@ class ModelRunner:
         return int(total * self.config.gpu_memory_utilization) - peak
 
     def warm_up(self) -> None:
-        """Run every kind of step once (prefill, graph decode, mixed, long-context decode) so that no
-        request pays for a kernel compile. Uses blocks from 0 up, before any request has one."""
+        """Run every kind of step once so that no request pays for a kernel compile: prefill, graph
+        decode, and mixed steps whose decodes take both attention paths (a long context is split, short
+        ones are not). Uses blocks from 0 up, before any request has one."""
         greedy = SamplingParams(temperature=0.0, seed=0)
         bs = self.block_size
-        room = (self.num_kv_blocks // 3) * bs - 2  # tokens each of the three requests may use
+        room = (self.num_kv_blocks // 4) * bs - 2  # tokens each of the four requests may use
         short = min(16, self.info.max_model_len - 2, room)
         if short < 1:
             return  # a pool this small is a test's; nothing worth warming
         long = min(1024, self.info.max_model_len - 2, room) if self.device.type == "cuda" else short
         blocks_short, blocks_long = -(-(short + 2) // bs), -(-(long + 2) // bs)
-        a, b, c = -1, -2, -3
-        table_a = list(range(blocks_short))
-        table_b = list(range(blocks_short, blocks_short + blocks_long))
-        table_c = list(range(blocks_short + blocks_long, 2 * blocks_short + blocks_long))
-        new = [NewRequestSpec(a, [1] * short, greedy, 0), NewRequestSpec(b, [1] * long, greedy, 0),
-               NewRequestSpec(c, [1] * short, greedy, 0)]
+        a, b, c, d = -1, -2, -3, -4
+        tables, first = {}, 0
+        for rid, n in ((a, blocks_short), (b, blocks_long), (c, blocks_short), (d, blocks_short)):
+            tables[rid], first = list(range(first, first + n)), first + n
+        lengths = {a: short, b: long, c: short, d: short}
+        new = {rid: NewRequestSpec(rid, [1] * n, greedy, 0) for rid, n in lengths.items()}
+
+        def prefill(rid: int) -> ScheduledChunk:
+            return ScheduledChunk(rid, 0, lengths[rid], tables[rid], True)
+
         steps = [
-            ([new[0], new[1]], [ScheduledChunk(a, 0, short, table_a, True), ScheduledChunk(b, 0, long, table_b, True)]),
+            ([new[a], new[b]], [prefill(a), prefill(b)]),
             ([], [ScheduledChunk(a, short, 1, [], True), ScheduledChunk(b, long, 1, [], True)]),  # decode
-            ([new[2]], [ScheduledChunk(c, 0, short, table_c, True), ScheduledChunk(b, long + 1, 1, [], True)]),
+            ([new[c]], [prefill(c), ScheduledChunk(b, long + 1, 1, [], True)]),  # mixed, long decode
+            ([new[d]], [prefill(d), ScheduledChunk(a, short + 1, 1, [], True)]),  # mixed, short decode
         ]
         for i, (specs, chunks) in enumerate(steps):
             self.execute(StepPlan(-1 - i, specs, chunks, []))
-        self.execute(StepPlan(-9, [], [], [a, b, c]))
+        self.execute(StepPlan(-9, [], [], list(lengths)))
 
     # ------------------------------------------------------------------ the step
 

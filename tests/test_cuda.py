@@ -63,3 +63,24 @@ def test_cuda_graph_decode_gives_the_same_tokens_as_eager(tiny_model):
     assert eager.runner.graphs is None
     assert [o.token_ids for o in graphs.generate(prompts, params)] == \
         [o.token_ids for o in eager.generate(prompts, params)]
+
+
+def test_no_step_after_warm_up_compiles_a_kernel(tiny_model, monkeypatch):
+    # A compile stalls every running request for a few hundred milliseconds: warm-up must have built
+    # every kernel variant that serving can ask for, whatever the mix of prefills and decodes.
+    triton = pytest.importorskip("triton", reason="the triton backend needs triton")
+    if not hasattr(getattr(triton, "knobs", None), "runtime"):
+        pytest.skip(f"Triton {triton.__version__} has no compile hook to observe")
+    llm = LLM(str(tiny_model), device="cuda", dtype="bfloat16", attention_backend="triton", max_num_seqs=8)
+    compiled: list[str] = []
+    monkeypatch.setattr(triton.knobs.runtime, "jit_cache_hook", lambda *, repr, **_: compiled.append(repr))
+    params = SamplingParams(max_tokens=40, temperature=0.0, ignore_eos=True)
+    lengths = iter([3, 300, 5, 9, 70, 17, 2, 33, 129, 4, 64, 400])
+    for arrivals in (1, 2, 3, 1, 2, 3):  # 1-3 prefills at a time in front of a growing decode batch
+        for prompt in random_prompts(arrivals, [next(lengths) for _ in range(arrivals)], vocab=512, seed=arrivals):
+            llm.add_request(prompt, params)
+        for _ in range(3):
+            llm.step()
+    while llm.scheduler.has_unfinished():
+        llm.step()
+    assert compiled == []

@@ -93,9 +93,9 @@ class TritonAttention(AttentionBackend):
         if metadata.num_decode_seqs:
             num_splits = kernels.decode_num_splits(metadata.num_decode_seqs, k_cache.shape[2],
                                                    metadata.max_decode_context, metadata.num_sms)
-            kernels.decode_attention(q[pre_tokens:], out[pre_tokens:], k_cache, v_cache,
-                                     metadata.block_tables[num_pre:], metadata.context_lens[num_pre:], scale,
-                                     metadata.max_decode_context, num_splits)
+            kernels.decode_attention(q, out, k_cache, v_cache, metadata.block_tables, metadata.context_lens, scale,
+                                     metadata.max_decode_context, num_splits, first_seq=num_pre,
+                                     first_token=pre_tokens)
         return out
 
 

@@ -117,16 +117,16 @@ def _online_softmax_step(acc, m_i, l_i, s, v):
 
 # Arguments that change from step to step are not specialized on (Triton would otherwise compile a
 # variant per divisibility class): one compiled kernel per model, warmed up before serving.
-@triton.jit(do_not_specialize=["stride_bt"])
+@triton.jit(do_not_specialize=["num_tiles", "stride_bt"])
 def _prefill_kernel(q_ptr, out_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, context_lens_ptr,
-                    query_starts_ptr, tile_seqs_ptr, tile_starts_ptr, qk_scale,
+                    query_starts_ptr, tiles_ptr, num_tiles, qk_scale,
                     stride_qt, stride_qh, stride_ot, stride_oh, stride_cb, stride_cs, stride_ch, stride_bt,
                     GROUP: tl.constexpr, BLOCK_SIZE: tl.constexpr, HEAD_DIM: tl.constexpr,
                     HEAD_DIM_PAD: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
     tile = tl.program_id(0)
     head = tl.program_id(1)
-    seq = tl.load(tile_seqs_ptr + tile)
-    first = tl.load(tile_starts_ptr + tile)  # index of the tile's first query within its sequence
+    seq = tl.load(tiles_ptr + tile)
+    first = tl.load(tiles_ptr + num_tiles + tile)  # index of the tile's first query within its sequence
     q_start = tl.load(query_starts_ptr + seq)
     q_len = tl.load(query_starts_ptr + seq + 1) - q_start
     ctx = tl.load(context_lens_ptr + seq)
@@ -175,7 +175,7 @@ def prefill_attention(q: torch.Tensor, out: torch.Tensor, k_cache: torch.Tensor,
     num_heads, head_dim = q.shape[1], q.shape[2]
     num_tiles = tiles.shape[1]
     _prefill_kernel[(num_tiles, num_heads)](
-        q, out, k_cache, v_cache, block_tables, context_lens, query_starts, tiles[0], tiles[1],
+        q, out, k_cache, v_cache, block_tables, context_lens, query_starts, tiles, num_tiles,
         scale * LOG2_E, q.stride(0), q.stride(1), out.stride(0), out.stride(1), *k_cache.stride()[:3],
         block_tables.stride(0),
         GROUP=num_heads // k_cache.shape[2], BLOCK_SIZE=k_cache.shape[1], HEAD_DIM=head_dim,
@@ -185,9 +185,9 @@ def prefill_attention(q: torch.Tensor, out: torch.Tensor, k_cache: torch.Tensor,
 
 # ------------------------------------------------------------------------------------------- decode
 
-@triton.jit(do_not_specialize=["split_len", "stride_bt"])
+@triton.jit(do_not_specialize=["first_seq", "first_token", "split_len", "stride_bt"])
 def _decode_kernel(q_ptr, out_ptr, part_out_ptr, part_lse_ptr, k_cache_ptr, v_cache_ptr,
-                   block_tables_ptr, context_lens_ptr, qk_scale, split_len,
+                   block_tables_ptr, context_lens_ptr, first_seq, first_token, qk_scale, split_len,
                    stride_qt, stride_qh, stride_ot, stride_oh, stride_cb, stride_cs, stride_ch, stride_bt,
                    GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, BLOCK_SIZE: tl.constexpr,
                    HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr, BLOCK_N: tl.constexpr,
@@ -195,18 +195,18 @@ def _decode_kernel(q_ptr, out_ptr, part_out_ptr, part_lse_ptr, k_cache_ptr, v_ca
     seq = tl.program_id(0)
     kv_head = tl.program_id(1)
     split = tl.program_id(2)
-    ctx = tl.load(context_lens_ptr + seq)
+    ctx = tl.load(context_lens_ptr + first_seq + seq)
     lo = split * split_len
     hi = tl.minimum(lo + split_len, ctx)
-    table_ptr = block_tables_ptr + seq.to(tl.int64) * stride_bt
+    table_ptr = block_tables_ptr + (first_seq + seq).to(tl.int64) * stride_bt
+    token = (first_token + seq).to(tl.int64)  # its query's row in q and out
 
     # The KV head's whole query group is one [GROUP_PAD, D] operand: each K/V tile is loaded once for it.
     members = tl.arange(0, GROUP_PAD)
     heads = kv_head * GROUP + members
     dims = tl.arange(0, HEAD_DIM_PAD)
     io_mask = (members < GROUP)[:, None] & (dims < HEAD_DIM)[None, :]
-    q = tl.load(q_ptr + seq.to(tl.int64) * stride_qt + heads[:, None] * stride_qh + dims[None, :],
-                mask=io_mask, other=0.0)
+    q = tl.load(q_ptr + token * stride_qt + heads[:, None] * stride_qh + dims[None, :], mask=io_mask, other=0.0)
 
     acc = tl.zeros([GROUP_PAD, HEAD_DIM_PAD], dtype=tl.float32)
     m_i = tl.full([GROUP_PAD], float("-inf"), dtype=tl.float32)
@@ -228,12 +228,12 @@ def _decode_kernel(q_ptr, out_ptr, part_out_ptr, part_lse_ptr, k_cache_ptr, v_ca
                  mask=(members < GROUP)[:, None])
         tl.store(part_lse_ptr + part, tl.where(seen, m_i + tl.log2(l_safe), float("-inf")), mask=members < GROUP)
     else:
-        tl.store(out_ptr + seq.to(tl.int64) * stride_ot + heads[:, None] * stride_oh + dims[None, :],
+        tl.store(out_ptr + token * stride_ot + heads[:, None] * stride_oh + dims[None, :],
                  (acc / l_i[:, None]).to(out_ptr.dtype.element_ty), mask=io_mask)
 
 
-@triton.jit(do_not_specialize=["num_splits"])
-def _decode_merge_kernel(part_out_ptr, part_lse_ptr, out_ptr, num_splits, stride_ot, stride_oh,
+@triton.jit(do_not_specialize=["first_token", "num_splits"])
+def _decode_merge_kernel(part_out_ptr, part_lse_ptr, out_ptr, first_token, num_splits, stride_ot, stride_oh,
                          SPLITS_PAD: tl.constexpr, HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr):
     seq = tl.program_id(0)
     head = tl.program_id(1)
@@ -245,7 +245,7 @@ def _decode_merge_kernel(part_out_ptr, part_lse_ptr, out_ptr, num_splits, stride
     parts = tl.load(part_out_ptr + part[:, None] * HEAD_DIM_PAD + dims[None, :],
                     mask=(splits < num_splits)[:, None], other=0.0)
     out = tl.sum(weights[:, None] * parts, 0) / tl.sum(weights, 0)
-    tl.store(out_ptr + seq.to(tl.int64) * stride_ot + head * stride_oh + dims,
+    tl.store(out_ptr + (first_token + seq).to(tl.int64) * stride_ot + head * stride_oh + dims,
              out.to(out_ptr.dtype.element_ty), mask=dims < HEAD_DIM)
 
 
@@ -258,9 +258,14 @@ def decode_num_splits(num_seqs: int, num_kv_heads: int, max_context: int, num_sm
 
 def decode_attention(q: torch.Tensor, out: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                      block_tables: torch.Tensor, context_lens: torch.Tensor, scale: float,
-                     max_context: int, num_splits: int) -> None:
-    """One query per sequence: q, out [seqs, Hq, D]; block_tables [seqs, W]; context_lens [seqs]."""
-    num_seqs, num_heads, head_dim = q.shape
+                     max_context: int, num_splits: int, first_seq: int = 0, first_token: int = 0) -> None:
+    """One query per sequence, for sequences [first_seq, len(context_lens)) of block_tables [S, W] and
+    context_lens [S], whose queries are rows first_token, first_token + 1, ... of q and out [T, Hq, D].
+
+    Offsets rather than sliced tensors: Triton compiles a variant per pointer alignment, and a slice's
+    start moves with the number of prefill sequences and tokens in front of it."""
+    num_seqs = context_lens.shape[0] - first_seq
+    num_heads, head_dim = q.shape[1], q.shape[2]
     num_kv_heads = k_cache.shape[2]
     group = num_heads // num_kv_heads
     head_dim_pad = _pow2(head_dim)
@@ -273,12 +278,13 @@ def decode_attention(q: torch.Tensor, out: torch.Tensor, k_cache: torch.Tensor, 
         part_out = torch.empty(num_seqs, num_heads, num_splits, head_dim_pad, dtype=torch.float32, device=q.device)
         part_lse = torch.empty(num_seqs, num_heads, num_splits, dtype=torch.float32, device=q.device)
     _decode_kernel[(num_seqs, num_kv_heads, num_splits)](
-        q, out, part_out, part_lse, k_cache, v_cache, block_tables, context_lens, scale * LOG2_E, split_len,
+        q, out, part_out, part_lse, k_cache, v_cache, block_tables, context_lens, first_seq, first_token,
+        scale * LOG2_E, split_len,
         q.stride(0), q.stride(1), out.stride(0), out.stride(1), *k_cache.stride()[:3], block_tables.stride(0),
         GROUP=group, GROUP_PAD=_pow2(group), BLOCK_SIZE=k_cache.shape[1], HEAD_DIM=head_dim,
         HEAD_DIM_PAD=head_dim_pad, BLOCK_N=DECODE_BLOCK_N, SPLIT=split, num_warps=4, num_stages=2)
     if split:
         _decode_merge_kernel[(num_seqs, num_heads)](
-            part_out, part_lse, out, num_splits, out.stride(0), out.stride(1),
+            part_out, part_lse, out, first_token, num_splits, out.stride(0), out.stride(1),
             SPLITS_PAD=MAX_SPLITS, HEAD_DIM=head_dim, HEAD_DIM_PAD=head_dim_pad)
 
