@@ -44,10 +44,13 @@ def native_router(client: EngineClient, metrics: FrontendMetrics) -> APIRouter:
 
 
 async def _ndjson_lines(generation: Generation) -> AsyncGenerator[bytes, None]:
-    async for output in generation.outputs():
-        yield ndjson_line({"token_ids": output.token_ids, "text": output.text, "sampled_time": output.sampled_time,
-                           "detokenized_time": output.detokenized_time, "streamed_time": output.streamed_time,
-                           "finish_reason": output.finish_reason})
+    # Still one line per output (its times are what this endpoint is for), but the outputs that are ready
+    # together go out in one write, as SSE chunks do.
+    async for batch in generation.output_batches():
+        yield b"".join(ndjson_line({
+            "token_ids": o.token_ids, "text": o.text, "sampled_time": o.sampled_time,
+            "detokenized_time": o.detokenized_time, "streamed_time": o.streamed_time,
+            "finish_reason": o.finish_reason}) for o in batch)
     yield ndjson_line(_summary(generation))
 
 
