@@ -21,11 +21,12 @@ def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
 
 
 def load_model(folder: str, load_format: str, dtype: torch.dtype, device: torch.device, seed: int = 0,
-               progress: bool = False) -> torch.nn.Module:
+               progress: bool = False, fused_kernels: bool = False) -> torch.nn.Module:
+    """fused_kernels: the model's Triton kernels for elementwise steps (CUDA) instead of torch ops."""
     hf_config = AutoConfig.from_pretrained(folder)
     cls = model_class_for(hf_config)
     with _default_dtype(dtype), device:
-        model = cls(hf_config)
+        model = cls(hf_config, fused_kernels=fused_kernels)
     if load_format == "dummy":
         _init_dummy(model, hf_config, seed)
     else:

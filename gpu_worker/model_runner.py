@@ -25,7 +25,7 @@ from common.config import EngineConfig
 from common.messages import NewRequestSpec, ScheduledChunk, StepPlan, StepResult, StepTimings
 from common.model_info import ModelInfo
 from common.sampling_params import SamplingParams
-from gpu_worker.attention import BatchLayout, make_attention_backend
+from gpu_worker.attention import BatchLayout, make_attention_backend, resolve_attention_backend
 from gpu_worker.cuda_graphs import DecodeGraphs
 from gpu_worker.host_copy import StagingRing
 from gpu_worker.kv_cache import PagedKVCache
@@ -75,8 +75,12 @@ class ModelRunner:
         self.device = resolve_device(config.device)
         self.dtype = resolve_dtype(config.dtype, self.device)
         self.block_size = config.block_size
-        self.model = load_model(config.model, config.load_format, self.dtype, self.device, config.seed, progress)
-        self.attention = make_attention_backend(config.attention_backend, self.device.type, config.block_size)
+        # The Triton path is the whole forward: attention kernels and the models' fused elementwise ones;
+        # the torch path is the reference throughout.
+        backend = resolve_attention_backend(config.attention_backend, self.device.type)
+        self.attention = make_attention_backend(backend, self.device.type, config.block_size)
+        self.model = load_model(config.model, config.load_format, self.dtype, self.device, config.seed, progress,
+                                fused_kernels=backend == "triton")
         num_layers, kv_heads, head_dim = self.model.kv_shape
         self.num_kv_blocks = self._num_kv_blocks()
         # One block more than the scheduler is told of: a scratch block for CUDA-graph padding rows.

@@ -1,6 +1,9 @@
 """The Llama family (Llama, Mistral, Qwen2, SmolLM2): RoPE, RMSNorm, SwiGLU MLP, grouped-query attention.
 
-q/k/v are one fused projection and gate/up another (one matmul each instead of three and two).
+q/k/v are one fused projection and gate/up another (one matmul each instead of three and two). With
+`fused_kernels` (CUDA, next to the Triton attention) RMSNorm with its residual add, the rotary embedding
+and silu(gate) * up are one kernel each (models/triton_ops.py); otherwise the torch ops below run, the
+reference that float32 outputs are checked against.
 """
 
 from __future__ import annotations
@@ -17,12 +20,26 @@ from gpu_worker.models.weights import check_all_loaded, copy_param, padded_vocab
 
 
 class RMSNorm(nn.Module):
-    def __init__(self, size: int, eps: float):
+    def __init__(self, size: int, eps: float, fused: bool = False):
         super().__init__()
         self.weight = nn.Parameter(torch.ones(size))
         self.eps = eps
+        self.fused = fused
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None):
+        """RMSNorm of x; given the residual stream, of residual + x, returned with that sum (the new
+        residual stream: the fused kernel writes it into `residual`)."""
+        if self.fused:
+            from gpu_worker.models import triton_ops
+
+            out = triton_ops.add_rms_norm(x, self.weight, self.eps, residual)
+            return out if residual is None else (out, residual)
+        if residual is None:
+            return self._norm(x)
+        x = x + residual
+        return self._norm(x), x
+
+    def _norm(self, x: torch.Tensor) -> torch.Tensor:
         # The same operation order as the reference implementation: normalize in float32, cast, then scale.
         h = x.float()
         h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
@@ -30,8 +47,9 @@ class RMSNorm(nn.Module):
 
 
 class LlamaDecoderLayer(nn.Module):
-    def __init__(self, config, layer_index: int, rotary: RotaryEmbedding):
+    def __init__(self, config, layer_index: int, rotary: RotaryEmbedding, fused_kernels: bool):
         super().__init__()
+        self.fused_kernels = fused_kernels
         h = config.hidden_size
         self.layer_index = layer_index
         self.num_heads = config.num_attention_heads
@@ -43,41 +61,54 @@ class LlamaDecoderLayer(nn.Module):
         qkv_bias = config.model_type == "qwen2" or getattr(config, "attention_bias", False)
         mlp_bias = getattr(config, "mlp_bias", False)
         self.rotary = rotary
-        self.input_layernorm = RMSNorm(h, config.rms_norm_eps)
+        self.input_layernorm = RMSNorm(h, config.rms_norm_eps, fused_kernels)
         self.qkv_proj = nn.Linear(h, self.q_size + 2 * self.kv_size, bias=qkv_bias)
         self.o_proj = nn.Linear(self.q_size, h, bias=getattr(config, "attention_bias", False))
-        self.post_attention_layernorm = RMSNorm(h, config.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(h, config.rms_norm_eps, fused_kernels)
         self.intermediate = config.intermediate_size
         self.gate_up_proj = nn.Linear(h, 2 * config.intermediate_size, bias=mlp_bias)
         self.down_proj = nn.Linear(config.intermediate_size, h, bias=mlp_bias)
         if config.hidden_act != "silu":
             raise ValueError(f"hidden_act {config.hidden_act!r} is not supported (silu only)")
 
-    def forward(self, x: torch.Tensor, positions: torch.Tensor, ctx: ForwardContext) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, residual: torch.Tensor | None, positions: torch.Tensor,
+                ctx: ForwardContext) -> tuple[torch.Tensor, torch.Tensor]:
+        """x: the previous layer's MLP output (the embeddings for the first layer, whose residual is None);
+        returns this layer's MLP output and the residual stream before it."""
         t = x.shape[0]
-        q, k, v = self.qkv_proj(self.input_layernorm(x)).split([self.q_size, self.kv_size, self.kv_size], -1)
+        if residual is None:
+            h, residual = self.input_layernorm(x), x
+        else:
+            h, residual = self.input_layernorm(x, residual)
+        q, k, v = self.qkv_proj(h).split([self.q_size, self.kv_size, self.kv_size], -1)
         q = q.view(t, self.num_heads, self.head_dim)
         k = k.view(t, self.num_kv_heads, self.head_dim)
         q, k = self.rotary(positions, q, k)
         k_cache, v_cache = ctx.kv_cache.layer(self.layer_index)
         attn = ctx.attention.forward(q, k, v.view(t, self.num_kv_heads, self.head_dim),
                                      k_cache, v_cache, ctx.attn_metadata, self.scale)
-        x = x + self.o_proj(attn.reshape(t, -1))
-        gate, up = self.gate_up_proj(self.post_attention_layernorm(x)).split(self.intermediate, -1)
-        return x + self.down_proj(F.silu(gate) * up)
+        h, residual = self.post_attention_layernorm(self.o_proj(attn.reshape(t, -1)), residual)
+        gate_up = self.gate_up_proj(h)
+        if self.fused_kernels:
+            from gpu_worker.models import triton_ops
+
+            return self.down_proj(triton_ops.silu_and_mul(gate_up)), residual
+        gate, up = gate_up.split(self.intermediate, -1)
+        return self.down_proj(F.silu(gate) * up), residual
 
 
 class LlamaForCausalLM(nn.Module):
-    def __init__(self, config):
+    def __init__(self, config, fused_kernels: bool = False):
         super().__init__()
         self.config = config
         self.tied = bool(getattr(config, "tie_word_embeddings", False))
         self.vocab_size = config.vocab_size
         vocab = padded_vocab_size(config.vocab_size)
         self.embed_tokens = nn.Embedding(vocab, config.hidden_size)
-        self.rotary = RotaryEmbedding(config)
-        self.layers = nn.ModuleList(LlamaDecoderLayer(config, i, self.rotary) for i in range(config.num_hidden_layers))
-        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.rotary = RotaryEmbedding(config, fused_kernels)
+        self.layers = nn.ModuleList(LlamaDecoderLayer(config, i, self.rotary, fused_kernels)
+                                    for i in range(config.num_hidden_layers))
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, fused_kernels)
         self.lm_head = None if self.tied else nn.Linear(config.hidden_size, vocab, bias=False)
 
     @property
@@ -86,10 +117,10 @@ class LlamaForCausalLM(nn.Module):
         return len(self.layers), layer.num_kv_heads, layer.head_dim
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, ctx: ForwardContext) -> torch.Tensor:
-        x = self.embed_tokens(input_ids)
+        x, residual = self.embed_tokens(input_ids), None
         for layer in self.layers:
-            x = layer(x, positions, ctx)
-        return self.norm(x)
+            x, residual = layer(x, residual, positions, ctx)
+        return self.norm(x, residual)[0]
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         weight = self.embed_tokens.weight if self.tied else self.lm_head.weight

@@ -22,8 +22,9 @@ def _rope_parameters(config) -> dict:
 
 
 class RotaryEmbedding(nn.Module):
-    def __init__(self, config):
+    def __init__(self, config, fused_kernels: bool = False):
         super().__init__()
+        self.fused_kernels = fused_kernels
         head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
         params = _rope_parameters(config)
         rope_type = params.get("rope_type", "default")
@@ -44,6 +45,11 @@ class RotaryEmbedding(nn.Module):
         self.register_buffer("sin", emb.sin() * scaling, persistent=False)
 
     def forward(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        if self.fused_kernels:  # in place, one launch for q and k
+            from gpu_worker.models import triton_ops
+
+            triton_ops.rotary(positions, q, k, self.cos, self.sin)
+            return q, k
         cos = self.cos[positions].to(q.dtype)[:, None, :]  # [T, 1, D]
         sin = self.sin[positions].to(q.dtype)[:, None, :]
         return q * cos + _rotate_half(q) * sin, k * cos + _rotate_half(k) * sin

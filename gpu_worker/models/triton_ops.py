@@ -1,0 +1,116 @@
+"""Fused kernels for the Llama family's elementwise steps on CUDA, one launch each where torch needs many.
+
+An eager forward (every step with a prefill) is bound by the host launching kernels: RMSNorm written in
+torch ops is seven launches and the rotary embedding about fourteen, in every layer. Here:
+
+    add_rms_norm   grid (tokens,)   residual + x, then RMSNorm of the sum   (or RMSNorm of x alone)
+    rotary         grid (tokens,)   rotates q and k in place, every head of both
+    silu_and_mul   grid (tokens,)   silu(gate) * up from the fused gate/up projection
+
+Each rounds to the model dtype wherever the torch reference (models/llama.py) does, in the same order,
+and contracts no multiply-add (enable_fp_fusion=False): float32 results are the reference's, except for
+the last bit of a sum taken in another order (RMSNorm's mean square) or of the exponential in silu.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _add_rms_norm_kernel(x_ptr, residual_ptr, out_ptr, weight_ptr, eps, stride_x, stride_r, stride_o,
+                         N: tl.constexpr, N_PAD: tl.constexpr, HAS_RESIDUAL: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    cols = tl.arange(0, N_PAD)
+    mask = cols < N
+    x = tl.load(x_ptr + row * stride_x + cols, mask=mask, other=0.0)
+    if HAS_RESIDUAL:
+        x = (x.to(tl.float32) + tl.load(residual_ptr + row * stride_r + cols, mask=mask, other=0.0)
+             .to(tl.float32)).to(x.dtype)
+        tl.store(residual_ptr + row * stride_r + cols, x, mask=mask)
+    h = x.to(tl.float32)
+    h = h * tl.rsqrt(tl.sum(h * h, 0) / N + eps)
+    w = tl.load(weight_ptr + cols, mask=mask, other=0.0)
+    tl.store(out_ptr + row * stride_o + cols, (w.to(tl.float32) * h.to(x.dtype).to(tl.float32)).to(x.dtype),
+             mask=mask)
+
+
+def add_rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float,
+                 residual: torch.Tensor | None = None) -> torch.Tensor:
+    """RMSNorm of x [T, N]; with a residual, of residual + x, which is also written into residual."""
+    out = torch.empty_like(x)
+    n = x.shape[-1]
+    _add_rms_norm_kernel[(x.shape[0],)](
+        x, residual if residual is not None else x, out, weight, eps, x.stride(0),
+        residual.stride(0) if residual is not None else 0, out.stride(0),
+        N=n, N_PAD=triton.next_power_of_2(n), HAS_RESIDUAL=residual is not None, enable_fp_fusion=False)
+    return out
+
+
+@triton.jit
+def _rotate_heads(ptr, token, stride_t, stride_h, cos1, cos2, sin1, sin2, NUM_HEADS: tl.constexpr,
+                  HEADS_PAD: tl.constexpr, HALF: tl.constexpr, HALF_PAD: tl.constexpr):
+    heads = tl.arange(0, HEADS_PAD)
+    dims = tl.arange(0, HALF_PAD)
+    mask = (heads < NUM_HEADS)[:, None] & (dims < HALF)[None, :]
+    dtype = ptr.dtype.element_ty
+    first = ptr + token * stride_t + heads[:, None] * stride_h + dims[None, :]
+    x1 = tl.load(first, mask=mask).to(tl.float32)
+    x2 = tl.load(first + HALF, mask=mask).to(tl.float32)
+    # x * cos + rotate_half(x) * sin, rotate_half(x) = (-x2, x1): each product rounded, then the sum.
+    out1 = (x1 * cos1[None, :]).to(dtype).to(tl.float32) + (-x2 * sin1[None, :]).to(dtype).to(tl.float32)
+    out2 = (x2 * cos2[None, :]).to(dtype).to(tl.float32) + (x1 * sin2[None, :]).to(dtype).to(tl.float32)
+    tl.store(first, out1.to(dtype), mask=mask)
+    tl.store(first + HALF, out2.to(dtype), mask=mask)
+
+
+@triton.jit
+def _rotary_kernel(q_ptr, k_ptr, positions_ptr, cos_ptr, sin_ptr, stride_qt, stride_qh, stride_kt, stride_kh,
+                   stride_cos, Q_HEADS: tl.constexpr, K_HEADS: tl.constexpr, HEADS_PAD: tl.constexpr,
+                   HALF: tl.constexpr, HALF_PAD: tl.constexpr):
+    token = tl.program_id(0).to(tl.int64)
+    pos = tl.load(positions_ptr + token).to(tl.int64)
+    dims = tl.arange(0, HALF_PAD)
+    dim_mask = dims < HALF
+    dtype = q_ptr.dtype.element_ty
+    # The reference casts cos and sin to the model dtype before multiplying.
+    row = pos * stride_cos
+    cos1 = tl.load(cos_ptr + row + dims, mask=dim_mask).to(dtype).to(tl.float32)
+    cos2 = tl.load(cos_ptr + row + HALF + dims, mask=dim_mask).to(dtype).to(tl.float32)
+    sin1 = tl.load(sin_ptr + row + dims, mask=dim_mask).to(dtype).to(tl.float32)
+    sin2 = tl.load(sin_ptr + row + HALF + dims, mask=dim_mask).to(dtype).to(tl.float32)
+    _rotate_heads(q_ptr, token, stride_qt, stride_qh, cos1, cos2, sin1, sin2, Q_HEADS, HEADS_PAD, HALF, HALF_PAD)
+    _rotate_heads(k_ptr, token, stride_kt, stride_kh, cos1, cos2, sin1, sin2, K_HEADS, HEADS_PAD, HALF, HALF_PAD)
+
+
+def rotary(positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> None:
+    """Rotate q [T, Hq, D] and k [T, Hk, D] (strided views are fine) in place; cos, sin [positions, D]."""
+    half = q.shape[-1] // 2
+    _rotary_kernel[(q.shape[0],)](
+        q, k, positions, cos, sin, q.stride(0), q.stride(1), k.stride(0), k.stride(1), cos.stride(0),
+        Q_HEADS=q.shape[1], K_HEADS=k.shape[1], HEADS_PAD=triton.next_power_of_2(max(q.shape[1], k.shape[1])),
+        HALF=half, HALF_PAD=triton.next_power_of_2(half), enable_fp_fusion=False)
+
+
+@triton.jit
+def _silu_and_mul_kernel(x_ptr, out_ptr, stride_x, stride_o, N: tl.constexpr, BLOCK: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    for start in range(0, N, BLOCK):
+        cols = start + tl.arange(0, BLOCK)
+        mask = cols < N
+        gate = tl.load(x_ptr + row * stride_x + cols, mask=mask, other=0.0)
+        up = tl.load(x_ptr + row * stride_x + N + cols, mask=mask, other=0.0).to(tl.float32)
+        g = gate.to(tl.float32)
+        silu = (g / (1.0 + tl.exp(-g))).to(gate.dtype).to(tl.float32)
+        tl.store(out_ptr + row * stride_o + cols, (silu * up).to(gate.dtype), mask=mask)
+
+
+def silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor:
+    """[T, 2I] (gate then up) -> silu(gate) * up [T, I]."""
+    n = gate_up.shape[-1] // 2
+    out = torch.empty(gate_up.shape[0], n, dtype=gate_up.dtype, device=gate_up.device)
+    _silu_and_mul_kernel[(gate_up.shape[0],)](gate_up, out, gate_up.stride(0), out.stride(0), N=n,
+                                             BLOCK=min(1024, triton.next_power_of_2(n)), enable_fp_fusion=False)
+    return out
