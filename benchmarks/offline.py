@@ -14,6 +14,7 @@ import gc
 import json
 import sys
 import time
+from dataclasses import replace
 
 import torch
 from tqdm import tqdm
@@ -28,8 +29,8 @@ from common.sampling_params import SamplingParams
 def run_ours(folder: str, prompts: list[list[int]], output_len: int, engine: EngineConfig) -> dict:
     from offline import LLM
 
-    args = {k: getattr(engine, k) for k in EngineConfig.__slots__ if k != "model"}
-    llm = LLM(folder, **args)
+    llm = LLM.from_config(replace(engine, model=folder))
+    stats = llm.scheduler.stats
     params = SamplingParams(max_tokens=output_len, temperature=0.0, ignore_eos=True)
     _sync()
     bar = tqdm(total=len(prompts) * output_len, desc="ours", unit="tok", file=sys.stderr)
@@ -39,7 +40,7 @@ def run_ours(folder: str, prompts: list[list[int]], output_len: int, engine: Eng
     def on_step():
         nonlocal steps
         steps += 1
-        bar.n = llm.scheduler.stats.generated_tokens
+        bar.n = stats.generated_tokens
         bar.refresh()
 
     outs = llm.generate(prompts, params, on_step=on_step)

@@ -27,8 +27,7 @@ def main(argv: list[str] | None = None) -> dict[int, float]:
     args = parser.parse_args(argv)
     from offline import LLM
 
-    engine = EngineConfig.from_args(args)
-    llm = LLM(args.model, **{k: getattr(engine, k) for k in EngineConfig.__slots__ if k != "model"})
+    llm = LLM.from_config(EngineConfig.from_args(args))
     params = SamplingParams(max_tokens=1, temperature=0.0, ignore_eos=True)
     sync = torch.cuda.synchronize if llm.runner.device.type == "cuda" else (lambda: None)
     results = {}

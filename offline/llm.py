@@ -9,7 +9,7 @@ from __future__ import annotations
 import itertools
 import time
 from collections import deque
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from typing import Callable, Sequence
 
 from common.config import EngineConfig
@@ -44,6 +44,12 @@ class LLM:
         self.record_plans = False
         # Plans outstanding before the oldest one's tokens are read, as the server runs (see generate).
         self.plans_in_flight = PLANS_IN_FLIGHT if self.runner.launches_async else 1
+
+    @classmethod
+    def from_config(cls, config: EngineConfig) -> "LLM":
+        """An LLM for a config made elsewhere (command-line flags); config.model is any source that
+        resolve_model takes."""
+        return cls(config.model or None, **{f.name: getattr(config, f.name) for f in fields(config) if f.name != "model"})
 
     @property
     def tokenizer(self):
