@@ -147,9 +147,11 @@ class SchedulerLoop:
             send(self.plans, plan, self.activity.sockets)
             if log.isEnabledFor(logging.DEBUG):
                 s = self.scheduler.stats
-                log.debug("step %d: %d prefill + %d decode tokens, %d admitted, %d running, %d waiting",
-                          plan.step_id, s.last_step_prefill_tokens, s.last_step_decode_tokens,
-                          len(plan.new_requests), len(self.scheduler.running), len(self.scheduler.waiting))
+                finishing = self.scheduler.num_finishing
+                log.debug("step %d: %d prefill + %d decode tokens, %d admitted, %d running, %d finishing, "
+                          "%d waiting", plan.step_id, s.last_step_prefill_tokens, s.last_step_decode_tokens,
+                          len(plan.new_requests), len(self.scheduler.running) - finishing, finishing,
+                          len(self.scheduler.waiting))
             self.in_flight += 1
             sent = True
         return sent
@@ -184,9 +186,13 @@ class SchedulerLoop:
         s = self.scheduler.stats
         hit_rate = s.cache_hit_tokens / s.prompt_tokens_admitted if s.prompt_tokens_admitted else 0.0
         log.info("running %d, waiting %d, KV blocks free %d/%d, last step %d prefill + %d decode tokens, "
-                 "prefix cache hit rate %.1f%%, preemptions %d", len(self.scheduler.running),
+                 "prefix cache hit rate %.1f%%, preemptions %d", self._num_running(),
                  len(self.scheduler.waiting), self.scheduler.blocks.num_free, self.scheduler.blocks.num_blocks,
                  s.last_step_prefill_tokens, s.last_step_decode_tokens, 100 * hit_rate, s.preemptions)
+
+    def _num_running(self) -> int:
+        """Seated requests (at most --max-num-seqs), not counting those only waiting for their last token."""
+        return len(self.scheduler.running) - self.scheduler.num_finishing
 
     def stats(self) -> dict:
         s = self.scheduler.stats
@@ -194,7 +200,7 @@ class SchedulerLoop:
         evictable = self.scheduler.cache.num_evictable if self.scheduler.cache is not None else 0
         return {
             **self.activity.summary(),
-            "num_running": len(self.scheduler.running),
+            "num_running": self._num_running(),
             "num_waiting": len(self.scheduler.waiting),
             "kv_blocks_total": blocks.num_blocks,
             "kv_blocks_free": blocks.num_free,

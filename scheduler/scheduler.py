@@ -115,6 +115,12 @@ class Scheduler:
     def has_unfinished(self) -> bool:
         return bool(self.requests)
 
+    @property
+    def num_finishing(self) -> int:
+        """Running requests whose last token is in flight: their seat is already given away, their blocks
+        are held until the token arrives. The others in `running` are the decode batch."""
+        return sum(1 for r in self.running if not r.is_prefilling and not r.can_sample_more(self.max_model_len))
+
     def schedule(self) -> StepPlan | None:
         """The next step's plan, or None when nothing can run."""
         budget = self.config.max_num_batched_tokens

@@ -155,12 +155,14 @@ def test_a_request_whose_last_token_is_in_flight_hands_its_seat_over_at_once():
     # Two plans in flight, as the server runs: plan 2 is made before plan 1's tokens are back. Request 0
     # reaches max_tokens in plan 1, so plan 2 can already give its seat to request 1.
     scheduler = Scheduler(EngineConfig(block_size=4, max_num_seqs=1), ModelInfo("llama", 64, [0], 16), 16)
-    for rid in (0, 1):
-        scheduler.add_request(TokenizedRequest(rid, [3, 4, 5], SamplingParams(max_tokens=1), StageTimes()))
+    for rid, max_tokens in ((0, 1), (1, 4)):
+        scheduler.add_request(TokenizedRequest(rid, [3, 4, 5], SamplingParams(max_tokens=max_tokens), StageTimes()))
     first, second = scheduler.schedule(), scheduler.schedule()
     assert [s.rid for s in first.new_requests] == [0]
     assert [s.rid for s in second.new_requests] == [1], "the seat is not left idle for a step"
     assert [c.rid for c in second.chunks] == [1], "request 0 computes nothing more"
+    assert scheduler.num_finishing == 1 and len(scheduler.running) - scheduler.num_finishing == 1, \
+        "request 0 only waits for its last token; request 1 holds the one seat"
     scheduler.check_integrity()
 
 
