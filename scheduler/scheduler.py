@@ -12,8 +12,9 @@ All of a step's chunks go to the worker as one plan, computed in one forward.
 
 Results arrive one step late at worst (the next plan is made while the GPU runs this one), so a request
 that sampled EOS may be scheduled once more; that extra token is discarded here. A request whose last
-token is in flight because it reached max_tokens (known without the result) gives up its seat at once:
-the next plan admits a successor instead of leaving the seat idle for a step.
+token is in flight because it reached max_tokens (known without the result) gives up its seat and its
+blocks at once: the next plan can admit a successor into both. (The worker runs plans in order, so the
+successor writes those blocks only after the step that last used them.)
 """
 
 from __future__ import annotations
@@ -117,9 +118,12 @@ class Scheduler:
 
     @property
     def num_finishing(self) -> int:
-        """Running requests whose last token is in flight: their seat is already given away, their blocks
-        are held until the token arrives. The others in `running` are the decode batch."""
-        return sum(1 for r in self.running if not r.is_prefilling and not r.can_sample_more(self.max_model_len))
+        """Running requests whose last token is in flight: seat and blocks already given away, they only
+        wait for that token. The others in `running` are the decode batch."""
+        return sum(1 for r in self.running if self._is_finishing(r))
+
+    def _is_finishing(self, request: Request) -> bool:
+        return not request.is_prefilling and not request.can_sample_more(self.max_model_len)
 
     def schedule(self) -> StepPlan | None:
         """The next step's plan, or None when nothing can run."""
@@ -136,7 +140,12 @@ class Scheduler:
                 continue  # preempted earlier in this loop to make room
             if not request.is_prefilling:
                 if not request.can_sample_more(self.max_model_len):
-                    continue  # its last token is in flight; it finishes when the result arrives
+                    # Its last token is in flight; it finishes when the result arrives. Blocks whose
+                    # tokens are all known go to the prefix cache now; the final token is never computed.
+                    if request.block_ids:
+                        self._free_request_blocks(request)
+                        request.cache_cursor.stopped = True
+                    continue
                 seats_taken += 1
                 if request.num_tokens_planned == request.num_computed:
                     continue  # its next token is in flight
@@ -258,7 +267,8 @@ class Scheduler:
         False if `request` itself had to be preempted."""
         needed = self.blocks.blocks_for_tokens(num_tokens) - len(request.block_ids)
         while not self._make_free(needed):
-            victim = self.running[-1]
+            # The newest request that holds blocks: a finishing one holds none, and loses nothing anyway.
+            victim = next(r for r in reversed(self.running) if not self._is_finishing(r))
             self._preempt(victim)
             if victim is request:
                 return False

@@ -178,3 +178,15 @@ def test_two_plans_in_flight_hand_seats_over_and_leave_outputs_unchanged(tiny_mo
     assert run(overlapped, prompts, params) == baseline
     admissions = [len(p.new_requests) for p in overlapped.plans_executed if p.new_requests]
     assert admissions == [4, 4], "the second four are seated in one plan, as the first four finish"
+
+
+def test_preemption_with_two_plans_in_flight_gives_the_same_outputs(tiny_model):
+    # Requests finishing while the next plan is made give their blocks back at once; the tiny pool makes
+    # the scheduler preempt around them.
+    prompts = random_prompts(6, [20, 33, 7, 41, 15, 28], vocab=512, seed=14)
+    params = [SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True) for n in (24, 6, 24, 9, 24, 24)]
+    baseline = run(make_llm(tiny_model, block_size=4), prompts, params)
+    tight = make_llm(tiny_model, block_size=4, num_kv_blocks=20)
+    tight.plans_in_flight = 2
+    assert run(tight, prompts, params) == baseline
+    assert tight.scheduler.stats.preemptions > 0
