@@ -157,12 +157,12 @@ class ModelRunner:
         if short < 1:
             return  # a pool this small is a test's; nothing worth warming
         long = min(1024, self.info.max_model_len - 2, room) if self.device.type == "cuda" else short
-        blocks_short, blocks_long = -(-(short + 2) // bs), -(-(long + 2) // bs)
         a, b, c, d = -1, -2, -3, -4
-        tables, first = {}, 0
-        for rid, n in ((a, blocks_short), (b, blocks_long), (c, blocks_short), (d, blocks_short)):
-            tables[rid], first = list(range(first, first + n)), first + n
         lengths = {a: short, b: long, c: short, d: short}
+        tables, first = {}, 0
+        for rid, n in lengths.items():  # room for the prompt and two decoded tokens, blocks side by side
+            used = -(-(n + 2) // bs)
+            tables[rid], first = list(range(first, first + used)), first + used
         new = {rid: NewRequestSpec(rid, [1] * n, greedy, 0) for rid, n in lengths.items()}
 
         def prefill(rid: int) -> ScheduledChunk:

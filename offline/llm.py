@@ -108,7 +108,7 @@ class LLM:
             order.append(rid)
         pending = set(order)
         # As the server runs: the next step is planned and launched before the previous one's tokens are
-        # read back (see scheduler/process.py), at most PLANS_IN_FLIGHT steps outstanding.
+        # read back (see scheduler/process.py), at most self.plans_in_flight steps outstanding.
         in_flight: deque[LaunchedStep] = deque()
         depth = self.plans_in_flight
         while pending:

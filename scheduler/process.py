@@ -136,8 +136,7 @@ class SchedulerLoop:
             if self.window is not None:
                 self.window.on_result()
 
-    def _send_plans(self) -> bool:
-        sent = False
+    def _send_plans(self) -> None:
         while self.in_flight < PLANS_IN_FLIGHT:
             plan = self.scheduler.schedule()
             if plan is None:
@@ -147,14 +146,11 @@ class SchedulerLoop:
             send(self.plans, plan, self.activity.sockets)
             if log.isEnabledFor(logging.DEBUG):
                 s = self.scheduler.stats
-                finishing = self.scheduler.num_finishing
                 log.debug("step %d: %d prefill + %d decode tokens, %d admitted, %d running, %d finishing, "
                           "%d waiting", plan.step_id, s.last_step_prefill_tokens, s.last_step_decode_tokens,
-                          len(plan.new_requests), len(self.scheduler.running) - finishing, finishing,
+                          len(plan.new_requests), self._num_running(), self.scheduler.num_finishing,
                           len(self.scheduler.waiting))
             self.in_flight += 1
-            sent = True
-        return sent
 
     def _drain_requests(self) -> None:
         while True:

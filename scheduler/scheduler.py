@@ -139,12 +139,10 @@ class Scheduler:
             if request.status is not RequestStatus.RUNNING:
                 continue  # preempted earlier in this loop to make room
             if not request.is_prefilling:
-                if not request.can_sample_more(self.max_model_len):
+                if self._is_finishing(request):
                     # Its last token is in flight; it finishes when the result arrives. Blocks whose
                     # tokens are all known go to the prefix cache now; the final token is never computed.
-                    if request.block_ids:
-                        self._free_request_blocks(request)
-                        request.cache_cursor.stopped = True
+                    self._free_request_blocks(request)
                     continue
                 seats_taken += 1
                 if request.num_tokens_planned == request.num_computed:
@@ -252,8 +250,8 @@ class Scheduler:
 
     def _cache_computed_blocks(self, request: Request) -> None:
         """Offer the prefix cache every newly completed block whose tokens are all known."""
-        if self.cache is None or request.cache_cursor.stopped:
-            return
+        if self.cache is None or request.cache_cursor.stopped or not request.block_ids:
+            return  # (no blocks: already given back, by a request that only waits for its last token)
         known = len(request.prompt_ids) + len(request.output_ids)
         full = min(request.num_computed, known) // self.block_size
         if full > request.cache_cursor.next_block:
