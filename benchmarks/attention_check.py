@@ -22,8 +22,8 @@ import random
 import sys
 import time
 import traceback
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import torch
 import triton.testing
@@ -40,6 +40,8 @@ STAGING = StagingRing(DEVICE, 1 << 24)
 def build_metadata(backend, layout, slots: torch.Tensor):
     STAGING.next_step()
     return backend.build_metadata(layout, slots.cpu().numpy(), STAGING)
+
+
 BLOCK_SIZE = 16
 
 
@@ -66,12 +68,14 @@ class Batch:
     v_cache: torch.Tensor
 
     def to(self, dtype: torch.dtype) -> Batch:
-        return Batch(self.layout, self.slots, *(t.to(dtype) for t in (self.q, self.k, self.v, self.k_cache,
-                                                                       self.v_cache)))
+        return Batch(
+            self.layout, self.slots, *(t.to(dtype) for t in (self.q, self.k, self.v, self.k_cache, self.v_cache))
+        )
 
 
-def make_batch(seqs: list[tuple[int, int]], shape: Shape, block_size: int, dtype: torch.dtype,
-               rng: random.Random) -> Batch:
+def make_batch(
+    seqs: list[tuple[int, int]], shape: Shape, block_size: int, dtype: torch.dtype, rng: random.Random
+) -> Batch:
     """seqs: (cached tokens, new tokens) per sequence, multi-token first; blocks scattered over the pool."""
     context_lens = [cached + new for cached, new in seqs]
     need = [-(-n // block_size) for n in context_lens]
@@ -79,7 +83,7 @@ def make_batch(seqs: list[tuple[int, int]], shape: Shape, block_size: int, dtype
     rng.shuffle(pool)
     tables, slots, used = [], [], 0
     for (cached, new), n in zip(seqs, need):
-        table = pool[used:used + n]
+        table = pool[used : used + n]
         used += n
         tables.append(table)
         slots += [table[p // block_size] * block_size + p % block_size for p in range(cached, cached + new)]
@@ -92,9 +96,15 @@ def make_batch(seqs: list[tuple[int, int]], shape: Shape, block_size: int, dtype
 
     t = len(slots)
     cache_shape = (len(pool), block_size, shape.kv_heads, shape.head_dim)
-    return Batch(layout, torch.tensor(slots), rand(t, shape.heads, shape.head_dim),
-                 rand(t, shape.kv_heads, shape.head_dim), rand(t, shape.kv_heads, shape.head_dim),
-                 rand(*cache_shape), rand(*cache_shape))
+    return Batch(
+        layout,
+        torch.tensor(slots),
+        rand(t, shape.heads, shape.head_dim),
+        rand(t, shape.kv_heads, shape.head_dim),
+        rand(t, shape.kv_heads, shape.head_dim),
+        rand(*cache_shape),
+        rand(*cache_shape),
+    )
 
 
 def run(backend, batch: Batch, scale: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -106,6 +116,7 @@ def run(backend, batch: Batch, scale: float) -> tuple[torch.Tensor, torch.Tensor
 
 # ------------------------------------------------------------------------------------- correctness
 
+
 def random_mixed(rng: random.Random) -> list[tuple[int, int]]:
     prefill = [(rng.choice([0, 0, rng.randint(1, 600)]), rng.randint(2, 400)) for _ in range(rng.randint(1, 5))]
     decode = [(rng.randint(0, 2500), 1) for _ in range(rng.randint(1, 40))]
@@ -116,8 +127,12 @@ def check_cases() -> list[tuple[str, Shape, int, list[tuple[int, int]]]]:
     rng = random.Random(0)
     cases = []
     # Each (shape, block size, dtype) compiles its own kernels: few combinations keep the run short.
-    for shape, block_size in ((GPT2, 16), (LLAMA, 16), (Shape("gqa-dim80", 8, 2, 80), 1),
-                              (Shape("mqa-dim32", 8, 1, 32), 64)):
+    for shape, block_size in (
+        (GPT2, 16),
+        (LLAMA, 16),
+        (Shape("gqa-dim80", 8, 2, 80), 1),
+        (Shape("mqa-dim32", 8, 1, 32), 64),
+    ):
         cases.append((f"mixed bs={block_size}", shape, block_size, random_mixed(rng)))
     # Few long decodes: the split-KV path (with empty slices for the shorter context).
     cases.append(("long decodes", LLAMA, 16, [(4000, 1), (3000, 1), (100, 1)]))
@@ -126,10 +141,11 @@ def check_cases() -> list[tuple[str, Shape, int, list[tuple[int, int]]]]:
     return cases
 
 
-def check_one(seqs: list[tuple[int, int]], shape: Shape, block_size: int, dtype: torch.dtype,
-              rng: random.Random) -> float:
+def check_one(
+    seqs: list[tuple[int, int]], shape: Shape, block_size: int, dtype: torch.dtype, rng: random.Random
+) -> float:
     batch = make_batch(seqs, shape, block_size, dtype, rng)
-    scale = shape.head_dim ** -0.5
+    scale = shape.head_dim**-0.5
     out, k_cache, v_cache = run(TritonAttention(block_size), batch, scale)
     ref, ref_k, ref_v = run(TorchAttention(block_size), batch.to(torch.float32), scale)
     if not (torch.equal(k_cache.float(), ref_k) and torch.equal(v_cache.float(), ref_v)):
@@ -153,8 +169,10 @@ def run_checks(failures: list[str]) -> None:
             verdict = "" if err <= limit else f"  FAIL (limit {limit:g})"
             if verdict:
                 failures.append(label)
-            print(f"{name:<16}{shape.name:<12}{len(seqs):>5}{sum(n for _, n in seqs):>7}"
-                  f"{str(dtype).removeprefix('torch.'):>10}{err:>11.2e}{verdict}")
+            print(
+                f"{name:<16}{shape.name:<12}{len(seqs):>5}{sum(n for _, n in seqs):>7}"
+                f"{str(dtype).removeprefix('torch.'):>10}{err:>11.2e}{verdict}"
+            )
 
 
 # ------------------------------------------------------------------------------------------- speed
@@ -207,15 +225,17 @@ def run_speed(failures: list[str]) -> list[str]:
             label = f"{name} / {shape.name}"
             try:
                 batch = make_batch(seqs, shape, BLOCK_SIZE, dtype, rng)
-                scale = shape.head_dim ** -0.5
+                scale = shape.head_dim**-0.5
                 torch_ms, torch_host = time_backend(TorchAttention(BLOCK_SIZE), batch, scale)
                 triton_ms, triton_host = time_backend(TritonAttention(BLOCK_SIZE), batch, scale)
             except Exception:
                 failures.append(label)
                 print(f"ERROR timing {label}:\n{traceback.format_exc()}")
                 continue
-            rows.append(f"{name:<22}{shape.name:<12}{torch_ms:>10.3f}{triton_ms:>10.3f}{torch_ms / triton_ms:>9.1f}x"
-                        f"{torch_host:>9.2f}{triton_host:>9.2f}   {throughput(seqs, shape, dtype, triton_ms)}")
+            rows.append(
+                f"{name:<22}{shape.name:<12}{torch_ms:>10.3f}{triton_ms:>10.3f}{torch_ms / triton_ms:>9.1f}x"
+                f"{torch_host:>9.2f}{triton_host:>9.2f}   {throughput(seqs, shape, dtype, triton_ms)}"
+            )
             if name == SPLIT_SWEEP:
                 sweep_splits(batch, shape, failures)
     return rows
@@ -231,12 +251,24 @@ def sweep_splits(batch: Batch, shape: Shape, failures: list[str]) -> None:
         out = torch.empty_like(batch.q)
         times = []
         for splits in (1, 2, 3, 4, 6, 8, 16):
-            ms = bench_ms(lambda: kernels.decode_attention(batch.q, out, batch.k_cache, batch.v_cache,
-                                                           metadata.block_tables, metadata.context_lens,
-                                                           0.1, max_ctx, splits))
+            ms = bench_ms(
+                lambda: kernels.decode_attention(
+                    batch.q,
+                    out,
+                    batch.k_cache,
+                    batch.v_cache,
+                    metadata.block_tables,
+                    metadata.context_lens,
+                    0.1,
+                    max_ctx,
+                    splits,
+                )
+            )
             times.append(f"{splits}:{ms * 1e3:.0f}us")
-        print(f"split sweep {shape.name}, {len(batch.layout.query_lens)} x {max_ctx} "
-              f"(heuristic picks {picked}): " + "  ".join(times))
+        print(
+            f"split sweep {shape.name}, {len(batch.layout.query_lens)} x {max_ctx} "
+            f"(heuristic picks {picked}): " + "  ".join(times)
+        )
     except Exception:
         failures.append(f"split sweep / {shape.name}")
         print(f"ERROR split sweep {shape.name}:\n{traceback.format_exc()}")
@@ -257,8 +289,10 @@ def compare_kv_store(failures: list[str]) -> None:
 
                 ours = bench_ms(lambda: kernels.store_kv(batch.k, batch.v, batch.k_cache, batch.v_cache, slots))
                 theirs = bench_ms(index_copy)
-                print(f"K/V store {shape.name}, {tokens} tokens: triton {ours * 1e3:.1f}us, "
-                      f"2x index_copy_ {theirs * 1e3:.1f}us")
+                print(
+                    f"K/V store {shape.name}, {tokens} tokens: triton {ours * 1e3:.1f}us, "
+                    f"2x index_copy_ {theirs * 1e3:.1f}us"
+                )
             except Exception:
                 failures.append(f"kv store / {shape.name}")
                 print(f"ERROR K/V store {shape.name}:\n{traceback.format_exc()}")
@@ -274,8 +308,10 @@ def main() -> None:
     print("\n== speed (bfloat16, one layer, median)")
     rows = run_speed(failures)
     compare_kv_store(failures)
-    print(f"\n{'workload':<22}{'shape':<12}{'torch ms':>10}{'triton ms':>10}{'speedup':>10}"
-          f"{'host ms':>9}{'host ms':>9}   triton throughput")
+    print(
+        f"\n{'workload':<22}{'shape':<12}{'torch ms':>10}{'triton ms':>10}{'speedup':>10}"
+        f"{'host ms':>9}{'host ms':>9}   triton throughput"
+    )
     print(f"{'':<64}{'torch':>9}{'triton':>9}")
     print("\n".join(rows))
     if failures:

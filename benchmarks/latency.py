@@ -162,5 +162,9 @@ def summarize(requests: list[RequestTimings]) -> Summary:
         duration = max(r.done or r.finished for r in ok) - min(r.submit for r in requests)
     return Summary(
         latencies_ms={key: percentiles(values) for key, values in samples.items()},
-        completed=len(ok), failed=len(requests) - len(ok), duration_s=duration,
-        prompt_tokens=sum(r.prompt_tokens for r in ok), completion_tokens=sum(r.completion_tokens for r in ok))
+        completed=len(ok),
+        failed=len(requests) - len(ok),
+        duration_s=duration,
+        prompt_tokens=sum(r.prompt_tokens for r in ok),
+        completion_tokens=sum(r.completion_tokens for r in ok),
+    )

@@ -48,9 +48,15 @@ def run_ours(folder: str, prompts: list[list[int]], output_len: int, engine: Eng
     elapsed = time.perf_counter() - start
     bar.close()
     generated = sum(len(o.token_ids) for o in outs)
-    result = {"name": "ours", "seconds": elapsed, "generated_tokens": generated, "steps": steps,
-              "tokens_per_s": generated / elapsed, "num_kv_blocks": llm.runner.num_kv_blocks,
-              "attention_backend": type(llm.runner.attention).__name__}
+    result = {
+        "name": "ours",
+        "seconds": elapsed,
+        "generated_tokens": generated,
+        "steps": steps,
+        "tokens_per_s": generated / elapsed,
+        "num_kv_blocks": llm.runner.num_kv_blocks,
+        "attention_backend": type(llm.runner.attention).__name__,
+    }
     del llm
     _free()
     return result
@@ -76,19 +82,31 @@ def run_hf_generate(model, prompts: list[list[int]], output_len: int, batch_size
     start = time.perf_counter()
     with torch.inference_mode():
         for i in range(0, len(prompts), batch_size):
-            batch = prompts[i:i + batch_size]
+            batch = prompts[i : i + batch_size]
             width = max(len(p) for p in batch)
             ids = torch.tensor([[pad] * (width - len(p)) + p for p in batch], device=device)
             mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in batch], device=device)
-            out = model.generate(ids, attention_mask=mask, max_new_tokens=output_len, min_new_tokens=output_len,
-                                 do_sample=False, pad_token_id=pad, eos_token_id=None)
+            out = model.generate(
+                ids,
+                attention_mask=mask,
+                max_new_tokens=output_len,
+                min_new_tokens=output_len,
+                do_sample=False,
+                pad_token_id=pad,
+                eos_token_id=None,
+            )
             generated += (out.shape[1] - width) * len(batch)
             bar.update((out.shape[1] - width) * len(batch))
     _sync()
     elapsed = time.perf_counter() - start
     bar.close()
-    return {"name": "hf_generate", "seconds": elapsed, "generated_tokens": generated,
-            "tokens_per_s": generated / elapsed, "batch_size": batch_size}
+    return {
+        "name": "hf_generate",
+        "seconds": elapsed,
+        "generated_tokens": generated,
+        "tokens_per_s": generated / elapsed,
+        "batch_size": batch_size,
+    }
 
 
 def run_hf_generate_batch(model, prompts: list[list[int]], output_len: int) -> dict:
@@ -96,8 +114,10 @@ def run_hf_generate_batch(model, prompts: list[list[int]], output_len: int) -> d
     from transformers import GenerationConfig
 
     config = GenerationConfig(max_new_tokens=output_len, do_sample=False, eos_token_id=-1, pad_token_id=0)
-    model.generate_batch(inputs=[prompts[0][:16]], generation_config=GenerationConfig(
-        max_new_tokens=4, do_sample=False, eos_token_id=-1, pad_token_id=0))  # warm-up
+    model.generate_batch(
+        inputs=[prompts[0][:16]],
+        generation_config=GenerationConfig(max_new_tokens=4, do_sample=False, eos_token_id=-1, pad_token_id=0),
+    )  # warm-up
     _sync()
     start = time.perf_counter()
     outputs = model.generate_batch(inputs=prompts, generation_config=config, progress_bar=True)
@@ -107,8 +127,12 @@ def run_hf_generate_batch(model, prompts: list[list[int]], output_len: int) -> d
     if failed:
         raise RuntimeError(f"generate_batch failed {len(failed)} requests: {failed[0]}")
     generated = sum(len(o.generated_tokens) for o in outputs.values())
-    return {"name": "hf_generate_batch", "seconds": elapsed, "generated_tokens": generated,
-            "tokens_per_s": generated / elapsed}
+    return {
+        "name": "hf_generate_batch",
+        "seconds": elapsed,
+        "generated_tokens": generated,
+        "tokens_per_s": generated / elapsed,
+    }
 
 
 def _sync():
@@ -129,8 +153,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--input-len-range", default="64-512")
     parser.add_argument("--output-len", type=int, default=256)
     parser.add_argument("--workload-seed", type=int, default=0)
-    parser.add_argument("--baselines", default="generate,generate_batch",
-                        help="comma-separated Hugging Face baselines to run: generate, generate_batch, or none")
+    parser.add_argument(
+        "--baselines",
+        default="generate,generate_batch",
+        help="comma-separated Hugging Face baselines to run: generate, generate_batch, or none",
+    )
     parser.add_argument("--hf-batch-size", type=int, default=64, help="static batch size for HF generate")
     parser.add_argument("--json", help="write the results here")
     add_engine_args(parser)
@@ -139,8 +166,13 @@ def main(argv: list[str] | None = None) -> None:
     folder = str(resolve_model(args.model))
     engine = EngineConfig.from_args(args)
     info = ModelInfo.from_folder(folder)
-    prompts = random_token_prompts(args.num_requests, parse_range(args.input_len_range), info.vocab_size,
-                                   seed=args.workload_seed, avoid=frozenset(info.eos_token_ids))
+    prompts = random_token_prompts(
+        args.num_requests,
+        parse_range(args.input_len_range),
+        info.vocab_size,
+        seed=args.workload_seed,
+        avoid=frozenset(info.eos_token_ids),
+    )
     results = [run_ours(folder, prompts, args.output_len, engine)]
     baselines = [b for b in args.baselines.split(",") if b and b != "none"]
     if baselines:
@@ -158,8 +190,10 @@ def main(argv: list[str] | None = None) -> None:
                 parser.error(f"unknown baseline {name!r}")
     ours = results[0]["tokens_per_s"]
     device_name = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
-    print(f"\n{args.num_requests} requests, prompts {args.input_len_range} tokens, {args.output_len} new tokens, "
-          f"greedy, EOS ignored; {device_name}")
+    print(
+        f"\n{args.num_requests} requests, prompts {args.input_len_range} tokens, {args.output_len} new tokens, "
+        f"greedy, EOS ignored; {device_name}"
+    )
     print(f"{'engine':<20}{'tokens/s':>12}{'seconds':>10}{'ours / this':>14}")
     for r in results:
         print(f"{r['name']:<20}{r['tokens_per_s']:>12.0f}{r['seconds']:>10.1f}{ours / r['tokens_per_s']:>14.2f}")

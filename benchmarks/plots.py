@@ -1,7 +1,7 @@
 """PNG plots of one serving benchmark run (matplotlib, Agg: no display needed).
 
-    latency_cdf.png       empirical CDFs of TTFT, ITL and end-to-end latency
-    tokens_over_time.png  tokens streamed so far (all requests) against time since the first submit
+latency_cdf.png       empirical CDFs of TTFT, ITL and end-to-end latency
+tokens_over_time.png  tokens streamed so far (all requests) against time since the first submit
 """
 
 from __future__ import annotations
@@ -20,8 +20,10 @@ from benchmarks.latency import RequestTimings, inter_token_latencies, request_la
 def write_plots(requests: list[RequestTimings], folder: Path, title: str) -> list[Path]:
     folder.mkdir(parents=True, exist_ok=True)
     ok = [r for r in requests if r.ok]
-    return [_latency_cdfs(ok, folder / "latency_cdf.png", title),
-            _tokens_over_time(ok, folder / "tokens_over_time.png", title)]
+    return [
+        _latency_cdfs(ok, folder / "latency_cdf.png", title),
+        _tokens_over_time(ok, folder / "tokens_over_time.png", title),
+    ]
 
 
 def _latency_cdfs(requests: list[RequestTimings], path: Path, title: str) -> Path:

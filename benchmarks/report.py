@@ -32,12 +32,16 @@ class Sizes:
     poisson: str  # benchmarks.serve: Poisson arrivals
 
 
-GPU = Sizes(offline="--num-requests 256 --input-len-range 64-512 --output-len 256",
-            burst="--num-requests 256 --input-len-range 64-512 --max-new-tokens 256 --no-stop-on-eos",
-            poisson="--num-requests 400 --input-len-range 64-512 --output-len-range 16-256 --request-rate 20")
-CPU = Sizes(offline="--num-requests 16 --input-len-range 32-128 --output-len 32",
-            burst="--num-requests 16 --input-len-range 32-128 --max-new-tokens 32 --no-stop-on-eos",
-            poisson="--num-requests 32 --input-len-range 32-128 --output-len-range 8-32 --request-rate 1")
+GPU = Sizes(
+    offline="--num-requests 256 --input-len-range 64-512 --output-len 256",
+    burst="--num-requests 256 --input-len-range 64-512 --max-new-tokens 256 --no-stop-on-eos",
+    poisson="--num-requests 400 --input-len-range 64-512 --output-len-range 16-256 --request-rate 20",
+)
+CPU = Sizes(
+    offline="--num-requests 16 --input-len-range 32-128 --output-len 32",
+    burst="--num-requests 16 --input-len-range 32-128 --max-new-tokens 32 --no-stop-on-eos",
+    poisson="--num-requests 32 --input-len-range 32-128 --output-len-range 8-32 --request-rate 1",
+)
 
 
 def _cpu_name() -> str:
@@ -66,9 +70,11 @@ def main(argv: list[str] | None = None) -> None:
     sizes = GPU if on_gpu else CPU
     out = Path(args.output_dir)
     out.mkdir(parents=True, exist_ok=True)
-    engine = " ".join(([f"--model {shlex.quote(args.model)}"] if args.model else [])
-                      + ([f"--load-format {args.load_format}"] if args.load_format != "auto" else [])
-                      + ([] if on_gpu else ["--device cpu"]))
+    engine = " ".join(
+        ([f"--model {shlex.quote(args.model)}"] if args.model else [])
+        + ([f"--load-format {args.load_format}"] if args.load_format != "auto" else [])
+        + ([] if on_gpu else ["--device cpu"])
+    )
 
     offline_flags = f"{engine} {sizes.offline}".strip()
     run("benchmarks.offline", f"{offline_flags} --json {out / 'offline.json'}")
@@ -82,16 +88,23 @@ def main(argv: list[str] | None = None) -> None:
     device_name = offline["device"] if on_gpu else f"{_cpu_name()}, {os.cpu_count()} cores"
     rows = ["| workload | figure | value |", "|---|---|---|"]
     ours = offline["results"][0]["tokens_per_s"]
-    cells = [f"ours {ours:.0f}"] + [f"{r['name']} {r['tokens_per_s']:.0f} (ours {ours / r['tokens_per_s']:.1f}×)"
-                                     for r in offline["results"][1:]]
+    cells = [f"ours {ours:.0f}"] + [
+        f"{r['name']} {r['tokens_per_s']:.0f} (ours {ours / r['tokens_per_s']:.1f}×)" for r in offline["results"][1:]
+    ]
     rows.append(f"| offline: `python -m benchmarks.offline {offline_flags}` | tokens/s | {'; '.join(cells)} |")
     for name, flags in serve_runs.items():
         s = json.loads((out / f"serve_{name}.json").read_text())["summary"]
         lat = s["latencies_ms"]
         cmd = f"`python -m benchmarks.serve {flags}`"
         rows.append(f"| serve {name}: {cmd} | completion tokens/s | {s['completion_throughput']:.0f} |")
-        for key, label in (("ttft", "TTFT"), ("tpot", "TPOT"), ("itl", "ITL"), ("e2e", "end-to-end"),
-                           ("queue_wait", "queue wait"), ("prefill_to_first_token", "prefill→first token")):
+        for key, label in (
+            ("ttft", "TTFT"),
+            ("tpot", "TPOT"),
+            ("itl", "ITL"),
+            ("e2e", "end-to-end"),
+            ("queue_wait", "queue wait"),
+            ("prefill_to_first_token", "prefill→first token"),
+        ):
             rows.append(f"| | {label} p50 / p99 (ms) | {lat[key]['p50']:.1f} / {lat[key]['p99']:.1f} |")
     table = f"Machine: {device_name}.\n\n" + "\n".join(rows)
 

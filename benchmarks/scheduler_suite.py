@@ -62,7 +62,7 @@ class Outcome:
 
     @property
     def throughput_ratio(self) -> float:
-        return (self.after["summary"]["completion_throughput"] / self.before["summary"]["completion_throughput"])
+        return self.after["summary"]["completion_throughput"] / self.before["summary"]["completion_throughput"]
 
     @property
     def met(self) -> bool:
@@ -71,32 +71,87 @@ class Outcome:
 
 def pairs(budget: int) -> list[Pair]:
     return [
-        Pair("prefix-cache",
-             ["--num-requests", "16", "--prompt", "Hello", "--prompt-repeats", "900-915", "--max-concurrency", "1",
-              "--max-new-tokens", "1"],
-             before_flags="--no-prefix-cache", after_flags="",
-             metric="ttft", stat="p50", min_ratio=3.0),
-        Pair("prompt-budget",
-             # Unique prompts: the eight long prompts would otherwise share their blocks through the prefix
-             # cache and there would be almost nothing left to chunk.
-             ["--num-requests", "32", "--prompt", "Hello", "--prompt-repeats", "1,1,1,64", "--unique-prompts",
-              "--submit-interval-ms", "20", "--max-new-tokens", "32", "--no-stop-on-eos"],
-             before_flags="--max-num-seqs 8 --max-num-batched-tokens 4096 --no-chunked-prefill",
-             after_flags=f"--max-num-seqs 8 --max-num-batched-tokens {budget}",
-             metric="itl", stat="p99", min_ratio=1.0, throughput_no_worse=True),
-        Pair("prefill-batching",
-             ["--num-requests", "32", "--prompt", "Hello", "--unique-prompts", "--max-new-tokens", "8",
-              "--no-stop-on-eos"],
-             before_flags="--max-prefill-requests 1", after_flags="",
-             metric="ttft", stat="p50", min_ratio=2.0),
+        Pair(
+            "prefix-cache",
+            [
+                "--num-requests",
+                "16",
+                "--prompt",
+                "Hello",
+                "--prompt-repeats",
+                "900-915",
+                "--max-concurrency",
+                "1",
+                "--max-new-tokens",
+                "1",
+            ],
+            before_flags="--no-prefix-cache",
+            after_flags="",
+            metric="ttft",
+            stat="p50",
+            min_ratio=3.0,
+        ),
+        Pair(
+            "prompt-budget",
+            # Unique prompts: the eight long prompts would otherwise share their blocks through the prefix
+            # cache and there would be almost nothing left to chunk.
+            [
+                "--num-requests",
+                "32",
+                "--prompt",
+                "Hello",
+                "--prompt-repeats",
+                "1,1,1,64",
+                "--unique-prompts",
+                "--submit-interval-ms",
+                "20",
+                "--max-new-tokens",
+                "32",
+                "--no-stop-on-eos",
+            ],
+            before_flags="--max-num-seqs 8 --max-num-batched-tokens 4096 --no-chunked-prefill",
+            after_flags=f"--max-num-seqs 8 --max-num-batched-tokens {budget}",
+            metric="itl",
+            stat="p99",
+            min_ratio=1.0,
+            throughput_no_worse=True,
+        ),
+        Pair(
+            "prefill-batching",
+            [
+                "--num-requests",
+                "32",
+                "--prompt",
+                "Hello",
+                "--unique-prompts",
+                "--max-new-tokens",
+                "8",
+                "--no-stop-on-eos",
+            ],
+            before_flags="--max-prefill-requests 1",
+            after_flags="",
+            metric="ttft",
+            stat="p50",
+            min_ratio=2.0,
+        ),
     ]
 
 
 def run_arm(pair: Pair, arm: str, flags: str, base_flags: str, repetition: int, out: Path) -> tuple[dict, str]:
     stem = f"{pair.name}-{arm}-{repetition}"
-    argv = ["--launch", f"{base_flags} {flags}".strip(), *pair.client_args, "--label", stem,
-            "--output-json", str(out / f"{stem}.json"), "--plot-dir", str(out / stem),
-            "--server-log", str(out / f"{stem}.server.log")]
+    argv = [
+        "--launch",
+        f"{base_flags} {flags}".strip(),
+        *pair.client_args,
+        "--label",
+        stem,
+        "--output-json",
+        str(out / f"{stem}.json"),
+        "--plot-dir",
+        str(out / stem),
+        "--server-log",
+        str(out / f"{stem}.server.log"),
+    ]
     command = shlex.join(["python", "-m", "benchmarks.serve", *argv])
     print(f"\n$ {command}", flush=True)
     result = serve.main(argv)
@@ -117,30 +172,37 @@ def run_pair(pair: Pair, base_flags: str, repetition: int, out: Path) -> Outcome
 
 
 def print_table(outcomes: list[Outcome]) -> None:
-    print(f"\n{'workload':<18}{'run':>4}  {'figure':<26}{'before':>10}{'after':>10}{'before/after':>14}  {'target':<10}"
-          f"{'met':>5}")
+    print(
+        f"\n{'workload':<18}{'run':>4}  {'figure':<26}{'before':>10}{'after':>10}{'before/after':>14}  {'target':<10}"
+        f"{'met':>5}"
+    )
     for o in outcomes:
         p = o.pair
         target = f"≥ {p.min_ratio:g}"
-        print(f"{p.name:<18}{o.repetition:>4}  {p.metric.upper() + ' ' + p.stat + ' (ms)':<26}{o.before_value:>10.1f}"
-              f"{o.after_value:>10.1f}{o.ratio:>14.2f}  {target:<10}{'yes' if o.met else 'NO':>5}")
+        print(
+            f"{p.name:<18}{o.repetition:>4}  {p.metric.upper() + ' ' + p.stat + ' (ms)':<26}{o.before_value:>10.1f}"
+            f"{o.after_value:>10.1f}{o.ratio:>14.2f}  {target:<10}{'yes' if o.met else 'NO':>5}"
+        )
         if p.throughput_no_worse:
             b, a = (r["summary"]["completion_throughput"] for r in (o.before, o.after))
-            print(f"{'':<22}  {'completion tokens/s':<26}{b:>10.1f}{a:>10.1f}{a / b:>14.2f}  "
-                  f"{'after/before ≥ 1':<10}")
+            print(f"{'':<22}  {'completion tokens/s':<26}{b:>10.1f}{a:>10.1f}{a / b:>14.2f}  {'after/before ≥ 1':<10}")
 
 
 def engine_version() -> str:
     """The commit the servers run, marked dirty when engine files differ from it: every arm starts a
     server from the working tree, so an edit during the suite would change what is measured."""
+
     def git(*args: str) -> str:
         return subprocess.run(["git", *args], cwd=serve.ROOT, capture_output=True, text=True).stdout
 
     if not git("rev-parse", "--is-inside-work-tree").strip():
         return f"{serve.ROOT} (not a git checkout)"
 
-    changed = [line[3:] for line in git("status", "--porcelain").splitlines()
-               if not line[3:].startswith(("benchmarks/", "docs/", "tests/"))]
+    changed = [
+        line[3:]
+        for line in git("status", "--porcelain").splitlines()
+        if not line[3:].startswith(("benchmarks/", "docs/", "tests/"))
+    ]
     head = git("rev-parse", "--short", "HEAD").strip()
     return f"{head} + uncommitted changes in {', '.join(changed)}" if changed else head
 
@@ -149,12 +211,16 @@ def main(argv: list[str] | None = None) -> list[Outcome]:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", help="served model (default: the embedded SmolLM2-135M-Instruct)")
     parser.add_argument("--server-flags", default="--device cpu", help="flags every arm's server gets")
-    parser.add_argument("--budget", type=int, default=32,
-                        help="prompt-budget: --max-num-batched-tokens of the arm with a budget")
+    parser.add_argument(
+        "--budget", type=int, default=32, help="prompt-budget: --max-num-batched-tokens of the arm with a budget"
+    )
     parser.add_argument("--repeats", type=int, default=2, help="runs of each pair")
     parser.add_argument("--only", action="append", help="run only this pair (repeatable)")
-    parser.add_argument("--output-dir", default=str(Path(tempfile.gettempdir()) / "clearserve-scheduler-suite"),
-                        help="each run's JSON, plots and server log")
+    parser.add_argument(
+        "--output-dir",
+        default=str(Path(tempfile.gettempdir()) / "clearserve-scheduler-suite"),
+        help="each run's JSON, plots and server log",
+    )
     args = parser.parse_args(argv)
 
     base_flags = args.server_flags + (f" --model {shlex.quote(args.model)}" if args.model else "")
@@ -162,18 +228,38 @@ def main(argv: list[str] | None = None) -> list[Outcome]:
     out = Path(args.output_dir)
     out.mkdir(parents=True, exist_ok=True)
     version = engine_version()
-    outcomes = [run_pair(pair, base_flags, repetition, out)
-                for pair in chosen for repetition in range(1, args.repeats + 1)]
+    outcomes = [
+        run_pair(pair, base_flags, repetition, out) for pair in chosen for repetition in range(1, args.repeats + 1)
+    ]
     print_table(outcomes)
     print(f"engine: {version}")
     if engine_version() != version:
         print(f"WARNING: the engine changed during the suite (now {engine_version()}): the arms may differ in code")
-    (out / "suite.json").write_text(json.dumps({"engine": version, "outcomes": [
-        {"pair": o.pair.name, "repetition": o.repetition, "metric": f"{o.pair.metric} {o.pair.stat}",
-         "before_ms": o.before_value, "after_ms": o.after_value, "ratio": o.ratio, "met": o.met,
-         "completion_throughput": [o.before["summary"]["completion_throughput"],
-                                   o.after["summary"]["completion_throughput"]],
-         "commands": o.commands} for o in outcomes]}, indent=1))
+    (out / "suite.json").write_text(
+        json.dumps(
+            {
+                "engine": version,
+                "outcomes": [
+                    {
+                        "pair": o.pair.name,
+                        "repetition": o.repetition,
+                        "metric": f"{o.pair.metric} {o.pair.stat}",
+                        "before_ms": o.before_value,
+                        "after_ms": o.after_value,
+                        "ratio": o.ratio,
+                        "met": o.met,
+                        "completion_throughput": [
+                            o.before["summary"]["completion_throughput"],
+                            o.after["summary"]["completion_throughput"],
+                        ],
+                        "commands": o.commands,
+                    }
+                    for o in outcomes
+                ],
+            },
+            indent=1,
+        )
+    )
     return outcomes
 
 

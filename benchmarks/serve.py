@@ -34,59 +34,97 @@ from pathlib import Path
 
 import httpx
 
-from benchmarks.latency import (LATENCY_METRICS, RequestTimings, Summary, inter_token_latencies, request_latencies,
-                                summarize)
-from benchmarks.workloads import (WorkloadRequest, load_prompts_file, parse_range, parse_repeats, random_lengths,
-                                  random_token_prompts, repeated_text_prompts, send_offsets, unique_prompt)
+from benchmarks.latency import (
+    LATENCY_METRICS,
+    RequestTimings,
+    Summary,
+    inter_token_latencies,
+    request_latencies,
+    summarize,
+)
+from benchmarks.workloads import (
+    WorkloadRequest,
+    load_prompts_file,
+    parse_range,
+    parse_repeats,
+    random_lengths,
+    random_token_prompts,
+    repeated_text_prompts,
+    send_offsets,
+    unique_prompt,
+)
 
 ROOT = Path(__file__).resolve().parent.parent
 SERVER_START_TIMEOUT_S = 300.0
 REQUEST_TIMEOUT_S = 600.0  # the longest silence on one stream (a request can queue behind many others)
 WARMUP_PROMPT = "warm-up"  # shares no KV block with any benchmark prompt
 # Cumulative scheduler counters of GET /stats; the benchmark reports their change over the run.
-SCHEDULER_COUNTERS = ("steps", "prompt_tokens_computed", "decode_tokens_computed", "generated_tokens",
-                      "prompt_tokens_admitted", "cache_hit_tokens", "preemptions")
+SCHEDULER_COUNTERS = (
+    "steps",
+    "prompt_tokens_computed",
+    "decode_tokens_computed",
+    "generated_tokens",
+    "prompt_tokens_admitted",
+    "cache_hit_tokens",
+    "preemptions",
+)
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     server = parser.add_argument_group("server")
     server.add_argument("--url", default="http://127.0.0.1:8000", help="a running server (ignored with --launch)")
-    server.add_argument("--launch", metavar="ARGS",
-                        help="start `python launch.py ARGS --port FREE` for this run and stop it afterwards")
+    server.add_argument(
+        "--launch", metavar="ARGS", help="start `python launch.py ARGS --port FREE` for this run and stop it afterwards"
+    )
     server.add_argument("--server-log", help="--launch: the server's output goes here (default: a temp file)")
     server.add_argument("--api-key", help="sent as 'Authorization: Bearer KEY'")
 
     work = parser.add_argument_group("workload")
     work.add_argument("--num-requests", type=int, default=32)
     work.add_argument("--prompt", default="Hello", help="prompt text, repeated --prompt-repeats times")
-    work.add_argument("--prompt-repeats", default="1",
-                      help="repeat counts cycled over requests: '1,1,1,64'; ranges count up: '900-915'")
-    work.add_argument("--unique-prompts", action="store_true",
-                      help="prefix each prompt with its request index, so the prefix cache cannot share them")
-    work.add_argument("--prompts-file", help="JSON list of prompts: strings or {\"prompt\", \"max_tokens\"}")
+    work.add_argument(
+        "--prompt-repeats",
+        default="1",
+        help="repeat counts cycled over requests: '1,1,1,64'; ranges count up: '900-915'",
+    )
+    work.add_argument(
+        "--unique-prompts",
+        action="store_true",
+        help="prefix each prompt with its request index, so the prefix cache cannot share them",
+    )
+    work.add_argument("--prompts-file", help='JSON list of prompts: strings or {"prompt", "max_tokens"}')
     work.add_argument("--input-len-range", help="random token-id prompts, lengths LOW-HIGH (seeded)")
-    work.add_argument("--model", help="random prompts: the model folder whose vocabulary to draw from "
-                                      "(default: --launch's --model, else the default model)")
+    work.add_argument(
+        "--model",
+        help="random prompts: the model folder whose vocabulary to draw from "
+        "(default: --launch's --model, else the default model)",
+    )
     work.add_argument("--max-new-tokens", type=int, default=64)
     work.add_argument("--output-len-range", help="random new-token counts LOW-HIGH per request (seeded)")
-    work.add_argument("--no-stop-on-eos", dest="ignore_eos", action="store_true",
-                      help="generate all the new tokens even past EOS")
+    work.add_argument(
+        "--no-stop-on-eos", dest="ignore_eos", action="store_true", help="generate all the new tokens even past EOS"
+    )
     work.add_argument("--temperature", type=float, default=0.0, help="0: greedy")
     work.add_argument("--seed", type=int, default=0, help="seeds random lengths, random ids and Poisson arrivals")
     arrivals = work.add_mutually_exclusive_group()
     arrivals.add_argument("--submit-interval-ms", type=float, help="a fixed gap between submissions")
     arrivals.add_argument("--request-rate", type=float, help="Poisson arrivals, requests per second")
     work.add_argument("--max-concurrency", type=int, help="requests in flight at most (default: no cap)")
-    work.add_argument("--warmup-requests", type=int, default=1,
-                      help="short requests sent before the run and left out of every figure")
+    work.add_argument(
+        "--warmup-requests", type=int, default=1, help="short requests sent before the run and left out of every figure"
+    )
 
     out = parser.add_argument_group("output")
     out.add_argument("--output-json", help="per-request timings, summary, server counters and the command")
     out.add_argument("--plot-dir", help="write latency_cdf.png and tokens_over_time.png here")
     out.add_argument("--label", help="a name for this run in plots and JSON")
-    out.add_argument("--compare", nargs=2, metavar=("A.json", "B.json"),
-                     help="print two runs' --output-json side by side with ratios B/A, and exit")
+    out.add_argument(
+        "--compare",
+        nargs=2,
+        metavar=("A.json", "B.json"),
+        help="print two runs' --output-json side by side with ratios B/A, and exit",
+    )
     args = parser.parse_args(argv)
     if args.num_requests < 1:
         parser.error("--num-requests must be at least 1")
@@ -156,7 +194,7 @@ class LaunchedServer:
         self.log_path = Path(log_path or tempfile.mkstemp(prefix="clearserve-bench-", suffix=".log")[1])
         self.proc: subprocess.Popen | None = None
 
-    def __enter__(self) -> "LaunchedServer":
+    def __enter__(self) -> LaunchedServer:
         with open(self.log_path, "wb") as log:
             self.proc = subprocess.Popen(self.command, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
         try:
@@ -174,16 +212,20 @@ class LaunchedServer:
         with httpx.Client(base_url=self.url, timeout=5) as client:
             while time.monotonic() < deadline:
                 if self.proc.poll() is not None:
-                    raise RuntimeError(f"the server exited with code {self.proc.returncode} while starting; "
-                                       f"its log ({self.log_path}):\n{self._log_tail()}")
+                    raise RuntimeError(
+                        f"the server exited with code {self.proc.returncode} while starting; "
+                        f"its log ({self.log_path}):\n{self._log_tail()}"
+                    )
                 try:
                     if client.get("/health").status_code == 200:
                         return
                 except httpx.TransportError:
                     pass  # not listening yet
                 time.sleep(0.2)  # a poll bounded by the deadline
-        raise TimeoutError(f"the server did not answer /health within {SERVER_START_TIMEOUT_S:.0f} s; "
-                           f"its log ({self.log_path}):\n{self._log_tail()}")
+        raise TimeoutError(
+            f"the server did not answer /health within {SERVER_START_TIMEOUT_S:.0f} s; "
+            f"its log ({self.log_path}):\n{self._log_tail()}"
+        )
 
     def _log_tail(self, lines: int = 40) -> str:
         return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
@@ -223,10 +265,12 @@ def server_view(before: dict | None, after: dict | None) -> dict | None:
     delta = {key: after.get(key, 0) - before.get(key, 0) for key in SCHEDULER_COUNTERS}
     steps = delta["steps"]
     admitted = delta["prompt_tokens_admitted"]
-    return {**delta,
-            "mean_prefill_tokens_per_step": delta["prompt_tokens_computed"] / steps if steps else 0.0,
-            "mean_decode_tokens_per_step": delta["decode_tokens_computed"] / steps if steps else 0.0,
-            "cache_hit_rate": delta["cache_hit_tokens"] / admitted if admitted else 0.0}
+    return {
+        **delta,
+        "mean_prefill_tokens_per_step": delta["prompt_tokens_computed"] / steps if steps else 0.0,
+        "mean_decode_tokens_per_step": delta["decode_tokens_computed"] / steps if steps else 0.0,
+        "cache_hit_rate": delta["cache_hit_tokens"] / admitted if admitted else 0.0,
+    }
 
 
 # ---------------------------------------------------------------------------------------------- client
@@ -242,8 +286,9 @@ async def send_request(client: httpx.AsyncClient, request: WorkloadRequest, samp
     content = json.dumps(body).encode()  # encoded before the submit stamp: our own work is not the server's
     timings = RequestTimings(submit=time.time())
     try:
-        async with client.stream("POST", "/generate", content=content,
-                                 headers={"Content-Type": "application/json"}) as response:
+        async with client.stream(
+            "POST", "/generate", content=content, headers={"Content-Type": "application/json"}
+        ) as response:
             if response.status_code != 200:
                 body_text = (await response.aread()).decode(errors="replace")
                 timings.error = f"HTTP {response.status_code}: {body_text[:300]}"
@@ -286,14 +331,22 @@ class Measurement:
     requests: list[RequestTimings]
 
 
-async def measure(url: str, workload: list[WorkloadRequest], offsets: list[float], sampling: dict,
-                  max_concurrency: int | None, headers: dict, warmup: int) -> Measurement:
+async def measure(
+    url: str,
+    workload: list[WorkloadRequest],
+    offsets: list[float],
+    sampling: dict,
+    max_concurrency: int | None,
+    headers: dict,
+    warmup: int,
+) -> Measurement:
     """Warm up, snapshot the scheduler's counters, send the workload on its schedule, snapshot again."""
     # One connection per request in flight: a request waiting for a pooled connection would count as
     # the server's submit latency.
     limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
-    async with httpx.AsyncClient(base_url=url, headers=headers, limits=limits,
-                                 timeout=httpx.Timeout(REQUEST_TIMEOUT_S)) as client:
+    async with httpx.AsyncClient(
+        base_url=url, headers=headers, limits=limits, timeout=httpx.Timeout(REQUEST_TIMEOUT_S)
+    ) as client:
         model = await served_model(client)
         for _ in range(warmup):
             result = await send_request(client, WorkloadRequest(2, prompt=WARMUP_PROMPT), sampling)
@@ -318,12 +371,17 @@ async def measure(url: str, workload: list[WorkloadRequest], offsets: list[float
 
 
 def summary_dict(summary: Summary) -> dict:
-    return {"completed": summary.completed, "failed": summary.failed, "duration_s": summary.duration_s,
-            "prompt_tokens": summary.prompt_tokens, "completion_tokens": summary.completion_tokens,
-            "request_throughput": summary.request_throughput,
-            "completion_throughput": summary.completion_throughput,
-            "total_throughput": summary.total_throughput,
-            "latencies_ms": {key: asdict(p) for key, p in summary.latencies_ms.items()}}
+    return {
+        "completed": summary.completed,
+        "failed": summary.failed,
+        "duration_s": summary.duration_s,
+        "prompt_tokens": summary.prompt_tokens,
+        "completion_tokens": summary.completion_tokens,
+        "request_throughput": summary.request_throughput,
+        "completion_throughput": summary.completion_throughput,
+        "total_throughput": summary.total_throughput,
+        "latencies_ms": {key: asdict(p) for key, p in summary.latencies_ms.items()},
+    }
 
 
 def request_dict(index: int, request: WorkloadRequest, t: RequestTimings) -> dict:
@@ -341,24 +399,32 @@ def _fmt(value: float | None) -> str:
 
 def print_report(result: dict) -> None:
     s = result["summary"]
-    print(f"\n{result['label'] or 'run'}: {s['completed']} requests completed, {s['failed']} failed, "
-          f"{s['duration_s']:.2f} s; model {result['model']!r} at {result['url']}")
+    print(
+        f"\n{result['label'] or 'run'}: {s['completed']} requests completed, {s['failed']} failed, "
+        f"{s['duration_s']:.2f} s; model {result['model']!r} at {result['url']}"
+    )
     print(f"{'latency (ms)':<34}{'p50':>10}{'p95':>10}{'p99':>10}{'mean':>10}{'samples':>9}")
     for key, label in LATENCY_METRICS:
         p = s["latencies_ms"][key]
-        print(f"{label:<34}{_fmt(p['p50']):>10}{_fmt(p['p95']):>10}{_fmt(p['p99']):>10}{_fmt(p['mean']):>10}"
-              f"{p['count']:>9}")
-    print(f"throughput: {s['completion_throughput']:.1f} completion tokens/s, {s['total_throughput']:.1f} total "
-          f"tokens/s, {s['request_throughput']:.2f} requests/s ({s['prompt_tokens']} prompt + "
-          f"{s['completion_tokens']} completion tokens)")
+        print(
+            f"{label:<34}{_fmt(p['p50']):>10}{_fmt(p['p95']):>10}{_fmt(p['p99']):>10}{_fmt(p['mean']):>10}"
+            f"{p['count']:>9}"
+        )
+    print(
+        f"throughput: {s['completion_throughput']:.1f} completion tokens/s, {s['total_throughput']:.1f} total "
+        f"tokens/s, {s['request_throughput']:.2f} requests/s ({s['prompt_tokens']} prompt + "
+        f"{s['completion_tokens']} completion tokens)"
+    )
     v = result["server"]
     if v is None:
         print("server: GET /stats gave no scheduler counters")
     else:
-        print(f"server: {v['steps']} steps, mean {v['mean_prefill_tokens_per_step']:.1f} prefill + "
-              f"{v['mean_decode_tokens_per_step']:.1f} decode tokens per step; prefix cache hit "
-              f"{v['cache_hit_tokens']} of {v['prompt_tokens_admitted']} prompt tokens "
-              f"({100 * v['cache_hit_rate']:.1f}%); {v['preemptions']} preemptions")
+        print(
+            f"server: {v['steps']} steps, mean {v['mean_prefill_tokens_per_step']:.1f} prefill + "
+            f"{v['mean_decode_tokens_per_step']:.1f} decode tokens per step; prefix cache hit "
+            f"{v['cache_hit_tokens']} of {v['prompt_tokens_admitted']} prompt tokens "
+            f"({100 * v['cache_hit_rate']:.1f}%); {v['preemptions']} preemptions"
+        )
     errors = [r["error"] for r in result["requests"] if r["error"]]
     if errors:
         print(f"first error of {len(errors)}: {errors[0]}")
@@ -371,14 +437,28 @@ def compare(path_a: str, path_b: str) -> None:
     rows: list[tuple[str, float | None, float | None]] = []
     for key, label in LATENCY_METRICS:
         for stat in ("p50", "p95", "p99"):
-            rows.append((f"{label} {stat} (ms)", a["summary"]["latencies_ms"][key][stat],
-                         b["summary"]["latencies_ms"][key][stat]))
-    for key, label in [("completion_throughput", "completion tokens/s"), ("total_throughput", "total tokens/s"),
-                       ("request_throughput", "requests/s"), ("duration_s", "duration (s)")]:
+            rows.append(
+                (
+                    f"{label} {stat} (ms)",
+                    a["summary"]["latencies_ms"][key][stat],
+                    b["summary"]["latencies_ms"][key][stat],
+                )
+            )
+    for key, label in [
+        ("completion_throughput", "completion tokens/s"),
+        ("total_throughput", "total tokens/s"),
+        ("request_throughput", "requests/s"),
+        ("duration_s", "duration (s)"),
+    ]:
         rows.append((label, a["summary"][key], b["summary"][key]))
     if a.get("server") and b.get("server"):
-        for key in ("cache_hit_tokens", "preemptions", "steps", "mean_prefill_tokens_per_step",
-                    "mean_decode_tokens_per_step"):
+        for key in (
+            "cache_hit_tokens",
+            "preemptions",
+            "steps",
+            "mean_prefill_tokens_per_step",
+            "mean_decode_tokens_per_step",
+        ):
             rows.append((f"server {key}", a["server"][key], b["server"][key]))
     for label, x, y in rows:
         ratio = f"{y / x:.2f}" if x and y is not None else "-"
@@ -398,13 +478,19 @@ def run(args: argparse.Namespace, command: str) -> dict:
     server = LaunchedServer(args.launch, args.server_log) if args.launch else None
     with server if server is not None else contextlib.nullcontext():
         url = server.url if server is not None else args.url
-        m = asyncio.run(measure(url, workload, offsets, sampling, args.max_concurrency, headers,
-                                args.warmup_requests))
-    result = {"command": command, "label": args.label, "url": url, "model": m.model, "args": vars(args),
-              "started_at": min(r.submit for r in m.requests),
-              "summary": summary_dict(summarize(m.requests)), "server": server_view(m.stats_before, m.stats_after),
-              "server_log": str(server.log_path) if server is not None else None,
-              "requests": [request_dict(i, w, t) for i, (w, t) in enumerate(zip(workload, m.requests))]}
+        m = asyncio.run(measure(url, workload, offsets, sampling, args.max_concurrency, headers, args.warmup_requests))
+    result = {
+        "command": command,
+        "label": args.label,
+        "url": url,
+        "model": m.model,
+        "args": vars(args),
+        "started_at": min(r.submit for r in m.requests),
+        "summary": summary_dict(summarize(m.requests)),
+        "server": server_view(m.stats_before, m.stats_after),
+        "server_log": str(server.log_path) if server is not None else None,
+        "requests": [request_dict(i, w, t) for i, (w, t) in enumerate(zip(workload, m.requests))],
+    }
     if args.plot_dir:
         from benchmarks.plots import write_plots
 

@@ -17,8 +17,9 @@ def parse_range(text: str) -> tuple[int, int]:
     return lo, hi
 
 
-def random_token_prompts(num: int, length_range: tuple[int, int], vocab_size: int, seed: int = 0,
-                         avoid: frozenset[int] = frozenset()) -> list[list[int]]:
+def random_token_prompts(
+    num: int, length_range: tuple[int, int], vocab_size: int, seed: int = 0, avoid: frozenset[int] = frozenset()
+) -> list[list[int]]:
     """`num` prompts of random token ids, lengths uniform in length_range (inclusive)."""
     rng = random.Random(seed)
     prompts = []
@@ -97,8 +98,7 @@ def poisson_gaps(num: int, rate: float, seed: int) -> list[float]:
     return [rng.expovariate(rate) for _ in range(num)]
 
 
-def send_offsets(num: int, interval_s: float | None = None, rate: float | None = None,
-                 seed: int = 0) -> list[float]:
+def send_offsets(num: int, interval_s: float | None = None, rate: float | None = None, seed: int = 0) -> list[float]:
     """When to send each request, in seconds after the first: every `interval_s`, at Poisson arrivals of
     `rate` per second, or (neither) all at once. The first request always goes at 0."""
     if interval_s is not None and rate is not None:

@@ -28,30 +28,47 @@ class EngineConfig:
     enforce_eager: bool = False  # CUDA only: no CUDA graphs for decode
 
     @classmethod
-    def from_args(cls, args: argparse.Namespace) -> "EngineConfig":
+    def from_args(cls, args: argparse.Namespace) -> EngineConfig:
         return cls(**{f.name: getattr(args, f.name) for f in fields(cls) if hasattr(args, f.name)})
 
 
 def add_engine_args(parser: argparse.ArgumentParser) -> None:
     d = EngineConfig()
     g = parser.add_argument_group("engine")
-    g.add_argument("--load-format", choices=["auto", "dummy"], default=d.load_format,
-                   help="'dummy' builds random weights from the config (benchmarks)")
+    g.add_argument(
+        "--load-format",
+        choices=["auto", "dummy"],
+        default=d.load_format,
+        help="'dummy' builds random weights from the config (benchmarks)",
+    )
     g.add_argument("--dtype", choices=["auto", "float32", "bfloat16", "float16"], default=d.dtype)
     g.add_argument("--device", choices=["auto", "cpu", "cuda"], default=d.device)
     g.add_argument("--seed", type=int, default=d.seed)
     g.add_argument("--block-size", type=int, default=d.block_size, help="tokens per KV block")
-    g.add_argument("--num-kv-blocks", type=int, default=d.num_kv_blocks,
-                   help="KV blocks to allocate (default: sized from free memory)")
+    g.add_argument(
+        "--num-kv-blocks",
+        type=int,
+        default=d.num_kv_blocks,
+        help="KV blocks to allocate (default: sized from free memory)",
+    )
     g.add_argument("--gpu-memory-utilization", type=float, default=d.gpu_memory_utilization)
-    g.add_argument("--cpu-kv-cache-gib", type=float, default=d.cpu_kv_cache_gib,
-                   help="KV store size on CPU when --num-kv-blocks is not given")
+    g.add_argument(
+        "--cpu-kv-cache-gib",
+        type=float,
+        default=d.cpu_kv_cache_gib,
+        help="KV store size on CPU when --num-kv-blocks is not given",
+    )
     g.add_argument("--max-model-len", type=int, default=d.max_model_len)
     g.add_argument("--max-num-seqs", type=int, default=d.max_num_seqs, help="running requests (decode batch)")
-    g.add_argument("--max-num-batched-tokens", type=int, default=d.max_num_batched_tokens,
-                   help="prompt tokens computed per step")
-    g.add_argument("--max-prefill-requests", type=int, default=d.max_prefill_requests,
-                   help="requests admitted per step (default: no limit beyond --max-num-seqs)")
+    g.add_argument(
+        "--max-num-batched-tokens", type=int, default=d.max_num_batched_tokens, help="prompt tokens computed per step"
+    )
+    g.add_argument(
+        "--max-prefill-requests",
+        type=int,
+        default=d.max_prefill_requests,
+        help="requests admitted per step (default: no limit beyond --max-num-seqs)",
+    )
     g.add_argument("--no-prefix-cache", dest="enable_prefix_caching", action="store_false")
     g.add_argument("--no-chunked-prefill", dest="enable_chunked_prefill", action="store_false")
     g.add_argument("--max-waiting-requests", type=int, default=d.max_waiting_requests)

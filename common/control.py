@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 import queue
 import threading
-from typing import Callable
+from collections.abc import Callable
 
 import zmq
 

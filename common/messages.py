@@ -1,9 +1,11 @@
 """Every message that crosses a process boundary, defined once.
 
     frontend --GenerateRequest/AbortRequest--> tokenizer_worker --TokenizedRequest/AbortRequest--> scheduler
-    frontend <--RequestAccepted/Rejected, OutputBatch-- tokenizer_worker <--RequestAccepted/Rejected, TokenBatch-- scheduler
+    frontend <--RequestAccepted/Rejected, OutputBatch-- tokenizer_worker
+                                               <--RequestAccepted/Rejected, TokenBatch-- scheduler
     scheduler --StepPlan--> gpu_worker --StepResult--> scheduler
-    launcher/frontend --ControlRequest--> any process --ControlReply--> frontend;  any process --ProcessReady--> launcher
+    launcher/frontend --ControlRequest--> any process --ControlReply--> frontend
+    any process --ProcessReady--> launcher
 
 Stage times travel with the request (StageTimes) so every latency figure, in /metrics or in a benchmark,
 is computed from the same stamps. Times are `time.time()` seconds: every process of one server shares the clock.

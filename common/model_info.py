@@ -15,11 +15,10 @@ class ModelInfo:
     vocab_size: int
 
     @classmethod
-    def from_folder(cls, folder: str | Path, max_model_len: int | None = None) -> "ModelInfo":
+    def from_folder(cls, folder: str | Path, max_model_len: int | None = None) -> ModelInfo:
         folder = Path(folder)
         config = json.loads((folder / "config.json").read_text())
-        context = (config.get("max_position_embeddings") or config.get("n_positions")
-                   or config.get("n_ctx") or 2048)
+        context = config.get("max_position_embeddings") or config.get("n_positions") or config.get("n_ctx") or 2048
         if max_model_len is not None:
             if max_model_len > context:
                 raise ValueError(f"--max-model-len {max_model_len} exceeds the model's context length {context}")

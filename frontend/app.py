@@ -93,13 +93,20 @@ def build_app(client: EngineClient, api_key: str | None = None, profiler: Proces
 
 def _model_card(client: EngineClient, created: int) -> dict:
     limits = client.limits
-    return {"id": limits.served_model_name, "object": "model", "created": created, "owned_by": "clearserve",
-            "max_model_len": limits.max_model_len}
+    return {
+        "id": limits.served_model_name,
+        "object": "model",
+        "created": created,
+        "owned_by": "clearserve",
+        "max_model_len": limits.max_model_len,
+    }
 
 
 def _by_role(client: EngineClient, replies: dict[str, ControlReply]) -> dict:
-    return {"replies": {role: {"pid": r.pid, "payload": r.payload} for role, r in replies.items()},
-            "silent": [role for role in client.roles if role not in replies]}
+    return {
+        "replies": {role: {"pid": r.pid, "payload": r.payload} for role, r in replies.items()},
+        "silent": [role for role in client.roles if role not in replies],
+    }
 
 
 def _with_own(body: dict, payload: dict) -> dict:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import secrets
-from typing import Awaitable, Callable
+from collections.abc import Awaitable, Callable
 
 from fastapi import Request
 
@@ -17,7 +17,8 @@ def api_key_check(api_key: str | None) -> Callable[[Request], Awaitable[None]]:
         scheme, _, token = request.headers.get("authorization", "").partition(" ")
         # compare_digest: the time taken must not tell how much of a guessed key was right.
         if scheme.lower() != "bearer" or not secrets.compare_digest(token.strip().encode(), api_key.encode()):
-            raise ApiError(401, "missing or invalid API key (send 'Authorization: Bearer <key>')",
-                           code="invalid_api_key")
+            raise ApiError(
+                401, "missing or invalid API key (send 'Authorization: Bearer <key>')", code="invalid_api_key"
+            )
 
     return check

@@ -19,8 +19,16 @@ import zmq
 import zmq.asyncio
 
 from common.control import FRONTEND_ROLE
-from common.messages import (AbortRequest, ControlReply, ControlRequest, GenerateRequest, OutputBatch,
-                             RequestAccepted, RequestOutput, RequestRejected)
+from common.messages import (
+    AbortRequest,
+    ControlReply,
+    ControlRequest,
+    GenerateRequest,
+    OutputBatch,
+    RequestAccepted,
+    RequestOutput,
+    RequestRejected,
+)
 from common.profiling import EventLoopStats, ProcessProfiler
 from common.transport import Endpoints, pull_socket, push_socket
 from common.wire import decode, encode
@@ -43,7 +51,7 @@ class EngineLimits:
 class RequestStream:
     """Events of one request, in order. Iterate to get them; `abort()` when the client goes away."""
 
-    def __init__(self, rid: int, client: "EngineClient"):
+    def __init__(self, rid: int, client: EngineClient):
         self.rid = rid
         self._client = client
         self._queue: asyncio.Queue[Event] = asyncio.Queue()
@@ -110,8 +118,14 @@ class EngineClient(ABC):
 class ZmqEngineClient(EngineClient):
     """Create it on the thread that runs the event loop (its busy time is that thread's CPU time)."""
 
-    def __init__(self, endpoints: Endpoints, num_tokenizers: int, limits: EngineLimits, roles: list[str],
-                 profiler: ProcessProfiler | None = None):
+    def __init__(
+        self,
+        endpoints: Endpoints,
+        num_tokenizers: int,
+        limits: EngineLimits,
+        roles: list[str],
+        profiler: ProcessProfiler | None = None,
+    ):
         self.limits = limits
         self.activity = EventLoopStats()
         self._profiler = profiler

@@ -19,8 +19,9 @@ log = logging.getLogger(__name__)
 class ApiError(Exception):
     """A request the server will not serve, with the HTTP status and the field to blame."""
 
-    def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None,
-                 type: str | None = None):
+    def __init__(
+        self, status: int, message: str, param: str | None = None, code: str | None = None, type: str | None = None
+    ):
         super().__init__(message)
         self.status = status
         self.message = message

@@ -1,19 +1,19 @@
 """One request from submission to its last output, as the endpoints see it.
 
-    start()    submit, then wait for the engine's verdict while watching the client:
-               accepted -> a Generation;  rejected -> ApiError(status);  client gone -> abort, ClientDisconnected
-    outputs()  the outputs in order, each recorded in the metrics and in the usage, and stamped with
-               streamed_time as it is handed to the client's stream (unless the client already set one:
-               tests' scripted clients do)
-    collect()  all outputs (non-streaming), aborting if the client leaves first
-    close()    abort unless finished: every path out of an endpoint ends here
+start()    submit, then wait for the engine's verdict while watching the client:
+           accepted -> a Generation;  rejected -> ApiError(status);  client gone -> abort, ClientDisconnected
+outputs()  the outputs in order, each recorded in the metrics and in the usage, and stamped with
+           streamed_time as it is handed to the client's stream (unless the client already set one:
+           tests' scripted clients do)
+collect()  all outputs (non-streaming), aborting if the client leaves first
+close()    abort unless finished: every path out of an endpoint ends here
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
-from typing import AsyncGenerator
+from collections.abc import AsyncGenerator
 
 from starlette.types import Receive
 
@@ -40,8 +40,9 @@ class Generation:
         return self.stream.rid
 
     @classmethod
-    async def start(cls, client: EngineClient, request: GenerateRequest, metrics: FrontendMetrics,
-                    receive: Receive) -> "Generation":
+    async def start(
+        cls, client: EngineClient, request: GenerateRequest, metrics: FrontendMetrics, receive: Receive
+    ) -> Generation:
         stream = await client.submit(request)
         try:
             first = await unless_disconnected(receive, stream.next_event())
@@ -101,11 +102,18 @@ class Generation:
 
     def usage(self) -> dict:
         prompt = self.accepted.prompt_tokens
-        return {"prompt_tokens": prompt, "completion_tokens": self.completion_tokens,
-                "total_tokens": prompt + self.completion_tokens,
-                "prompt_tokens_details": {"cached_tokens": self.num_cached_tokens}}
+        return {
+            "prompt_tokens": prompt,
+            "completion_tokens": self.completion_tokens,
+            "total_tokens": prompt + self.completion_tokens,
+            "prompt_tokens_details": {"cached_tokens": self.num_cached_tokens},
+        }
 
     def stage_times(self) -> dict:
         times = self.accepted.times
-        return {"arrival": times.arrival, "tokenized": times.tokenized, "queued": times.queued,
-                "first_scheduled": self.first_scheduled}
+        return {
+            "arrival": times.arrival,
+            "tokenized": times.tokenized,
+            "queued": times.queued,
+            "first_scheduled": self.first_scheduled,
+        }

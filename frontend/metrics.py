@@ -9,7 +9,7 @@ Two sources:
 
 from __future__ import annotations
 
-from typing import Iterator
+from collections.abc import Iterator
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
@@ -17,8 +17,28 @@ from prometheus_client.registry import Collector
 
 from common.messages import RequestOutput, StageTimes
 
-LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75,
-                   1.0, 2.5, 5.0, 10.0, 20.0, 40.0, 80.0)
+LATENCY_BUCKETS = (
+    0.001,
+    0.0025,
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.075,
+    0.1,
+    0.15,
+    0.2,
+    0.3,
+    0.5,
+    0.75,
+    1.0,
+    2.5,
+    5.0,
+    10.0,
+    20.0,
+    40.0,
+    80.0,
+)
 
 # (stats key, metric name, help) of the scheduler's snapshot.
 SCHEDULER_GAUGES = [
@@ -26,8 +46,11 @@ SCHEDULER_GAUGES = [
     ("num_waiting", "clearserve_num_requests_waiting", "Requests waiting for admission"),
     ("kv_blocks_total", "clearserve_kv_blocks_total", "KV cache blocks in the pool"),
     ("kv_blocks_free", "clearserve_kv_blocks_free", "KV cache blocks on the free list"),
-    ("kv_blocks_cached", "clearserve_kv_blocks_cached",
-     "KV cache blocks held only by the prefix cache: reusable by a matching prompt, evicted when needed"),
+    (
+        "kv_blocks_cached",
+        "clearserve_kv_blocks_cached",
+        "KV cache blocks held only by the prefix cache: reusable by a matching prompt, evicted when needed",
+    ),
     ("kv_blocks_used", "clearserve_kv_blocks_used", "KV cache blocks held by running requests"),
     ("last_step_prefill_tokens", "clearserve_last_step_prefill_tokens", "Prompt tokens computed by the last step"),
     ("last_step_decode_tokens", "clearserve_last_step_decode_tokens", "Decode tokens computed by the last step"),
@@ -60,9 +83,11 @@ class SchedulerStatsCollector(Collector):
             if key in stats:
                 yield CounterMetricFamily(name, doc, value=stats[key])
         admitted = stats.get("prompt_tokens_admitted", 0)
-        yield GaugeMetricFamily("clearserve_prefix_cache_hit_rate",
-                                "Share of admitted prompt tokens served from the prefix cache",
-                                value=stats.get("cache_hit_tokens", 0) / admitted if admitted else 0.0)
+        yield GaugeMetricFamily(
+            "clearserve_prefix_cache_hit_rate",
+            "Share of admitted prompt tokens served from the prefix cache",
+            value=stats.get("cache_hit_tokens", 0) / admitted if admitted else 0.0,
+        )
 
 
 class FrontendMetrics:
@@ -71,22 +96,37 @@ class FrontendMetrics:
         r = self.registry
         self.prompt_tokens = Counter("clearserve_prompt_tokens", "Prompt tokens of accepted requests", registry=r)
         self.generation_tokens = Counter("clearserve_generation_tokens", "Tokens streamed to clients", registry=r)
-        self.requests_finished = Counter("clearserve_requests_finished", "Requests finished, by finish reason",
-                                         ["finish_reason"], registry=r)
-        self.requests_rejected = Counter("clearserve_requests_rejected", "Requests the engine refused, by HTTP status",
-                                         ["status"], registry=r)
-        self.ttft = Histogram("clearserve_time_to_first_token_seconds",
-                              "Arrival to the first output handed to the client", buckets=LATENCY_BUCKETS, registry=r)
-        self.inter_token = Histogram("clearserve_inter_token_latency_seconds",
-                                     "Gap between consecutive tokens as the frontend streams them "
-                                     "(tokens that arrive together count a zero gap)",
-                                     buckets=LATENCY_BUCKETS, registry=r)
-        self.e2e = Histogram("clearserve_e2e_request_latency_seconds", "Arrival to the last output",
-                             buckets=LATENCY_BUCKETS, registry=r)
-        self.queue_time = Histogram("clearserve_request_queue_time_seconds",
-                                    "Queued by the scheduler to first scheduled", buckets=LATENCY_BUCKETS, registry=r)
-        self.tokenization_time = Histogram("clearserve_request_tokenization_time_seconds",
-                                           "Arrival to tokenized", buckets=LATENCY_BUCKETS, registry=r)
+        self.requests_finished = Counter(
+            "clearserve_requests_finished", "Requests finished, by finish reason", ["finish_reason"], registry=r
+        )
+        self.requests_rejected = Counter(
+            "clearserve_requests_rejected", "Requests the engine refused, by HTTP status", ["status"], registry=r
+        )
+        self.ttft = Histogram(
+            "clearserve_time_to_first_token_seconds",
+            "Arrival to the first output handed to the client",
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.inter_token = Histogram(
+            "clearserve_inter_token_latency_seconds",
+            "Gap between consecutive tokens as the frontend streams them "
+            "(tokens that arrive together count a zero gap)",
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.e2e = Histogram(
+            "clearserve_e2e_request_latency_seconds", "Arrival to the last output", buckets=LATENCY_BUCKETS, registry=r
+        )
+        self.queue_time = Histogram(
+            "clearserve_request_queue_time_seconds",
+            "Queued by the scheduler to first scheduled",
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.tokenization_time = Histogram(
+            "clearserve_request_tokenization_time_seconds", "Arrival to tokenized", buckets=LATENCY_BUCKETS, registry=r
+        )
         self.scheduler = SchedulerStatsCollector()
         r.register(self.scheduler)
 

@@ -1,16 +1,16 @@
 """POST /generate: the engine's own interface, for benchmarks that want every stage time.
 
-    stream:      one JSON line per output  {"token_ids", "text", "sampled_time", "detokenized_time",
-                                            "streamed_time", "finish_reason"}
-                 then a summary line       {"rid", "prompt_tokens", "num_cached_tokens", "completion_tokens",
-                                            "finish_reason", "times": {arrival, tokenized, queued, first_scheduled}}
-    no stream:   the summary, plus "text", "token_ids" and per-token "sampled_times" and "streamed_times"
+stream:      one JSON line per output  {"token_ids", "text", "sampled_time", "detokenized_time",
+                                        "streamed_time", "finish_reason"}
+             then a summary line       {"rid", "prompt_tokens", "num_cached_tokens", "completion_tokens",
+                                        "finish_reason", "times": {arrival, tokenized, queued, first_scheduled}}
+no stream:   the summary, plus "text", "token_ids" and per-token "sampled_times" and "streamed_times"
 """
 
 from __future__ import annotations
 
 import time
-from typing import AsyncGenerator
+from collections.abc import AsyncGenerator
 
 from fastapi import APIRouter, Request, Response
 from fastapi.responses import JSONResponse
@@ -47,22 +47,38 @@ async def _ndjson_lines(generation: Generation) -> AsyncGenerator[bytes, None]:
     # Still one line per output (its times are what this endpoint is for), but the outputs that are ready
     # together go out in one write, as SSE chunks do.
     async for batch in generation.output_batches():
-        yield b"".join(ndjson_line({
-            "token_ids": o.token_ids, "text": o.text, "sampled_time": o.sampled_time,
-            "detokenized_time": o.detokenized_time, "streamed_time": o.streamed_time,
-            "finish_reason": o.finish_reason}) for o in batch)
+        yield b"".join(
+            ndjson_line(
+                {
+                    "token_ids": o.token_ids,
+                    "text": o.text,
+                    "sampled_time": o.sampled_time,
+                    "detokenized_time": o.detokenized_time,
+                    "streamed_time": o.streamed_time,
+                    "finish_reason": o.finish_reason,
+                }
+            )
+            for o in batch
+        )
     yield ndjson_line(_summary(generation))
 
 
 def _summary(generation: Generation) -> dict:
-    return {"rid": generation.rid, "prompt_tokens": generation.accepted.prompt_tokens,
-            "num_cached_tokens": generation.num_cached_tokens, "completion_tokens": generation.completion_tokens,
-            "finish_reason": generation.finish_reason, "times": generation.stage_times()}
+    return {
+        "rid": generation.rid,
+        "prompt_tokens": generation.accepted.prompt_tokens,
+        "num_cached_tokens": generation.num_cached_tokens,
+        "completion_tokens": generation.completion_tokens,
+        "finish_reason": generation.finish_reason,
+        "times": generation.stage_times(),
+    }
 
 
 def _whole(outputs: list[RequestOutput]) -> dict:
     # Tokens that arrived in one output share its times.
-    return {"text": "".join(o.text for o in outputs),
-            "token_ids": [t for o in outputs for t in o.token_ids],
-            "sampled_times": [o.sampled_time for o in outputs for _ in o.token_ids],
-            "streamed_times": [o.streamed_time for o in outputs for _ in o.token_ids]}
+    return {
+        "text": "".join(o.text for o in outputs),
+        "token_ids": [t for o in outputs for t in o.token_ids],
+        "sampled_times": [o.sampled_time for o in outputs for _ in o.token_ids],
+        "streamed_times": [o.streamed_time for o in outputs for _ in o.token_ids],
+    }

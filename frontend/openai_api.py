@@ -7,7 +7,7 @@ after the engine accepted, so a rejection gets its own status), then stream SSE 
 from __future__ import annotations
 
 import time
-from typing import AsyncGenerator
+from collections.abc import AsyncGenerator
 
 from fastapi import APIRouter, Request, Response
 from fastapi.responses import JSONResponse
@@ -46,11 +46,17 @@ def openai_router(client: EngineClient, metrics: FrontendMetrics) -> APIRouter:
         engine_request = GenerateRequest(0, sampling, arrival, chat_messages=messages)
         return await _respond(request, body, engine_request, "chatcmpl", ChatFormat)
 
-    async def _respond(request: Request, body: OpenAIFields, engine_request: GenerateRequest, id_prefix: str,
-                       format_type: type[ResponseFormat]) -> Response:
+    async def _respond(
+        request: Request,
+        body: OpenAIFields,
+        engine_request: GenerateRequest,
+        id_prefix: str,
+        format_type: type[ResponseFormat],
+    ) -> Response:
         generation = await Generation.start(client, engine_request, metrics, request.receive)
-        fmt = format_type(f"{id_prefix}-{generation.rid}", int(engine_request.arrival_time),
-                          client.limits.served_model_name)
+        fmt = format_type(
+            f"{id_prefix}-{generation.rid}", int(engine_request.arrival_time), client.limits.served_model_name
+        )
         if body.stream:
             chunks = _sse_chunks(generation, fmt, body.include_usage)
             return StreamingEvents(chunks, "text/event-stream", generation.close)
@@ -75,4 +81,3 @@ async def _sse_chunks(generation: Generation, fmt: ResponseFormat, include_usage
     if include_usage:
         yield sse_event(fmt.usage_chunk(generation.usage()))
     yield SSE_DONE
-

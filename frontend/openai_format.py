@@ -1,7 +1,7 @@
 """The JSON shapes of OpenAI's completion and chat completion responses, whole and streamed.
 
-    stream:  [opening chunk (chat: the role)]  content chunks ...  last chunk with finish_reason
-             [usage chunk with no choices, when stream_options.include_usage]  data: [DONE]
+stream:  [opening chunk (chat: the role)]  content chunks ...  last chunk with finish_reason
+         [usage chunk with no choices, when stream_options.include_usage]  data: [DONE]
 """
 
 from __future__ import annotations
@@ -22,8 +22,10 @@ class CompletionFormat:
         return None
 
     def chunk(self, text: str, finish_reason: str | None) -> dict:
-        return {**self._head(), "choices": [{"index": 0, "text": text, "logprobs": None,
-                                             "finish_reason": finish_reason}]}
+        return {
+            **self._head(),
+            "choices": [{"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason}],
+        }
 
     def usage_chunk(self, usage: dict) -> dict:
         return {**self._head(), "choices": [], "usage": usage}
@@ -42,8 +44,10 @@ class ChatFormat:
         return {"id": self.id, "object": object, "created": self.created, "model": self.model}
 
     def _delta_chunk(self, delta: dict, finish_reason: str | None) -> dict:
-        return {**self._head("chat.completion.chunk"),
-                "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}]}
+        return {
+            **self._head("chat.completion.chunk"),
+            "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}],
+        }
 
     def opening_chunk(self) -> dict | None:
         return self._delta_chunk({"role": "assistant", "content": ""}, None)
@@ -56,9 +60,11 @@ class ChatFormat:
 
     def whole(self, text: str, finish_reason: str | None, usage: dict) -> dict:
         message = {"role": "assistant", "content": text}
-        return {**self._head("chat.completion"),
-                "choices": [{"index": 0, "message": message, "logprobs": None, "finish_reason": finish_reason}],
-                "usage": usage}
+        return {
+            **self._head("chat.completion"),
+            "choices": [{"index": 0, "message": message, "logprobs": None, "finish_reason": finish_reason}],
+            "usage": usage,
+        }
 
 
 ResponseFormat = CompletionFormat | ChatFormat

@@ -73,8 +73,11 @@ class SamplingFields(RequestBody):
             field = max_tokens_field if exc.field == "max_tokens" else exc.field
             raise ApiError(400, str(exc), param=field) from None
         if max_tokens is not None and max_tokens > limits.max_model_len:
-            raise ApiError(400, f"{max_tokens_field}={max_tokens} exceeds the model's context of "
-                                f"{limits.max_model_len} tokens", param=max_tokens_field)
+            raise ApiError(
+                400,
+                f"{max_tokens_field}={max_tokens} exceeds the model's context of {limits.max_model_len} tokens",
+                param=max_tokens_field,
+            )
         return params
 
 
@@ -96,8 +99,12 @@ class OpenAIFields(SamplingFields):
 
     def check_common(self, limits: EngineLimits) -> None:
         if self.model is not None and self.model != limits.served_model_name:
-            raise ApiError(400, f"model '{self.model}' is not served here; this server serves "
-                                f"'{limits.served_model_name}'", param="model", code="model_not_found")
+            raise ApiError(
+                400,
+                f"model '{self.model}' is not served here; this server serves '{limits.served_model_name}'",
+                param="model",
+                code="model_not_found",
+            )
         if self.n not in (None, 1):
             raise ApiError(400, f"only n=1 is supported, got n={self.n}", param="n")
 
@@ -113,8 +120,11 @@ class CompletionRequest(OpenAIFields):
         prompt = self.prompt
         if isinstance(prompt, list) and prompt and isinstance(prompt[0], (str, list)):
             if len(prompt) != 1:
-                raise ApiError(400, f"a batch of {len(prompt)} prompts is not supported; send one prompt "
-                                    "per request", param="prompt")
+                raise ApiError(
+                    400,
+                    f"a batch of {len(prompt)} prompts is not supported; send one prompt per request",
+                    param="prompt",
+                )
             prompt = prompt[0]
         if not prompt:
             raise ApiError(400, "the prompt is empty", param="prompt")
@@ -144,8 +154,9 @@ class ChatMessage(RequestBody):
         if self.content is None or isinstance(self.content, str):
             return self.content or ""
         if any(part.type != "text" or part.text is None for part in self.content):
-            raise ApiError(400, "only text content parts ({\"type\": \"text\", \"text\": ...}) are supported",
-                           param="messages")
+            raise ApiError(
+                400, 'only text content parts ({"type": "text", "text": ...}) are supported', param="messages"
+            )
         return "".join(part.text or "" for part in self.content)
 
 

@@ -13,7 +13,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-from typing import Any, AsyncGenerator, Awaitable, Callable, TypeVar
+from collections.abc import AsyncGenerator, Awaitable, Callable
+from typing import Any, TypeVar
 
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send

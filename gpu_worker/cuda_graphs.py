@@ -33,8 +33,15 @@ def batch_buckets(max_batch: int) -> list[int]:
 
 
 class DecodeGraphs:
-    def __init__(self, model: torch.nn.Module, attention: AttentionBackend, kv_cache: PagedKVCache,
-                 max_batch: int, max_model_len: int, scratch_block: int):
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        attention: AttentionBackend,
+        kv_cache: PagedKVCache,
+        max_batch: int,
+        max_model_len: int,
+        scratch_block: int,
+    ):
         self.model = model
         self.device = kv_cache.data.device
         self.block_size = kv_cache.block_size
@@ -47,13 +54,14 @@ class DecodeGraphs:
         # Field offsets in the flat int32 buffer.
         self._sizes = [b, b, b, b, b * w]
         # Host side: a ring, so that a buffer whose copy is still queued is never rewritten (host_copy.py).
-        self._hosts = [torch.zeros(sum(self._sizes), dtype=torch.int32).pin_memory()
-                       for _ in range(STEPS_IN_FLIGHT + 1)]
+        self._hosts = [
+            torch.zeros(sum(self._sizes), dtype=torch.int32).pin_memory() for _ in range(STEPS_IN_FLIGHT + 1)
+        ]
         self._turn = 0
         self._device = torch.zeros_like(self._hosts[0], device=self.device)
         views, offset = [], 0
         for size in self._sizes:
-            views.append(self._device[offset:offset + size])
+            views.append(self._device[offset : offset + size])
             offset += size
         self.input_ids, self.positions, self.slots, self.context_lens, tables = views
         self.block_tables = tables.view(b, w)
@@ -67,7 +75,8 @@ class DecodeGraphs:
         self._device.copy_(self._hosts[0])
         for bucket in reversed(self.buckets):  # largest first: smaller graphs reuse its memory
             metadata = attention.static_decode_metadata(
-                self.slots[:bucket], self.context_lens[:bucket], self.block_tables[:bucket], max_model_len)
+                self.slots[:bucket], self.context_lens[:bucket], self.block_tables[:bucket], max_model_len
+            )
             ctx = ForwardContext(attention, metadata, kv_cache)
             ids, pos = self.input_ids[:bucket], self.positions[:bucket]
             with torch.inference_mode():
@@ -88,8 +97,14 @@ class DecodeGraphs:
                 return bucket
         return None
 
-    def run(self, input_ids: np.ndarray, positions: np.ndarray, slots: np.ndarray, layout: BatchLayout,
-            device_inputs: tuple[torch.Tensor, torch.Tensor] | None) -> torch.Tensor:
+    def run(
+        self,
+        input_ids: np.ndarray,
+        positions: np.ndarray,
+        slots: np.ndarray,
+        layout: BatchLayout,
+        device_inputs: tuple[torch.Tensor, torch.Tensor] | None,
+    ) -> torch.Tensor:
         """Replay the decode graph for these sequences (one token each); returns their logits [n, V].
         device_inputs: (rows, token ids) already on the device, overriding those rows of input_ids."""
         n = len(input_ids)

@@ -11,17 +11,25 @@ import torch
 
 
 class PagedKVCache:
-    def __init__(self, num_layers: int, num_blocks: int, block_size: int, num_kv_heads: int, head_dim: int,
-                 dtype: torch.dtype, device: torch.device):
+    def __init__(
+        self,
+        num_layers: int,
+        num_blocks: int,
+        block_size: int,
+        num_kv_heads: int,
+        head_dim: int,
+        dtype: torch.dtype,
+        device: torch.device,
+    ):
         self.num_blocks = num_blocks
         self.block_size = block_size
-        self.data = torch.zeros(num_layers, 2, num_blocks, block_size, num_kv_heads, head_dim,
-                                dtype=dtype, device=device)
+        self.data = torch.zeros(
+            num_layers, 2, num_blocks, block_size, num_kv_heads, head_dim, dtype=dtype, device=device
+        )
 
     def layer(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
         return self.data[index, 0], self.data[index, 1]
 
     @staticmethod
-    def bytes_per_block(num_layers: int, block_size: int, num_kv_heads: int, head_dim: int,
-                        dtype: torch.dtype) -> int:
+    def bytes_per_block(num_layers: int, block_size: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype) -> int:
         return num_layers * 2 * block_size * num_kv_heads * head_dim * dtype.itemsize

@@ -5,7 +5,7 @@ from __future__ import annotations
 import contextlib
 import glob
 import os
-from typing import Iterator
+from collections.abc import Iterator
 
 import torch
 from tqdm import tqdm
@@ -20,8 +20,15 @@ def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
     return {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[name]
 
 
-def load_model(folder: str, load_format: str, dtype: torch.dtype, device: torch.device, seed: int = 0,
-               progress: bool = False, fused_kernels: bool = False) -> torch.nn.Module:
+def load_model(
+    folder: str,
+    load_format: str,
+    dtype: torch.dtype,
+    device: torch.device,
+    seed: int = 0,
+    progress: bool = False,
+    fused_kernels: bool = False,
+) -> torch.nn.Module:
     """fused_kernels: the model's Triton kernels for elementwise steps (CUDA) instead of torch ops."""
     hf_config = AutoConfig.from_pretrained(folder)
     cls = model_class_for(hf_config)
@@ -31,8 +38,15 @@ def load_model(folder: str, load_format: str, dtype: torch.dtype, device: torch.
         _init_dummy(model, hf_config, seed)
     else:
         files = _checkpoint_files(folder)
-        model.load_weights(tqdm(_read_tensors(files), desc="Loading weights", unit=" tensors",
-                                disable=not progress, total=_count_tensors(files)))
+        model.load_weights(
+            tqdm(
+                _read_tensors(files),
+                desc="Loading weights",
+                unit=" tensors",
+                disable=not progress,
+                total=_count_tensors(files),
+            )
+        )
     return model.eval().requires_grad_(False)
 
 
@@ -52,8 +66,8 @@ def _checkpoint_files(folder: str) -> list[str]:
         files = sorted(glob.glob(os.path.join(folder, "pytorch_model*.bin")))
     if not files:
         raise FileNotFoundError(
-            f"no *.safetensors or pytorch_model*.bin weights in {folder}; "
-            "use --load-format dummy for random weights")
+            f"no *.safetensors or pytorch_model*.bin weights in {folder}; use --load-format dummy for random weights"
+        )
     return files
 
 
@@ -75,7 +89,7 @@ def _read_tensors(files: list[str]) -> Iterator[tuple[str, torch.Tensor]]:
             from safetensors import safe_open
 
             with safe_open(path, framework="pt") as f:
-                for name in f.keys():
+                for name in f.keys():  # noqa: SIM118 (safe_open is not iterable)
                     yield name, f.get_tensor(name)
         else:
             yield from torch.load(path, map_location="cpu", weights_only=True, mmap=True).items()

@@ -79,17 +79,31 @@ class ModelRunner:
         # the torch path is the reference throughout.
         backend = resolve_attention_backend(config.attention_backend, self.device.type)
         self.attention = make_attention_backend(backend, self.device.type, config.block_size)
-        self.model = load_model(config.model, config.load_format, self.dtype, self.device, config.seed, progress,
-                                fused_kernels=backend == "triton")
+        self.model = load_model(
+            config.model,
+            config.load_format,
+            self.dtype,
+            self.device,
+            config.seed,
+            progress,
+            fused_kernels=backend == "triton",
+        )
         num_layers, kv_heads, head_dim = self.model.kv_shape
         self.num_kv_blocks = self._num_kv_blocks()
         # One block more than the scheduler is told of: a scratch block for CUDA-graph padding rows.
-        self.kv_cache = PagedKVCache(num_layers, self.num_kv_blocks + 1, config.block_size, kv_heads, head_dim,
-                                     self.dtype, self.device)
+        self.kv_cache = PagedKVCache(
+            num_layers, self.num_kv_blocks + 1, config.block_size, kv_heads, head_dim, self.dtype, self.device
+        )
         self.graphs: DecodeGraphs | None = None
         if self.device.type == "cuda" and self.attention.supports_cuda_graphs and not config.enforce_eager:
-            self.graphs = DecodeGraphs(self.model, self.attention, self.kv_cache, config.max_num_seqs,
-                                       info.max_model_len, scratch_block=self.num_kv_blocks)
+            self.graphs = DecodeGraphs(
+                self.model,
+                self.attention,
+                self.kv_cache,
+                config.max_num_seqs,
+                info.max_model_len,
+                scratch_block=self.num_kv_blocks,
+            )
         self.mirrors: dict[int, RequestMirror] = {}
         # Per-step inputs: ids and positions (8 bytes each per token), metadata (block tables dominate).
         max_tokens = config.max_num_batched_tokens + config.max_num_seqs
@@ -118,8 +132,9 @@ class ModelRunner:
             budget = int(cfg.cpu_kv_cache_gib * 2**30)
         blocks = min(useful, budget // per_block)
         if blocks < 1:
-            raise RuntimeError("no memory left for the KV store; lower --max-num-batched-tokens or raise "
-                               "--gpu-memory-utilization")
+            raise RuntimeError(
+                "no memory left for the KV store; lower --max-num-batched-tokens or raise --gpu-memory-utilization"
+            )
         return blocks
 
     def _cuda_kv_budget_bytes(self) -> int:
@@ -134,11 +149,10 @@ class ModelRunner:
         slots = torch.arange(tokens)
         staging = StagingRing(self.device, 64 * tokens + 2**16, depth=1)
         staging.next_step()
-        ctx = ForwardContext(self.attention, self.attention.build_metadata(layout, slots.numpy(), staging),
-                             probe_cache)
+        ctx = ForwardContext(self.attention, self.attention.build_metadata(layout, slots.numpy(), staging), probe_cache)
         ids = torch.zeros(tokens, dtype=torch.long, device=self.device)
         hidden = self.model(ids, slots.to(self.device), ctx)
-        self.model.compute_logits(hidden[-min(tokens, self.config.max_num_seqs):])
+        self.model.compute_logits(hidden[-min(tokens, self.config.max_num_seqs) :])
         torch.cuda.synchronize(self.device)
         peak = torch.cuda.max_memory_allocated(self.device)
         del probe_cache, ctx, hidden
@@ -210,15 +224,19 @@ class ModelRunner:
         q_lens = [c.num_tokens for c in chunks]
         input_ids, pending_rows, pending_slots = self._input_ids(chunks, mirrors, sum(q_lens))
         positions = np.concatenate([np.arange(c.start, c.start + c.num_tokens) for c in chunks])
-        layout = BatchLayout.build(q_lens, [c.start + c.num_tokens for c in chunks],
-                                   [m.block_table for m in mirrors], self.block_size)
+        layout = BatchLayout.build(
+            q_lens, [c.start + c.num_tokens for c in chunks], [m.block_table for m in mirrors], self.block_size
+        )
         slot_mapping = layout.slot_mapping(positions, self.block_size)
         sampling_rows = [i for i, c in enumerate(chunks) if c.sample]
         staging = self.staging
         staging.next_step()
         # (rows, token ids) of the inputs only the device knows: gathered from the last-token slots.
-        device_inputs = None if not pending_rows else (
-            staging.upload(pending_rows, torch.long), self.last_tokens[staging.upload(pending_slots, torch.long)])
+        device_inputs = (
+            None
+            if not pending_rows
+            else (staging.upload(pending_rows, torch.long), self.last_tokens[staging.upload(pending_slots, torch.long)])
+        )
         t1 = time.perf_counter()
 
         if len(input_ids) == len(chunks) and self.graphs is not None and self.graphs.bucket_for(len(chunks)):
@@ -240,8 +258,7 @@ class ModelRunner:
         rids = [chunks[i].rid for i in sampling_rows]
         index = {rid: k for k, rid in enumerate(rids)}
         plan_order = [index[c.rid] for c in plan.chunks if c.rid in index]
-        return LaunchedStep(plan.step_id, rids, sampled, plan_order, tokens, copied, t1 - t0,
-                            time.perf_counter() - t1)
+        return LaunchedStep(plan.step_id, rids, sampled, plan_order, tokens, copied, t1 - t0, time.perf_counter() - t1)
 
     def finish(self, step: LaunchedStep) -> StepResult:
         """Wait for a launched step's tokens and record them."""
@@ -255,10 +272,13 @@ class ModelRunner:
                 mirror.token_ids.append(token)
         sampled_time = time.time()
         # Results in plan order: the scheduler hands out first tokens in the order it admitted requests.
-        return StepResult(step.step_id, [step.rids[k] for k in step.plan_order],
-                          [token_ids[k] for k in step.plan_order], sampled_time,
-                          StepTimings(prepare_s=step.prepare_s, forward_s=step.forward_s,
-                                      sample_s=time.perf_counter() - t0))
+        return StepResult(
+            step.step_id,
+            [step.rids[k] for k in step.plan_order],
+            [token_ids[k] for k in step.plan_order],
+            sampled_time,
+            StepTimings(prepare_s=step.prepare_s, forward_s=step.forward_s, sample_s=time.perf_counter() - t0),
+        )
 
     def _input_ids(self, chunks, mirrors, num_tokens: int) -> tuple[np.ndarray, list[int], list[int]]:
         """Token ids of every computed position. A position the host does not know yet is the token the
@@ -270,11 +290,11 @@ class ModelRunner:
             known = mirror.token_ids
             end = chunk.start + chunk.num_tokens
             if end <= len(known):
-                ids[row:row + chunk.num_tokens] = known[chunk.start:end]
+                ids[row : row + chunk.num_tokens] = known[chunk.start : end]
             else:
                 if end != len(known) + 1:
                     raise ValueError(f"request {chunk.rid}: position {end - 1} is more than one step ahead")
-                ids[row:row + chunk.num_tokens - 1] = known[chunk.start:]
+                ids[row : row + chunk.num_tokens - 1] = known[chunk.start :]
                 pending_rows.append(row + chunk.num_tokens - 1)
                 pending_slots.append(mirror.slot)
             row += chunk.num_tokens
@@ -289,13 +309,19 @@ class ModelRunner:
         event.record()
         return host, event
 
-    def _forward_eager(self, input_ids: np.ndarray, positions: np.ndarray, slot_mapping: np.ndarray,
-                       layout: BatchLayout, sampling_rows: list[int],
-                       device_inputs: tuple[torch.Tensor, torch.Tensor] | None) -> torch.Tensor:
+    def _forward_eager(
+        self,
+        input_ids: np.ndarray,
+        positions: np.ndarray,
+        slot_mapping: np.ndarray,
+        layout: BatchLayout,
+        sampling_rows: list[int],
+        device_inputs: tuple[torch.Tensor, torch.Tensor] | None,
+    ) -> torch.Tensor:
         """Run the model op by op; returns the logits of the sampling rows."""
-        ctx = ForwardContext(self.attention,
-                             self.attention.build_metadata(layout, slot_mapping, self.staging),
-                             self.kv_cache)
+        ctx = ForwardContext(
+            self.attention, self.attention.build_metadata(layout, slot_mapping, self.staging), self.kv_cache
+        )
         ids = self.staging.upload(input_ids, torch.long)
         if device_inputs is not None:
             ids[device_inputs[0]] = device_inputs[1]
@@ -311,5 +337,6 @@ class ModelRunner:
             raise ValueError(f"request {spec.rid} arrived without a seed; the scheduler assigns one")
         if not self._free_slots:
             raise RuntimeError("more live requests than --max-num-seqs allows (seated plus finishing)")
-        return RequestMirror(list(spec.token_ids), [], s.temperature, s.top_k, s.top_p, s.seed, spec.num_sampled,
-                             self._free_slots.pop())
+        return RequestMirror(
+            list(spec.token_ids), [], s.temperature, s.top_k, s.top_p, s.seed, spec.num_sampled, self._free_slots.pop()
+        )

@@ -1,6 +1,6 @@
 """The GPU worker process: load the model, allocate the KV store, warm up, then run plans in order.
 
-    scheduler ──StepPlan──▶ [PULL worker-plans] ─ execute ─ [PUSH scheduler-results] ──StepResult──▶ scheduler
+scheduler ──StepPlan──▶ [PULL worker-plans] ─ execute ─ [PUSH scheduler-results] ──StepResult──▶ scheduler
 """
 
 from __future__ import annotations
@@ -28,22 +28,38 @@ CONTROL_POLL_MS = 100  # an idle worker wakes this often to answer control comma
 log = logging.getLogger(ROLE)
 
 
-def main(config: EngineConfig, info: ModelInfo, run_dir: str, log_level: str, parent_pid: int,
-         profile: ProfileConfig = ProfileConfig()) -> None:
+def main(
+    config: EngineConfig,
+    info: ModelInfo,
+    run_dir: str,
+    log_level: str,
+    parent_pid: int,
+    profile: ProfileConfig = ProfileConfig(),
+) -> None:
     init_child_process(ROLE, log_level, parent_pid)
     from gpu_worker.model_runner import ModelRunner  # torch is imported here, in the child, never before spawn
 
     endpoints = Endpoints(run_dir)
     runner = ModelRunner(config, info, progress=True)
-    log.info("model on %s (%s), %d KV blocks of %d tokens", runner.device, runner.dtype,
-             runner.num_kv_blocks, config.block_size)
+    log.info(
+        "model on %s (%s), %d KV blocks of %d tokens",
+        runner.device,
+        runner.dtype,
+        runner.num_kv_blocks,
+        config.block_size,
+    )
 
     ctx = zmq.Context.instance()
-    worker = WorkerLoop(runner, pull_socket(ctx, endpoints.worker_plans), push_socket(ctx, endpoints.scheduler_results),
-                        ProcessProfiler(profile, ROLE, TorchProfiler))
+    worker = WorkerLoop(
+        runner,
+        pull_socket(ctx, endpoints.worker_plans),
+        push_socket(ctx, endpoints.scheduler_results),
+        ProcessProfiler(profile, ROLE, TorchProfiler),
+    )
     control = ControlServer(endpoints, ROLE, stats=worker.stats)
-    announce_ready(run_dir, ROLE, {"num_kv_blocks": runner.num_kv_blocks, "device": str(runner.device),
-                                   "dtype": str(runner.dtype)})
+    announce_ready(
+        run_dir, ROLE, {"num_kv_blocks": runner.num_kv_blocks, "device": str(runner.device), "dtype": str(runner.dtype)}
+    )
     try:
         worker.run(control)
     except SystemExit:

@@ -32,20 +32,28 @@ class SamplingBatch:
     any_top_p: bool = False
 
     @classmethod
-    def build(cls, rows: list[tuple[float, int, float, int, int]], vocab_size: int,
-              staging: StagingRing) -> "SamplingBatch":
+    def build(
+        cls, rows: list[tuple[float, int, float, int, int]], vocab_size: int, staging: StagingRing
+    ) -> SamplingBatch:
         """rows: (temperature, top_k, top_p, seed, output_index) per sampled request."""
         top_k = [r[1] if 0 < r[1] < vocab_size else vocab_size for r in rows]
         greedy = [r[0] == 0.0 or k == 1 for r, k in zip(rows, top_k)]
         if all(greedy):
             return cls(all_greedy=True)
-        floats = staging.upload([[0.0 if g else r[0] for g, r in zip(greedy, rows)], [r[2] for r in rows]],
-                                torch.float32)
+        floats = staging.upload(
+            [[0.0 if g else r[0] for g, r in zip(greedy, rows)], [r[2] for r in rows]], torch.float32
+        )
         ints = staging.upload([top_k, [r[3] for r in rows], [r[4] for r in rows]], torch.long)
-        return cls(all_greedy=False, temperature=floats[0], top_p=floats[1], top_k=ints[0], seed=ints[1],
-                   output_index=ints[2],
-                   any_top_k=any(not g and k < vocab_size for g, k in zip(greedy, top_k)),
-                   any_top_p=any(not g and r[2] < 1.0 for g, r in zip(greedy, rows)))
+        return cls(
+            all_greedy=False,
+            temperature=floats[0],
+            top_p=floats[1],
+            top_k=ints[0],
+            seed=ints[1],
+            output_index=ints[2],
+            any_top_k=any(not g and k < vocab_size for g, k in zip(greedy, top_k)),
+            any_top_p=any(not g and r[2] < 1.0 for g, r in zip(greedy, rows)),
+        )
 
 
 def sample(logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:

@@ -9,8 +9,8 @@ from __future__ import annotations
 import itertools
 import time
 from collections import deque
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, fields, replace
-from typing import Callable, Sequence
 
 from common.config import EngineConfig
 from common.messages import RequestRejected, RequestTokens, StageTimes, StepPlan, TokenizedRequest
@@ -46,10 +46,12 @@ class LLM:
         self.plans_in_flight = PLANS_IN_FLIGHT if self.runner.launches_async else 1
 
     @classmethod
-    def from_config(cls, config: EngineConfig) -> "LLM":
+    def from_config(cls, config: EngineConfig) -> LLM:
         """An LLM for a config made elsewhere (command-line flags); config.model is any source that
         resolve_model takes."""
-        return cls(config.model or None, **{f.name: getattr(config, f.name) for f in fields(config) if f.name != "model"})
+        return cls(
+            config.model or None, **{f.name: getattr(config, f.name) for f in fields(config) if f.name != "model"}
+        )
 
     @property
     def tokenizer(self):
@@ -65,7 +67,8 @@ class LLM:
         sampling.validate()
         rid = next(self._rids)
         reply = self.scheduler.add_request(
-            TokenizedRequest(rid, list(prompt_token_ids), replace(sampling), StageTimes(arrival=time.time())))
+            TokenizedRequest(rid, list(prompt_token_ids), replace(sampling), StageTimes(arrival=time.time()))
+        )
         if isinstance(reply, RequestRejected):
             raise InvalidParameter(reply.param or "prompt", reply.message)
         return rid
@@ -91,14 +94,18 @@ class LLM:
 
     # ------------------------------------------------------------------ batch level
 
-    def generate(self, prompts: Sequence[str] | Sequence[list[int]],
-                 sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
-                 on_step: Callable[[], None] | None = None) -> list[CompletionOutput]:
+    def generate(
+        self,
+        prompts: Sequence[str] | Sequence[list[int]],
+        sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+        on_step: Callable[[], None] | None = None,
+    ) -> list[CompletionOutput]:
         """Generate for every prompt (text or token ids); outputs in prompt order."""
         if sampling_params is None:
             sampling_params = SamplingParams()
-        params = [sampling_params] * len(prompts) if isinstance(sampling_params, SamplingParams) \
-            else list(sampling_params)
+        params = (
+            [sampling_params] * len(prompts) if isinstance(sampling_params, SamplingParams) else list(sampling_params)
+        )
         outputs: dict[int, CompletionOutput] = {}
         order = []
         for prompt, sp in zip(prompts, params):

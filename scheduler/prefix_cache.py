@@ -22,9 +22,9 @@ from scheduler.block_manager import BlockManager
 @dataclass(eq=False, slots=True)
 class TrieNode:
     block: int
-    parent: "TrieNode | None"
+    parent: TrieNode | None
     key: tuple[int, ...]
-    children: dict[tuple[int, ...], "TrieNode"] = field(default_factory=dict)
+    children: dict[tuple[int, ...], TrieNode] = field(default_factory=dict)
     last_access: int = 0
     removed: bool = False
 
@@ -61,7 +61,7 @@ class PrefixCache:
         bs = self.block_size
         now = next(self._clock)
         for i in range(min(max_blocks, len(token_ids) // bs)):
-            child = node.children.get(tuple(token_ids[i * bs:(i + 1) * bs]))
+            child = node.children.get(tuple(token_ids[i * bs : (i + 1) * bs]))
             if child is None:
                 break
             child.last_access = now
@@ -71,7 +71,7 @@ class PrefixCache:
             node = child
         return matched, InsertCursor(node, len(matched))
 
-    def insert(self, token_ids: list[int], block_ids: list[int], cursor: "InsertCursor") -> None:
+    def insert(self, token_ids: list[int], block_ids: list[int], cursor: InsertCursor) -> None:
         """Cache a request's full blocks from cursor.next_block up to len(token_ids) // bs, moving the cursor.
 
         If a node for the same tokens already exists with another block (the same prefix computed twice,
@@ -86,7 +86,7 @@ class PrefixCache:
         bs = self.block_size
         now = next(self._clock)
         for i in range(cursor.next_block, len(token_ids) // bs):
-            key = tuple(token_ids[i * bs:(i + 1) * bs])
+            key = tuple(token_ids[i * bs : (i + 1) * bs])
             child = node.children.get(key)
             if child is None:
                 child = TrieNode(block=block_ids[i], parent=node, key=key)
@@ -117,8 +117,7 @@ class PrefixCache:
         freed = 0
         while freed < n and self._lru:
             access, _, node = heapq.heappop(self._lru)
-            if node.removed or node.children or access != node.last_access \
-                    or self.blocks.ref_counts[node.block] != 1:
+            if node.removed or node.children or access != node.last_access or self.blocks.ref_counts[node.block] != 1:
                 continue  # stale entry: used again, or not a leaf yet (it is pushed again when it is)
             self._remove(node)
             freed += 1

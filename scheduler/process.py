@@ -19,8 +19,15 @@ import zmq
 
 from common.config import EngineConfig
 from common.control import FRONTEND_ROLE, ControlServer
-from common.messages import (AbortRequest, ControlRequest, RequestTokens, StepPlan, StepResult, TokenBatch,
-                             TokenizedRequest)
+from common.messages import (
+    AbortRequest,
+    ControlRequest,
+    RequestTokens,
+    StepPlan,
+    StepResult,
+    TokenBatch,
+    TokenizedRequest,
+)
 from common.model_info import ModelInfo
 from common.process import announce_ready, init_child_process
 from common.profiling import ProcessProfiler, ProcessStats, ProfileConfig
@@ -33,8 +40,16 @@ IDLE_POLL_MS = 100
 log = logging.getLogger(ROLE)
 
 
-def main(config: EngineConfig, info: ModelInfo, num_kv_blocks: int, num_tokenizers: int, run_dir: str,
-         log_level: str, parent_pid: int, profile: ProfileConfig = ProfileConfig()) -> None:
+def main(
+    config: EngineConfig,
+    info: ModelInfo,
+    num_kv_blocks: int,
+    num_tokenizers: int,
+    run_dir: str,
+    log_level: str,
+    parent_pid: int,
+    profile: ProfileConfig = ProfileConfig(),
+) -> None:
     init_child_process(ROLE, log_level, parent_pid)
     loop = SchedulerLoop(Scheduler(config, info, num_kv_blocks), Endpoints(run_dir), num_tokenizers, profile)
     announce_ready(run_dir, ROLE, {"max_model_len": loop.scheduler.max_model_len})
@@ -90,8 +105,9 @@ class ProfileWindow:
 
 
 class SchedulerLoop:
-    def __init__(self, scheduler: Scheduler, endpoints: Endpoints, num_tokenizers: int,
-                 profile: ProfileConfig = ProfileConfig()):
+    def __init__(
+        self, scheduler: Scheduler, endpoints: Endpoints, num_tokenizers: int, profile: ProfileConfig = ProfileConfig()
+    ):
         self.scheduler = scheduler
         self.endpoints = endpoints
         ctx = zmq.Context.instance()
@@ -146,10 +162,16 @@ class SchedulerLoop:
             send(self.plans, plan, self.activity.sockets)
             if log.isEnabledFor(logging.DEBUG):
                 s = self.scheduler.stats
-                log.debug("step %d: %d prefill + %d decode tokens, %d admitted, %d running, %d finishing, "
-                          "%d waiting", plan.step_id, s.last_step_prefill_tokens, s.last_step_decode_tokens,
-                          len(plan.new_requests), self._num_running(), self.scheduler.num_finishing,
-                          len(self.scheduler.waiting))
+                log.debug(
+                    "step %d: %d prefill + %d decode tokens, %d admitted, %d running, %d finishing, %d waiting",
+                    plan.step_id,
+                    s.last_step_prefill_tokens,
+                    s.last_step_decode_tokens,
+                    len(plan.new_requests),
+                    self._num_running(),
+                    self.scheduler.num_finishing,
+                    len(self.scheduler.waiting),
+                )
             self.in_flight += 1
 
     def _drain_requests(self) -> None:
@@ -181,10 +203,18 @@ class SchedulerLoop:
         self.last_log = now
         s = self.scheduler.stats
         hit_rate = s.cache_hit_tokens / s.prompt_tokens_admitted if s.prompt_tokens_admitted else 0.0
-        log.info("running %d, waiting %d, KV blocks free %d/%d, last step %d prefill + %d decode tokens, "
-                 "prefix cache hit rate %.1f%%, preemptions %d", self._num_running(),
-                 len(self.scheduler.waiting), self.scheduler.blocks.num_free, self.scheduler.blocks.num_blocks,
-                 s.last_step_prefill_tokens, s.last_step_decode_tokens, 100 * hit_rate, s.preemptions)
+        log.info(
+            "running %d, waiting %d, KV blocks free %d/%d, last step %d prefill + %d decode tokens, "
+            "prefix cache hit rate %.1f%%, preemptions %d",
+            self._num_running(),
+            len(self.scheduler.waiting),
+            self.scheduler.blocks.num_free,
+            self.scheduler.blocks.num_blocks,
+            s.last_step_prefill_tokens,
+            s.last_step_decode_tokens,
+            100 * hit_rate,
+            s.preemptions,
+        )
 
     def _num_running(self) -> int:
         """Seated requests (at most --max-num-seqs), not counting those only waiting for their last token."""

@@ -25,8 +25,16 @@ from collections import deque
 from dataclasses import dataclass
 
 from common.config import EngineConfig
-from common.messages import (NewRequestSpec, RequestAccepted, RequestRejected, RequestTokens, ScheduledChunk,
-                             StepPlan, StepResult, TokenizedRequest)
+from common.messages import (
+    NewRequestSpec,
+    RequestAccepted,
+    RequestRejected,
+    RequestTokens,
+    ScheduledChunk,
+    StepPlan,
+    StepResult,
+    TokenizedRequest,
+)
 from common.model_info import ModelInfo
 from common.sampling_params import SamplingParams
 from scheduler.block_manager import BlockManager
@@ -92,15 +100,26 @@ class Scheduler:
             return RequestRejected(rid, 400, "the prompt is empty", "prompt")
         if len(prompt) >= self.max_model_len:
             return RequestRejected(
-                rid, 400, f"the prompt has {len(prompt)} tokens; this server's context is {self.max_model_len} "
-                f"tokens, and at least one must be left to generate", "prompt")
+                rid,
+                400,
+                f"the prompt has {len(prompt)} tokens; this server's context is {self.max_model_len} "
+                f"tokens, and at least one must be left to generate",
+                "prompt",
+            )
         if sampling.max_tokens is not None and len(prompt) + sampling.max_tokens > self.max_model_len:
             return RequestRejected(
-                rid, 400, f"max_tokens={sampling.max_tokens} plus the prompt's {len(prompt)} tokens exceeds the "
-                f"context length {self.max_model_len}", "max_tokens")
+                rid,
+                400,
+                f"max_tokens={sampling.max_tokens} plus the prompt's {len(prompt)} tokens exceeds the "
+                f"context length {self.max_model_len}",
+                "max_tokens",
+            )
         if len(self.waiting) >= self.config.max_waiting_requests:
-            return RequestRejected(rid, 503, f"the server is at its queue limit "
-                                             f"({self.config.max_waiting_requests} waiting requests); retry later")
+            return RequestRejected(
+                rid,
+                503,
+                f"the server is at its queue limit ({self.config.max_waiting_requests} waiting requests); retry later",
+            )
         return None
 
     def abort_request(self, rid: int, reason: str = "abort") -> RequestTokens | None:
@@ -188,8 +207,9 @@ class Scheduler:
         released, self._released = self._released, []
         return StepPlan(self._step_id, new_specs, chunks, released)
 
-    def _admit(self, budget: int, free_seats: int, chunks: list[ScheduledChunk],
-               new_specs: list[NewRequestSpec]) -> int:
+    def _admit(
+        self, budget: int, free_seats: int, chunks: list[ScheduledChunk], new_specs: list[NewRequestSpec]
+    ) -> int:
         full_budget = self.config.max_num_batched_tokens
         limit = min(free_seats, self.config.max_prefill_requests or self.config.max_num_seqs)
         admitted = 0
@@ -255,7 +275,7 @@ class Scheduler:
         known = len(request.prompt_ids) + len(request.output_ids)
         full = min(request.num_computed, known) // self.block_size
         if full > request.cache_cursor.next_block:
-            tokens = request.known_token_ids()[:full * self.block_size]
+            tokens = request.known_token_ids()[: full * self.block_size]
             self.cache.insert(tokens, request.block_ids, request.cache_cursor)
 
     # ------------------------------------------------------------------ blocks
@@ -337,8 +357,10 @@ class Scheduler:
         s = request.sampling
         if (token in self.eos_token_ids and not s.ignore_eos) or token in s.stop_token_ids:
             return "stop"
-        if len(request.output_ids) >= request.max_tokens or \
-                len(request.prompt_ids) + len(request.output_ids) >= self.max_model_len:
+        if (
+            len(request.output_ids) >= request.max_tokens
+            or len(request.prompt_ids) + len(request.output_ids) >= self.max_model_len
+        ):
             return "length"
         return None
 

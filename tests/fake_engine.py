@@ -17,8 +17,7 @@ import itertools
 import threading
 from dataclasses import dataclass, field
 
-from common.messages import (ControlReply, GenerateRequest, RequestAccepted, RequestOutput, RequestRejected,
-                             StageTimes)
+from common.messages import ControlReply, GenerateRequest, RequestAccepted, RequestOutput, RequestRejected, StageTimes
 from frontend.engine_client import EngineClient, EngineLimits, RequestStream
 
 TOKENIZED_AFTER = 0.010
@@ -29,10 +28,21 @@ DETOKENIZED_AFTER_SAMPLED = 0.001
 STREAMED_AFTER_SAMPLED = 0.002
 
 SCHEDULER_STATS = {
-    "num_running": 3, "num_waiting": 2, "kv_blocks_total": 64, "kv_blocks_free": 40, "kv_blocks_cached": 5, "kv_blocks_used": 19,
-    "steps": 100, "prompt_tokens_computed": 300, "decode_tokens_computed": 200, "generated_tokens": 210,
-    "prompt_tokens_admitted": 400, "cache_hit_tokens": 100, "preemptions": 1,
-    "last_step_prefill_tokens": 7, "last_step_decode_tokens": 3,
+    "num_running": 3,
+    "num_waiting": 2,
+    "kv_blocks_total": 64,
+    "kv_blocks_free": 40,
+    "kv_blocks_cached": 5,
+    "kv_blocks_used": 19,
+    "steps": 100,
+    "prompt_tokens_computed": 300,
+    "decode_tokens_computed": 200,
+    "generated_tokens": 210,
+    "prompt_tokens_admitted": 400,
+    "cache_hit_tokens": 100,
+    "preemptions": 1,
+    "last_step_prefill_tokens": 7,
+    "last_step_decode_tokens": 3,
 }
 
 
@@ -41,7 +51,8 @@ class Script:
     """How the fake engine answers requests."""
 
     outputs: list[tuple[str, list[int]]] = field(
-        default_factory=lambda: [("Hello", [11]), (",", [12]), (" world", [13])])
+        default_factory=lambda: [("Hello", [11]), (",", [12]), (" world", [13])]
+    )
     finish_reason: str | None = "stop"  # None: the request stays open after its outputs until aborted
     reject: RequestRejected | None = None  # answer this (its rid is filled in) instead of accepting
     answer: bool = True  # False: never send a verdict (a request stuck before the scheduler)
@@ -86,12 +97,19 @@ class FakeEngineClient(EngineClient):
         for i, (text, token_ids) in enumerate(script.outputs):
             sampled = arrival + OUTPUT_EVERY * (i + 1)
             last = i == len(script.outputs) - 1
-            events.append(RequestOutput(
-                rid, text, list(token_ids), sampled, sampled + DETOKENIZED_AFTER_SAMPLED,
-                finish_reason=script.finish_reason if last else None,
-                first_scheduled=arrival + FIRST_SCHEDULED_AFTER if i == 0 else 0.0,
-                num_cached_tokens=script.num_cached_tokens if i == 0 else 0,
-                streamed_time=sampled + STREAMED_AFTER_SAMPLED))
+            events.append(
+                RequestOutput(
+                    rid,
+                    text,
+                    list(token_ids),
+                    sampled,
+                    sampled + DETOKENIZED_AFTER_SAMPLED,
+                    finish_reason=script.finish_reason if last else None,
+                    first_scheduled=arrival + FIRST_SCHEDULED_AFTER if i == 0 else 0.0,
+                    num_cached_tokens=script.num_cached_tokens if i == 0 else 0,
+                    streamed_time=sampled + STREAMED_AFTER_SAMPLED,
+                )
+            )
         return events
 
     async def abort(self, rid: int) -> None:

@@ -27,11 +27,23 @@ class ServerProcess:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log_path = log_path
-        self._log = open(log_path, "wb")
-        cmd = [sys.executable, str(ROOT / "launch.py"), "--model", str(model), "--port", str(self.port),
-               "--device", "cpu", "--tokenizer-workers", "2", *flags]
-        self.proc = subprocess.Popen(cmd, cwd=ROOT, stdout=self._log, stderr=subprocess.STDOUT,
-                                     env={**os.environ, "PYTHONUNBUFFERED": "1"})
+        self._log = open(log_path, "wb")  # noqa: SIM115 (closed by stop())
+        cmd = [
+            sys.executable,
+            str(ROOT / "launch.py"),
+            "--model",
+            str(model),
+            "--port",
+            str(self.port),
+            "--device",
+            "cpu",
+            "--tokenizer-workers",
+            "2",
+            *flags,
+        ]
+        self.proc = subprocess.Popen(
+            cmd, cwd=ROOT, stdout=self._log, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONUNBUFFERED": "1"}
+        )
         self._wait_ready()
 
     def _wait_ready(self) -> None:

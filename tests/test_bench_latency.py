@@ -8,18 +8,35 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from benchmarks.latency import (RequestTimings, inter_token_latencies, percentile, percentiles, request_latencies,
-                                summarize, tpot, ttft)
+from benchmarks.latency import (
+    RequestTimings,
+    inter_token_latencies,
+    percentile,
+    percentiles,
+    request_latencies,
+    summarize,
+    tpot,
+    ttft,
+)
 
 
 def timed_request(submit: float, token_times: list[float], *, prompt_tokens: int = 10) -> RequestTimings:
     """A request whose stages are 1, 2, 3 ms apart after submit and whose tokens sample 1 ms before
     they stream."""
     return RequestTimings(
-        submit=submit, prompt_tokens=prompt_tokens, completion_tokens=len(token_times), finish_reason="length",
-        arrival=submit + 0.001, tokenized=submit + 0.003, queued=submit + 0.004, first_scheduled=submit + 0.006,
-        token_sampled=[t - 0.001 for t in token_times], token_streamed=list(token_times),
-        finished=token_times[-1], done=token_times[-1] + 0.0005)
+        submit=submit,
+        prompt_tokens=prompt_tokens,
+        completion_tokens=len(token_times),
+        finish_reason="length",
+        arrival=submit + 0.001,
+        tokenized=submit + 0.003,
+        queued=submit + 0.004,
+        first_scheduled=submit + 0.006,
+        token_sampled=[t - 0.001 for t in token_times],
+        token_streamed=list(token_times),
+        finished=token_times[-1],
+        done=token_times[-1] + 0.0005,
+    )
 
 
 def test_percentile_interpolates_between_closest_ranks():
@@ -47,8 +64,10 @@ def test_percentile_outside_0_to_100_is_refused():
         percentile([1.0], 101)
 
 
-@given(st.lists(st.floats(min_value=0, max_value=1e4), min_size=1, max_size=200),
-       st.sampled_from([0, 1, 50, 90, 95, 99, 100]))
+@given(
+    st.lists(st.floats(min_value=0, max_value=1e4), min_size=1, max_size=200),
+    st.sampled_from([0, 1, 50, 90, 95, 99, 100]),
+)
 def test_percentile_agrees_with_numpy(values, p):
     assert percentile(values, p) == pytest.approx(float(np.percentile(values, p)), rel=1e-9, abs=1e-9)
 

@@ -16,11 +16,30 @@ NEW_TOKENS = 5
 @pytest.fixture(scope="module")
 def run(tiny_llama, tmp_path_factory):
     out = tmp_path_factory.mktemp("bench")
-    result = serve.main([
-        "--launch", f"--model {tiny_llama} --device cpu --num-kv-blocks 128 --tokenizer-workers 1",
-        "--num-requests", str(NUM_REQUESTS), "--prompt", "Hello ", "--prompt-repeats", "1,4", "--unique-prompts",
-        "--max-new-tokens", str(NEW_TOKENS), "--no-stop-on-eos", "--max-concurrency", "4",
-        "--output-json", str(out / "run.json"), "--plot-dir", str(out / "plots"), "--label", "tiny"])
+    result = serve.main(
+        [
+            "--launch",
+            f"--model {tiny_llama} --device cpu --num-kv-blocks 128 --tokenizer-workers 1",
+            "--num-requests",
+            str(NUM_REQUESTS),
+            "--prompt",
+            "Hello ",
+            "--prompt-repeats",
+            "1,4",
+            "--unique-prompts",
+            "--max-new-tokens",
+            str(NEW_TOKENS),
+            "--no-stop-on-eos",
+            "--max-concurrency",
+            "4",
+            "--output-json",
+            str(out / "run.json"),
+            "--plot-dir",
+            str(out / "plots"),
+            "--label",
+            "tiny",
+        ]
+    )
     return result, out
 
 
@@ -36,8 +55,15 @@ def test_the_json_holds_every_request_with_its_stage_and_token_times(run):
         assert len(r["token_streamed"]) == len(r["token_sampled"]) == NEW_TOKENS
         assert r["submit"] < r["arrival"] <= r["tokenized"] <= r["queued"] <= r["first_scheduled"]
         assert r["first_scheduled"] < r["token_sampled"][0] <= r["token_streamed"][0] <= r["finished"]
-        assert set(r["latencies_s"]) >= {"submit_latency", "tokenize", "queue_wait", "prefill_to_first_token",
-                                         "ttft", "tpot", "e2e"}
+        assert set(r["latencies_s"]) >= {
+            "submit_latency",
+            "tokenize",
+            "queue_wait",
+            "prefill_to_first_token",
+            "ttft",
+            "tpot",
+            "e2e",
+        }
         assert len(r["itl_s"]) == NEW_TOKENS - 1
 
 
@@ -77,8 +103,18 @@ def test_compare_prints_two_runs_side_by_side_with_ratios(run, capsys):
 
 
 def test_random_id_workload_draws_seeded_lengths_from_the_models_vocabulary(tiny_llama):
-    argv = ["--model", str(tiny_llama), "--num-requests", "40", "--input-len-range", "5-9",
-            "--output-len-range", "2-4", "--seed", "3"]
+    argv = [
+        "--model",
+        str(tiny_llama),
+        "--num-requests",
+        "40",
+        "--input-len-range",
+        "5-9",
+        "--output-len-range",
+        "2-4",
+        "--seed",
+        "3",
+    ]
     workload = serve.build_workload(serve.parse_args(argv))
     assert workload == serve.build_workload(serve.parse_args(argv))
     vocab = json.loads((tiny_llama / "config.json").read_text())["vocab_size"]
@@ -90,6 +126,7 @@ def test_random_id_workload_draws_seeded_lengths_from_the_models_vocabulary(tiny
 def test_prompts_file_workload_cycles_the_file_and_keeps_each_prompts_max_tokens(tmp_path):
     path = tmp_path / "prompts.json"
     path.write_text(json.dumps(["a", {"prompt": "b", "max_tokens": 3}]))
-    workload = serve.build_workload(serve.parse_args(
-        ["--prompts-file", str(path), "--num-requests", "4", "--max-new-tokens", "9"]))
+    workload = serve.build_workload(
+        serve.parse_args(["--prompts-file", str(path), "--num-requests", "4", "--max-new-tokens", "9"])
+    )
     assert [(r.prompt, r.max_tokens) for r in workload] == [("a", 9), ("b", 3), ("a", 9), ("b", 3)]

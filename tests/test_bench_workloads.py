@@ -9,8 +9,16 @@ import statistics
 
 import pytest
 
-from benchmarks.workloads import (load_prompts_file, parse_range, parse_repeats, poisson_gaps, random_lengths,
-                                  random_token_prompts, repeated_text_prompts, send_offsets)
+from benchmarks.workloads import (
+    load_prompts_file,
+    parse_range,
+    parse_repeats,
+    poisson_gaps,
+    random_lengths,
+    random_token_prompts,
+    repeated_text_prompts,
+    send_offsets,
+)
 
 
 def test_parse_range_reads_low_high_or_one_value():

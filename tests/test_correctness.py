@@ -16,8 +16,11 @@ NEW_TOKENS = 32
 def generate_batched(folder, prompts: list[list[int]], **engine_args) -> list[list[int]]:
     llm = LLM(str(folder), device="cpu", dtype="float32", **engine_args)
     llm.record_plans = True
-    outs = llm.generate(prompts, SamplingParams(max_tokens=NEW_TOKENS, temperature=0.0, ignore_eos=True),
-                        on_step=llm.scheduler.check_integrity)
+    outs = llm.generate(
+        prompts,
+        SamplingParams(max_tokens=NEW_TOKENS, temperature=0.0, ignore_eos=True),
+        on_step=llm.scheduler.check_integrity,
+    )
     first = llm.plans_executed[0]
     assert len(first.chunks) == len(prompts), "all prompts were prefilled in one forward"
     assert all(len(p.chunks) == len(prompts) for p in llm.plans_executed[1:]), "decoded as one batch"
@@ -34,10 +37,16 @@ def test_smollm2_real_weights_match_transformers(smollm2_folder):
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(smollm2_folder)
-    texts = ["The capital of France is", "Once upon a time, there was a little girl who",
-             "def fibonacci(n):", "1, 2, 3, 4,", "The quick brown fox jumps over the lazy dog. The",
-             "In 1492, Columbus", "Water boils at a temperature of",
-             "A haiku about the sea, written by a poet who has never seen it:"]
+    texts = [
+        "The capital of France is",
+        "Once upon a time, there was a little girl who",
+        "def fibonacci(n):",
+        "1, 2, 3, 4,",
+        "The quick brown fox jumps over the lazy dog. The",
+        "In 1492, Columbus",
+        "Water boils at a temperature of",
+        "A haiku about the sea, written by a poet who has never seen it:",
+    ]
     prompts = [tokenizer.encode(t) for t in texts]
     assert len({len(p) for p in prompts}) > 4 and any(len(p) % 16 for p in prompts)
     ours = generate_batched(smollm2_folder, prompts, block_size=16)
@@ -47,5 +56,6 @@ def test_smollm2_real_weights_match_transformers(smollm2_folder):
 @pytest.mark.parametrize("block_size", [1, 7, 32])
 def test_block_size_does_not_change_outputs(tiny_llama, block_size):
     prompts = random_prompts(4, [9, 30, 41, 3], vocab=512, seed=1)
-    assert generate_batched(tiny_llama, prompts, block_size=block_size) == \
-        generate_batched(tiny_llama, prompts, block_size=16)
+    assert generate_batched(tiny_llama, prompts, block_size=block_size) == generate_batched(
+        tiny_llama, prompts, block_size=16
+    )

@@ -24,9 +24,15 @@ def hf_greedy_on(folder, prompts, new_tokens, dtype) -> list[list[int]]:
     with torch.inference_mode():
         for prompt in prompts:
             ids = torch.tensor([prompt], device="cuda")
-            out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=new_tokens,
-                                 min_new_tokens=new_tokens, do_sample=False, pad_token_id=0)
-            outputs.append(out[0, len(prompt):].tolist())
+            out = model.generate(
+                ids,
+                attention_mask=torch.ones_like(ids),
+                max_new_tokens=new_tokens,
+                min_new_tokens=new_tokens,
+                do_sample=False,
+                pad_token_id=0,
+            )
+            outputs.append(out[0, len(prompt) :].tolist())
     return outputs
 
 
@@ -36,8 +42,7 @@ def test_float32_on_cuda_matches_transformers(tiny_model, backend):
         pytest.importorskip("triton", reason="the triton backend needs triton")
     prompts = random_prompts(8, PROMPT_LENGTHS, vocab=512)
     llm = LLM(str(tiny_model), device="cuda", dtype="float32", attention_backend=backend)
-    ours = [o.token_ids for o in llm.generate(prompts, SamplingParams(max_tokens=32, temperature=0.0,
-                                                                     ignore_eos=True))]
+    ours = [o.token_ids for o in llm.generate(prompts, SamplingParams(max_tokens=32, temperature=0.0, ignore_eos=True))]
     torch.backends.cuda.matmul.allow_tf32 = False
     assert ours == hf_greedy_on(tiny_model, prompts, 32, torch.float32)
 
@@ -45,8 +50,7 @@ def test_float32_on_cuda_matches_transformers(tiny_model, backend):
 def test_bfloat16_on_cuda_mostly_agrees_with_transformers(tiny_model):
     prompts = random_prompts(8, PROMPT_LENGTHS, vocab=512)
     llm = LLM(str(tiny_model), device="cuda", dtype="bfloat16")
-    ours = [o.token_ids for o in llm.generate(prompts, SamplingParams(max_tokens=16, temperature=0.0,
-                                                                     ignore_eos=True))]
+    ours = [o.token_ids for o in llm.generate(prompts, SamplingParams(max_tokens=16, temperature=0.0, ignore_eos=True))]
     theirs = hf_greedy_on(tiny_model, prompts, 16, torch.bfloat16)
     # bf16 rounding differs between kernels, and a single flipped token changes the rest of a sequence:
     # compare the first tokens, where both start from the same context.
@@ -61,8 +65,9 @@ def test_cuda_graph_decode_gives_the_same_tokens_as_eager(tiny_model):
     assert graphs.runner.graphs is not None
     eager = LLM(str(tiny_model), device="cuda", dtype="float32", enforce_eager=True)
     assert eager.runner.graphs is None
-    assert [o.token_ids for o in graphs.generate(prompts, params)] == \
-        [o.token_ids for o in eager.generate(prompts, params)]
+    assert [o.token_ids for o in graphs.generate(prompts, params)] == [
+        o.token_ids for o in eager.generate(prompts, params)
+    ]
 
 
 def test_no_step_after_warm_up_compiles_a_kernel(tiny_model, monkeypatch):

@@ -24,20 +24,34 @@ def tokenizer(tmp_path_factory) -> Tokenizer:
 @pytest.fixture(scope="module")
 def sentencepiece_tokenizer(tmp_path_factory) -> Tokenizer:
     """Llama-2 style: "▁" for spaces, the first token's space stripped, unknown characters as byte tokens."""
-    from tokenizers import Tokenizer as RustTokenizer, decoders, models, pre_tokenizers
+    from tokenizers import Tokenizer as RustTokenizer
+    from tokenizers import decoders, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
-    merges = [("▁", "h"), ("▁h", "e"), ("l", "l"), ("▁he", "ll"), ("▁hell", "o"), ("▁", "w"), ("o", "r"),
-              ("▁w", "or"), ("l", "d"), ("▁wor", "ld")]
+    merges = [
+        ("▁", "h"),
+        ("▁h", "e"),
+        ("l", "l"),
+        ("▁he", "ll"),
+        ("▁hell", "o"),
+        ("▁", "w"),
+        ("o", "r"),
+        ("▁w", "or"),
+        ("l", "d"),
+        ("▁wor", "ld"),
+    ]
     pieces = ["<unk>", "<s>", "</s>", *[f"<0x{i:02X}>" for i in range(256)], *"▁helowrd", *[a + b for a, b in merges]]
-    rust = RustTokenizer(models.BPE({p: i for i, p in enumerate(pieces)}, merges, unk_token="<unk>",
-                                    byte_fallback=True))
+    rust = RustTokenizer(
+        models.BPE({p: i for i, p in enumerate(pieces)}, merges, unk_token="<unk>", byte_fallback=True)
+    )
     rust.pre_tokenizer = pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="first", split=False)
-    rust.decoder = decoders.Sequence([decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse(),
-                                      decoders.Strip(" ", 1, 0)])
+    rust.decoder = decoders.Sequence(
+        [decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse(), decoders.Strip(" ", 1, 0)]
+    )
     folder = tmp_path_factory.mktemp("sentencepiece-tokenizer")
-    PreTrainedTokenizerFast(tokenizer_object=rust, bos_token="<s>", eos_token="</s>",
-                            unk_token="<unk>").save_pretrained(folder)
+    PreTrainedTokenizerFast(
+        tokenizer_object=rust, bos_token="<s>", eos_token="</s>", unk_token="<unk>"
+    ).save_pretrained(folder)
     return Tokenizer.load(str(folder))
 
 
@@ -47,7 +61,7 @@ def stream(tokenizer: Tokenizer, ids: list[int], chunk_sizes: list[int]) -> list
     deltas: list[str] = []
     pos = 0
     while pos < len(ids):
-        chunk = ids[pos:pos + chunk_sizes[len(deltas) % len(chunk_sizes)]]
+        chunk = ids[pos : pos + chunk_sizes[len(deltas) % len(chunk_sizes)]]
         pos += len(chunk)
         deltas.append(detokenizer.step(chunk, final=pos == len(ids)))
     return deltas
@@ -91,13 +105,18 @@ def test_special_tokens_produce_no_text(tokenizer):
 
 
 @settings(max_examples=200, deadline=None)
-@given(pieces=st.lists(st.one_of(st.text(alphabet="helo wrd你好🚀", max_size=8), st.just("</s>")), max_size=8),
-       chunk_sizes=st.lists(st.integers(1, 3), min_size=1, max_size=4))
+@given(
+    pieces=st.lists(st.one_of(st.text(alphabet="helo wrd你好🚀", max_size=8), st.just("</s>")), max_size=8),
+    chunk_sizes=st.lists(st.integers(1, 3), min_size=1, max_size=4),
+)
 def test_sentencepiece_spaces_survive_chunking_and_special_tokens(sentencepiece_tokenizer, pieces, chunk_sizes):
     # A window decoded after a special token must not lose the next word's leading space.
     hf = sentencepiece_tokenizer.hf
-    ids = [i for piece in pieces
-           for i in ([hf.eos_token_id] if piece == "</s>" else hf.encode(piece, add_special_tokens=False))]
+    ids = [
+        i
+        for piece in pieces
+        for i in ([hf.eos_token_id] if piece == "</s>" else hf.encode(piece, add_special_tokens=False))
+    ]
     deltas = stream(sentencepiece_tokenizer, ids, chunk_sizes)
     assert "".join(deltas) == hf.decode(ids, skip_special_tokens=True)
     assert not any("\ufffd" in d for d in deltas)
@@ -191,9 +210,12 @@ def test_multibyte_stop_string_matches_across_token_boundaries(tokenizer):
 
 
 @settings(max_examples=300, deadline=None)
-@given(text=st.text(alphabet="abc世", max_size=30), stop=st.lists(st.text(alphabet="abc世", min_size=1, max_size=4),
-                                                                  min_size=1, max_size=3),
-       cuts=st.lists(st.integers(0, 30), max_size=8), include_stop=st.booleans())
+@given(
+    text=st.text(alphabet="abc世", max_size=30),
+    stop=st.lists(st.text(alphabet="abc世", min_size=1, max_size=4), min_size=1, max_size=3),
+    cuts=st.lists(st.integers(0, 30), max_size=8),
+    include_stop=st.booleans(),
+)
 def test_stop_string_output_does_not_depend_on_how_the_text_is_split(text, stop, cuts, include_stop):
     bounds = sorted({0, len(text), *[c for c in cuts if c < len(text)]})
     deltas = [text[a:b] for a, b in zip(bounds, bounds[1:])] or [""]
@@ -203,7 +225,7 @@ def test_stop_string_output_does_not_depend_on_how_the_text_is_split(text, stop,
     if ends:
         end, minus_len = min(ends)
         assert stopped
-        assert "".join(out) == text[:end if include_stop else end + minus_len]
+        assert "".join(out) == text[: end if include_stop else end + minus_len]
     else:
         assert not stopped
         assert "".join(out) == text

@@ -29,7 +29,7 @@ def sse_events(body: str) -> list:
     events = []
     for block in body.split("\n\n")[:-1]:
         assert block.startswith("data: "), block
-        data = block[len("data: "):]
+        data = block[len("data: ") :]
         events.append(data if data == "[DONE]" else json.loads(data))
     return events
 
@@ -83,8 +83,9 @@ def test_completion_stream_sends_text_chunks_then_done(http):
 
 
 def test_completion_stream_ends_with_a_usage_chunk_when_asked(http):
-    response = http.post("/v1/completions", json={"prompt": "Say hi", "stream": True,
-                                                  "stream_options": {"include_usage": True}})
+    response = http.post(
+        "/v1/completions", json={"prompt": "Say hi", "stream": True, "stream_options": {"include_usage": True}}
+    )
     *chunks, usage_chunk, done = sse_events(response.text)
     assert done == "[DONE]"
     assert all(c["usage"] is None for c in chunks)
@@ -96,9 +97,20 @@ def test_completion_stream_ends_with_a_usage_chunk_when_asked(http):
 
 def test_completion_passes_prompt_and_sampling_parameters_to_the_engine(http, engine):
     before = time.time()
-    http.post("/v1/completions", json={
-        "prompt": "Say hi", "max_tokens": 7, "temperature": 0.5, "top_p": 0.9, "top_k": 40, "seed": 3,
-        "stop": "\n", "stop_token_ids": [2], "ignore_eos": True})
+    http.post(
+        "/v1/completions",
+        json={
+            "prompt": "Say hi",
+            "max_tokens": 7,
+            "temperature": 0.5,
+            "top_p": 0.9,
+            "top_k": 40,
+            "seed": 3,
+            "stop": "\n",
+            "stop_token_ids": [2],
+            "ignore_eos": True,
+        },
+    )
     request = engine.submitted[0]
     assert request.prompt == "Say hi" and request.prompt_token_ids is None and request.chat_messages is None
     s = request.sampling
@@ -121,8 +133,10 @@ def test_completion_accepts_token_ids_and_batches_of_one(http, engine):
 
 
 def test_unknown_fields_are_ignored_and_model_may_be_omitted(http):
-    response = http.post("/v1/completions", json={"prompt": "x", "user": "me", "frequency_penalty": 0,
-                                                  "logit_bias": {}, "some_future_field": [1]})
+    response = http.post(
+        "/v1/completions",
+        json={"prompt": "x", "user": "me", "frequency_penalty": 0, "logit_bias": {}, "some_future_field": [1]},
+    )
     assert response.status_code == 200
 
 
@@ -130,9 +144,13 @@ def test_unknown_fields_are_ignored_and_model_may_be_omitted(http):
 
 
 def test_chat_returns_the_assistant_message_and_usage(http, engine):
-    response = http.post("/v1/chat/completions", json={
-        "model": "fake-model", "messages": [{"role": "system", "content": "Be brief."},
-                                            {"role": "user", "content": "Hi"}]})
+    response = http.post(
+        "/v1/chat/completions",
+        json={
+            "model": "fake-model",
+            "messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}],
+        },
+    )
     assert response.status_code == 200
     body = response.json()
     assert body["id"] == "chatcmpl-1"
@@ -141,13 +159,21 @@ def test_chat_returns_the_assistant_message_and_usage(http, engine):
     assert body["choices"][0]["message"] == {"role": "assistant", "content": "Hello, world"}
     assert body["choices"][0]["finish_reason"] == "stop"
     assert body["usage"]["total_tokens"] == 8
-    assert engine.submitted[0].chat_messages == [{"role": "system", "content": "Be brief."},
-                                                 {"role": "user", "content": "Hi"}]
+    assert engine.submitted[0].chat_messages == [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": "Hi"},
+    ]
 
 
 def test_chat_stream_sends_the_role_first_then_content_deltas(http):
-    response = http.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "Hi"}],
-                                                       "stream": True, "stream_options": {"include_usage": True}})
+    response = http.post(
+        "/v1/chat/completions",
+        json={
+            "messages": [{"role": "user", "content": "Hi"}],
+            "stream": True,
+            "stream_options": {"include_usage": True},
+        },
+    )
     assert response.status_code == 200
     *chunks, usage_chunk, done = sse_events(response.text)
     assert done == "[DONE]"
@@ -230,10 +256,12 @@ BAD_GENERATES = [
 ]
 
 
-@pytest.mark.parametrize(("path", "body", "param"),
-                         [("/v1/completions", b, p) for b, p in BAD_COMPLETIONS]
-                         + [("/v1/chat/completions", b, p) for b, p in BAD_CHATS]
-                         + [("/generate", b, p) for b, p in BAD_GENERATES])
+@pytest.mark.parametrize(
+    ("path", "body", "param"),
+    [("/v1/completions", b, p) for b, p in BAD_COMPLETIONS]
+    + [("/v1/chat/completions", b, p) for b, p in BAD_CHATS]
+    + [("/generate", b, p) for b, p in BAD_GENERATES],
+)
 def test_bad_input_is_a_400_naming_the_field(http, engine, path, body, param):
     assert_error(http.post(path, json=body), 400, param)
     assert engine.submitted == []
@@ -272,8 +300,9 @@ def test_engine_rejection_503_is_relayed_before_any_stream(http, engine, stream)
 
 
 def test_engine_rejection_400_keeps_its_param(http, engine):
-    engine.script = Script(reject=RequestRejected(0, 400, "prompt (120 tokens) + max_tokens (16) exceeds 128",
-                                                  param="max_tokens"))
+    engine.script = Script(
+        reject=RequestRejected(0, 400, "prompt (120 tokens) + max_tokens (16) exceeds 128", param="max_tokens")
+    )
     assert_error(http.post("/v1/chat/completions", json={"messages": USER}), 400, "max_tokens")
 
 
@@ -287,8 +316,11 @@ def keyed_http(engine) -> TestClient:
 
 @pytest.mark.parametrize("headers", [{}, {"Authorization": "Bearer wrong"}, {"Authorization": "sesame"}])
 def test_a_missing_or_wrong_api_key_is_a_401(keyed_http, engine, headers):
-    for path, body in [("/v1/completions", {"prompt": "x"}), ("/v1/chat/completions", {"messages": USER}),
-                       ("/generate", {"prompt": "x"})]:
+    for path, body in [
+        ("/v1/completions", {"prompt": "x"}),
+        ("/v1/chat/completions", {"messages": USER}),
+        ("/generate", {"prompt": "x"}),
+    ]:
         assert_error(keyed_http.post(path, json=body, headers=headers), 401, None, type="authentication_error")
     assert_error(keyed_http.get("/v1/models", headers=headers), 401, None, type="authentication_error")
     assert engine.submitted == []

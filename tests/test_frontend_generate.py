@@ -61,8 +61,19 @@ def test_non_streaming_returns_all_tokens_with_per_token_times(http):
 
 
 def test_prompt_ids_and_sampling_params_reach_the_engine(http, engine):
-    http.post("/generate", json={"input_ids": [1, 2, 3], "sampling_params": {
-        "max_tokens": 4, "temperature": 0.0, "top_k": 5, "stop_token_ids": [7], "ignore_eos": True}})
+    http.post(
+        "/generate",
+        json={
+            "input_ids": [1, 2, 3],
+            "sampling_params": {
+                "max_tokens": 4,
+                "temperature": 0.0,
+                "top_k": 5,
+                "stop_token_ids": [7],
+                "ignore_eos": True,
+            },
+        },
+    )
     request = engine.submitted[0]
     assert request.prompt_token_ids == [1, 2, 3] and request.prompt is None
     s = request.sampling

@@ -8,7 +8,7 @@ import json
 import socket
 import threading
 import time
-from typing import Iterator
+from collections.abc import Iterator
 
 import openai
 import pytest
@@ -24,8 +24,9 @@ DEADLINE_S = 10.0
 @contextlib.contextmanager
 def serving(engine: FakeEngineClient) -> Iterator[tuple[str, int]]:
     """Run the app under uvicorn on a free port in a thread; yields (host, port) once it accepts."""
-    config = uvicorn.Config(build_app(engine, api_key=API_KEY), host="127.0.0.1", port=0, log_level="warning",
-                            lifespan="off")
+    config = uvicorn.Config(
+        build_app(engine, api_key=API_KEY), host="127.0.0.1", port=0, log_level="warning", lifespan="off"
+    )
     server = uvicorn.Server(config)
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
@@ -65,12 +66,17 @@ def test_openai_client_completion(oai):
     completion = oai.completions.create(model="fake-model", prompt="Say hi", max_tokens=5)
     assert completion.choices[0].text == "Hello, world"
     assert completion.choices[0].finish_reason == "stop"
-    assert (completion.usage.prompt_tokens, completion.usage.completion_tokens, completion.usage.total_tokens) == (5, 3, 8)
+    assert (completion.usage.prompt_tokens, completion.usage.completion_tokens, completion.usage.total_tokens) == (
+        5,
+        3,
+        8,
+    )
 
 
 def test_openai_client_streamed_completion_with_usage(oai):
-    chunks = list(oai.completions.create(model="fake-model", prompt="Say hi", stream=True,
-                                         stream_options={"include_usage": True}))
+    chunks = list(
+        oai.completions.create(model="fake-model", prompt="Say hi", stream=True, stream_options={"include_usage": True})
+    )
     assert "".join(c.choices[0].text for c in chunks if c.choices) == "Hello, world"
     assert chunks[-1].usage.total_tokens == 8
 
@@ -83,8 +89,14 @@ def test_openai_client_chat(oai):
 
 
 def test_openai_client_streamed_chat(oai):
-    chunks = list(oai.chat.completions.create(model="fake-model", messages=[{"role": "user", "content": "Hi"}],
-                                              stream=True, stream_options={"include_usage": True}))
+    chunks = list(
+        oai.chat.completions.create(
+            model="fake-model",
+            messages=[{"role": "user", "content": "Hi"}],
+            stream=True,
+            stream_options={"include_usage": True},
+        )
+    )
     assert chunks[0].choices[0].delta.role == "assistant"
     assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == "Hello, world"
     assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "stop"
@@ -114,8 +126,10 @@ def test_openai_client_with_a_wrong_key_is_refused(address):
 
 def send_raw_request(address: tuple[str, int], path: str, body: dict) -> socket.socket:
     payload = json.dumps(body).encode()
-    head = (f"POST {path} HTTP/1.1\r\nHost: test\r\nAuthorization: Bearer {API_KEY}\r\n"
-            f"Content-Type: application/json\r\nContent-Length: {len(payload)}\r\n\r\n").encode()
+    head = (
+        f"POST {path} HTTP/1.1\r\nHost: test\r\nAuthorization: Bearer {API_KEY}\r\n"
+        f"Content-Type: application/json\r\nContent-Length: {len(payload)}\r\n\r\n"
+    ).encode()
     sock = socket.create_connection(address, timeout=DEADLINE_S)
     sock.sendall(head + payload)
     return sock
@@ -137,11 +151,14 @@ def assert_aborted_once_and_still_serving(engine: FakeEngineClient, oai: openai.
     assert engine.aborted == [engine.submitted[0].rid]
 
 
-@pytest.mark.parametrize("path, body", [
-    ("/v1/completions", {"prompt": "x", "stream": True}),
-    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}], "stream": True}),
-    ("/generate", {"prompt": "x", "stream": True}),
-])
+@pytest.mark.parametrize(
+    "path, body",
+    [
+        ("/v1/completions", {"prompt": "x", "stream": True}),
+        ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}], "stream": True}),
+        ("/generate", {"prompt": "x", "stream": True}),
+    ],
+)
 def test_hanging_up_mid_stream_aborts_the_request_once(engine, address, oai, path, body):
     engine.script = Script(finish_reason=None)  # outputs, then the request stays open
     sock = send_raw_request(address, path, body)

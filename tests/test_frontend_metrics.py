@@ -18,8 +18,11 @@ def scrape(http: TestClient) -> dict[tuple[str, tuple], float]:
     response = http.get("/metrics")
     assert response.status_code == 200
     assert response.headers["content-type"].startswith("text/plain")
-    return {(s.name, tuple(sorted(s.labels.items()))): s.value
-            for family in text_string_to_metric_families(response.text) for s in family.samples}
+    return {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in text_string_to_metric_families(response.text)
+        for s in family.samples
+    }
 
 
 @pytest.fixture
@@ -88,13 +91,18 @@ def test_latency_histograms_come_from_the_stage_times(http):
     assert m[("clearserve_time_to_first_token_seconds_count", ())] == 1
     assert m[("clearserve_time_to_first_token_seconds_sum", ())] == pytest.approx(first_streamed, abs=1e-6)
     assert m[("clearserve_inter_token_latency_seconds_count", ())] == 2
-    assert m[("clearserve_inter_token_latency_seconds_sum", ())] == pytest.approx(2 * fake_engine.OUTPUT_EVERY, abs=1e-6)
+    assert m[("clearserve_inter_token_latency_seconds_sum", ())] == pytest.approx(
+        2 * fake_engine.OUTPUT_EVERY, abs=1e-6
+    )
     assert m[("clearserve_e2e_request_latency_seconds_sum", ())] == pytest.approx(
-        3 * fake_engine.OUTPUT_EVERY + fake_engine.STREAMED_AFTER_SAMPLED, abs=1e-6)
+        3 * fake_engine.OUTPUT_EVERY + fake_engine.STREAMED_AFTER_SAMPLED, abs=1e-6
+    )
     assert m[("clearserve_request_queue_time_seconds_sum", ())] == pytest.approx(
-        fake_engine.FIRST_SCHEDULED_AFTER - fake_engine.QUEUED_AFTER, abs=1e-6)
+        fake_engine.FIRST_SCHEDULED_AFTER - fake_engine.QUEUED_AFTER, abs=1e-6
+    )
     assert m[("clearserve_request_tokenization_time_seconds_sum", ())] == pytest.approx(
-        fake_engine.TOKENIZED_AFTER, abs=1e-6)
+        fake_engine.TOKENIZED_AFTER, abs=1e-6
+    )
 
 
 def test_tokens_that_arrive_together_count_zero_gaps(http, engine):

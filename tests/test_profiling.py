@@ -22,8 +22,18 @@ from tests.server_process import ServerProcess, wait_until
 
 CHILDREN = {"gpu_worker", "scheduler", "tokenizer-0", "tokenizer-1"}
 ROLES = CHILDREN | {"frontend"}  # the launcher process serves HTTP, and profiles itself as "frontend"
-SUMMARY_KEYS = {"uptime_s", "busy_s", "idle_s", "busy_pct", "messages_in", "messages_out", "bytes_in", "bytes_out",
-                "msgpack_encode_s", "msgpack_decode_s"}
+SUMMARY_KEYS = {
+    "uptime_s",
+    "busy_s",
+    "idle_s",
+    "busy_pct",
+    "messages_in",
+    "messages_out",
+    "bytes_in",
+    "bytes_out",
+    "msgpack_encode_s",
+    "msgpack_decode_s",
+}
 TRACE_NAME = re.compile(r"(?P<role>[a-z_]+(?:-\d+)?)-(?P<pid>\d+)\.trace\.json")
 
 
@@ -170,16 +180,24 @@ def server_pids(server: ServerProcess) -> dict[str, int]:
 def generate(server: ServerProcess, n: int, max_tokens: int) -> None:
     with server.client() as c:
         for i in range(n):
-            response = c.post("/v1/completions", json={"prompt": f"profile me {i}", "max_tokens": max_tokens,
-                                                       "temperature": 0, "ignore_eos": True})
+            response = c.post(
+                "/v1/completions",
+                json={"prompt": f"profile me {i}", "max_tokens": max_tokens, "temperature": 0, "ignore_eos": True},
+            )
             assert response.status_code == 200, response.text
 
 
 @pytest.fixture(scope="module")
 def profiled_server(tiny_llama, tmp_path_factory):
     folder = tmp_path_factory.mktemp("traces")
-    srv = ServerProcess(tiny_llama, "--num-kv-blocks", "64", "--profile-dir", str(folder),
-                        log_path=tmp_path_factory.mktemp("log") / "server.log")
+    srv = ServerProcess(
+        tiny_llama,
+        "--num-kv-blocks",
+        "64",
+        "--profile-dir",
+        str(folder),
+        log_path=tmp_path_factory.mktemp("log") / "server.log",
+    )
     yield srv, folder
     srv.stop()
 
@@ -190,8 +208,9 @@ def test_a_profiled_run_writes_one_chrome_trace_per_process_named_by_role_and_pi
     with server.client() as c:
         started = c.post("/start_profile").json()
         assert started["silent"] == []
-        assert {role: r["payload"] for role, r in replies_with_frontend(started).items()} == \
-            {role: {"started": True} for role in ROLES}
+        assert {role: r["payload"] for role, r in replies_with_frontend(started).items()} == {
+            role: {"started": True} for role in ROLES
+        }
         generate(server, n=3, max_tokens=4)
         stopped = replies_with_frontend(c.post("/stop_profile").json())
 
@@ -213,7 +232,7 @@ def test_stats_report_busy_idle_and_messages_for_every_process(profiled_server):
     assert set(stats) == ROLES
     for role, reply in stats.items():
         summary = reply["payload"]
-        assert SUMMARY_KEYS <= set(summary), role
+        assert set(summary) >= SUMMARY_KEYS, role
         assert summary["messages_in"] > 0 and summary["messages_out"] > 0, role
         assert 0 < summary["busy_s"] <= summary["uptime_s"] and 0 <= summary["busy_pct"] <= 100, role
     assert stats["scheduler"]["payload"]["steps"] > 0  # the scheduling counters are still there
@@ -221,8 +240,16 @@ def test_stats_report_busy_idle_and_messages_for_every_process(profiled_server):
 
 def test_profile_steps_profiles_that_many_steps_in_every_process_then_stops(tiny_llama, tmp_path):
     folder = tmp_path / "traces"
-    server = ServerProcess(tiny_llama, "--num-kv-blocks", "64", "--profile-dir", str(folder),
-                           "--profile-steps", "3", log_path=tmp_path / "server.log")
+    server = ServerProcess(
+        tiny_llama,
+        "--num-kv-blocks",
+        "64",
+        "--profile-dir",
+        str(folder),
+        "--profile-steps",
+        "3",
+        log_path=tmp_path / "server.log",
+    )
     try:
         pids = server_pids(server)
         generate(server, n=1, max_tokens=8)  # 8 steps: the window closes after the third

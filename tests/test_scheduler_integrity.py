@@ -37,20 +37,30 @@ class FakeWorker:
         return StepResult(plan.step_id, rids, tokens, 0.0, StepTimings())
 
 
-operations = st.lists(st.one_of(
-    st.tuples(st.just("add"), st.lists(st.integers(1, VOCAB - 1), min_size=1, max_size=40),
-              st.integers(1, 24)),
-    st.tuples(st.just("step"), st.integers(1, 3)),
-    st.tuples(st.just("abort"), st.integers(0, 30)),
-), min_size=1, max_size=60)
+operations = st.lists(
+    st.one_of(
+        st.tuples(st.just("add"), st.lists(st.integers(1, VOCAB - 1), min_size=1, max_size=40), st.integers(1, 24)),
+        st.tuples(st.just("step"), st.integers(1, 3)),
+        st.tuples(st.just("abort"), st.integers(0, 30)),
+    ),
+    min_size=1,
+    max_size=60,
+)
 
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(ops=operations, block_size=st.sampled_from([1, 2, 4]), num_blocks=st.integers(12, 40),
-       budget=st.integers(1, 24), chunked=st.booleans(), overlap=st.booleans())
+@given(
+    ops=operations,
+    block_size=st.sampled_from([1, 2, 4]),
+    num_blocks=st.integers(12, 40),
+    budget=st.integers(1, 24),
+    chunked=st.booleans(),
+    overlap=st.booleans(),
+)
 def test_block_accounting_stays_exact(ops, block_size, num_blocks, budget, chunked, overlap):
-    config = EngineConfig(block_size=block_size, max_num_seqs=4, max_num_batched_tokens=budget,
-                          enable_chunked_prefill=chunked)
+    config = EngineConfig(
+        block_size=block_size, max_num_seqs=4, max_num_batched_tokens=budget, enable_chunked_prefill=chunked
+    )
     scheduler = Scheduler(config, ModelInfo("llama", 64, [EOS], VOCAB), num_blocks)
     worker = FakeWorker()
     in_flight: list[StepResult] = []  # with overlap, a plan is made before the previous result is read

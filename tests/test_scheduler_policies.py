@@ -28,8 +28,11 @@ def run(llm: LLM, prompts, params=GREEDY) -> list[list[int]]:
 
 
 def prefill_plans(llm: LLM):
-    return [p for p in llm.plans_executed if any(c.num_tokens > 1 or c.rid in {s.rid for s in p.new_requests}
-                                                 for c in p.chunks)]
+    return [
+        p
+        for p in llm.plans_executed
+        if any(c.num_tokens > 1 or c.rid in {s.rid for s in p.new_requests} for c in p.chunks)
+    ]
 
 
 def test_one_admission_round_of_hits_misses_and_duplicates_is_one_forward(tiny_llama):
@@ -71,14 +74,17 @@ def test_fully_cached_prompt_still_computes_its_last_token(tiny_llama):
     assert [c.num_tokens for c in llm.plans_executed[0].chunks] == [16], "the last block is recomputed"
 
 
-@pytest.mark.parametrize("engine_args", [
-    {"enable_prefix_caching": False},
-    {"max_num_batched_tokens": 8},
-    {"max_num_batched_tokens": 8, "enable_chunked_prefill": False},
-    {"max_num_batched_tokens": 20, "block_size": 4},
-    {"max_prefill_requests": 1},
-    {"max_num_seqs": 2},
-])
+@pytest.mark.parametrize(
+    "engine_args",
+    [
+        {"enable_prefix_caching": False},
+        {"max_num_batched_tokens": 8},
+        {"max_num_batched_tokens": 8, "enable_chunked_prefill": False},
+        {"max_num_batched_tokens": 20, "block_size": 4},
+        {"max_prefill_requests": 1},
+        {"max_num_seqs": 2},
+    ],
+)
 def test_scheduling_options_leave_outputs_unchanged(tiny_model, engine_args):
     prompts = random_prompts(6, [3, 17, 40, 9, 25, 61], vocab=512, seed=6)
     prompts.append(prompts[2][:30] + [11, 12])  # shares a prefix with another prompt
@@ -99,8 +105,7 @@ def test_prompt_budget_bounds_every_step_and_keeps_fifo_order(tiny_llama):
 
 
 def test_without_chunking_a_request_that_overflows_waits_for_the_next_step(tiny_llama):
-    llm = make_llm(tiny_llama, max_num_batched_tokens=16, enable_chunked_prefill=False,
-                   enable_prefix_caching=False)
+    llm = make_llm(tiny_llama, max_num_batched_tokens=16, enable_chunked_prefill=False, enable_prefix_caching=False)
     prompts = random_prompts(2, [10, 10], vocab=512, seed=8)
     run(llm, prompts)
     first, second = llm.plans_executed[0], llm.plans_executed[1]
@@ -109,8 +114,7 @@ def test_without_chunking_a_request_that_overflows_waits_for_the_next_step(tiny_
 
 
 def test_an_oversized_first_request_is_chunked_even_without_chunking(tiny_llama):
-    llm = make_llm(tiny_llama, max_num_batched_tokens=16, enable_chunked_prefill=False,
-                   enable_prefix_caching=False)
+    llm = make_llm(tiny_llama, max_num_batched_tokens=16, enable_chunked_prefill=False, enable_prefix_caching=False)
     [prompt] = random_prompts(1, [40], vocab=512, seed=9)
     out = run(llm, [prompt])
     assert [c.num_tokens for c in llm.plans_executed[0].chunks] == [16]
@@ -137,8 +141,10 @@ def test_preemption_under_a_tiny_kv_pool_gives_the_same_outputs(tiny_model):
 
 def test_seeded_sampling_survives_preemption_and_batching(tiny_llama):
     prompts = random_prompts(5, [20, 33, 7, 41, 15], vocab=512, seed=12)
-    params = [SamplingParams(max_tokens=20, temperature=0.9, top_p=0.9, top_k=50, seed=100 + i, ignore_eos=True)
-              for i in range(len(prompts))]
+    params = [
+        SamplingParams(max_tokens=20, temperature=0.9, top_p=0.9, top_k=50, seed=100 + i, ignore_eos=True)
+        for i in range(len(prompts))
+    ]
     alone = [run(make_llm(tiny_llama), [p], [sp])[0] for p, sp in zip(prompts, params)]
     assert run(make_llm(tiny_llama, block_size=4, num_kv_blocks=24), prompts, params) == alone
 
@@ -161,8 +167,9 @@ def test_a_request_whose_last_token_is_in_flight_hands_its_seat_over_at_once():
     assert [s.rid for s in first.new_requests] == [0]
     assert [s.rid for s in second.new_requests] == [1], "the seat is not left idle for a step"
     assert [c.rid for c in second.chunks] == [1], "request 0 computes nothing more"
-    assert scheduler.num_finishing == 1 and len(scheduler.running) - scheduler.num_finishing == 1, \
+    assert scheduler.num_finishing == 1 and len(scheduler.running) - scheduler.num_finishing == 1, (
         "request 0 only waits for its last token; request 1 holds the one seat"
+    )
     scheduler.check_integrity()
 
 

@@ -18,8 +18,24 @@ from offline import LLM
 from tests.server_process import ServerProcess, pid_alive, wait_until
 from tests.tiny_models import build_scripted_model
 
-PROMPTS = ["def main():", "import json\n", "The quick", "class Foo", "return None", "for i in range(",
-           "if __name__", "print(", "x = [", "while True:", "try:\n", "with open(", "lambda x:", "yield", "# a", "os."]
+PROMPTS = [
+    "def main():",
+    "import json\n",
+    "The quick",
+    "class Foo",
+    "return None",
+    "for i in range(",
+    "if __name__",
+    "print(",
+    "x = [",
+    "while True:",
+    "try:\n",
+    "with open(",
+    "lambda x:",
+    "yield",
+    "# a",
+    "os.",
+]
 
 
 @pytest.fixture(scope="module")
@@ -34,17 +50,19 @@ def openai_client(server: ServerProcess) -> openai.OpenAI:
 
 
 def test_sixteen_concurrent_openai_streams_match_the_in_process_engine(server, tiny_llama):
-    expected = [o.text for o in LLM(str(tiny_llama), device="cpu").generate(
-        PROMPTS, SamplingParams(max_tokens=24, temperature=0.0))]
+    expected = [
+        o.text
+        for o in LLM(str(tiny_llama), device="cpu").generate(PROMPTS, SamplingParams(max_tokens=24, temperature=0.0))
+    ]
     model = openai_client(server).models.list().data[0].id
 
     def complete(i: int) -> str:
         client = openai_client(server)
         if i % 2:
-            return client.completions.create(model=model, prompt=PROMPTS[i], max_tokens=24,
-                                             temperature=0).choices[0].text
-        stream = client.completions.create(model=model, prompt=PROMPTS[i], max_tokens=24, temperature=0,
-                                           stream=True)
+            return (
+                client.completions.create(model=model, prompt=PROMPTS[i], max_tokens=24, temperature=0).choices[0].text
+            )
+        stream = client.completions.create(model=model, prompt=PROMPTS[i], max_tokens=24, temperature=0, stream=True)
         return "".join(chunk.choices[0].text for chunk in stream if chunk.choices)
 
     with ThreadPoolExecutor(16) as pool:
@@ -54,8 +72,13 @@ def test_sixteen_concurrent_openai_streams_match_the_in_process_engine(server, t
 def test_chat_completion_streams_with_usage(server):
     client = openai_client(server)
     stream = client.chat.completions.create(
-        model=client.models.list().data[0].id, messages=[{"role": "user", "content": "hi"}], max_tokens=5,
-        temperature=0, stream=True, stream_options={"include_usage": True})
+        model=client.models.list().data[0].id,
+        messages=[{"role": "user", "content": "hi"}],
+        max_tokens=5,
+        temperature=0,
+        stream=True,
+        stream_options={"include_usage": True},
+    )
     chunks = list(stream)
     text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
     assert chunks[-1].usage.completion_tokens <= 5 and chunks[-1].usage.prompt_tokens > 0
@@ -65,27 +88,38 @@ def test_chat_completion_streams_with_usage(server):
 
 
 def test_client_disconnect_frees_the_requests_blocks(server):
-    with server.client() as c:
-        with c.stream("POST", "/v1/completions", json={"prompt": "disconnect me", "max_tokens": 400,
-                                                       "temperature": 0, "ignore_eos": True, "stream": True}) as r:
-            lines = r.iter_lines()
-            assert next(line for line in lines if line.startswith("data:"))
-            assert server.stats()["scheduler"]["payload"]["num_running"] == 1
+    with (
+        server.client() as c,
+        c.stream(
+            "POST",
+            "/v1/completions",
+            json={"prompt": "disconnect me", "max_tokens": 400, "temperature": 0, "ignore_eos": True, "stream": True},
+        ) as r,
+    ):
+        lines = r.iter_lines()
+        assert next(line for line in lines if line.startswith("data:"))
+        assert server.stats()["scheduler"]["payload"]["num_running"] == 1
     # Closing the stream mid-generation aborts the request; its blocks are released before the next plan.
-    wait_until(lambda: (lambda s: s["num_running"] == 0 and s["kv_blocks_used"] == 0)(
-        server.stats()["scheduler"]["payload"]), timeout=10, what="the aborted request's blocks to be freed")
+    wait_until(
+        lambda: (lambda s: s["num_running"] == 0 and s["kv_blocks_used"] == 0)(server.stats()["scheduler"]["payload"]),
+        timeout=10,
+        what="the aborted request's blocks to be freed",
+    )
 
 
-@pytest.mark.parametrize("body, param", [
-    ({"prompt": "x " * 600, "max_tokens": 4}, "prompt"),  # longer than the 512-token context
-    ({"prompt": "hello", "max_tokens": 100000}, "max_tokens"),
-    ({"prompt": "", "max_tokens": 4}, "prompt"),
-    ({"prompt": "hello", "max_tokens": 0}, "max_tokens"),
-    ({"prompt": "hello", "temperature": -1}, "temperature"),
-    ({"prompt": "hello", "top_p": 1.5}, "top_p"),
-    ({"prompt": "hello", "model": "no-such-model"}, "model"),
-    ({"prompt": 3}, "prompt"),
-])
+@pytest.mark.parametrize(
+    "body, param",
+    [
+        ({"prompt": "x " * 600, "max_tokens": 4}, "prompt"),  # longer than the 512-token context
+        ({"prompt": "hello", "max_tokens": 100000}, "max_tokens"),
+        ({"prompt": "", "max_tokens": 4}, "prompt"),
+        ({"prompt": "hello", "max_tokens": 0}, "max_tokens"),
+        ({"prompt": "hello", "temperature": -1}, "temperature"),
+        ({"prompt": "hello", "top_p": 1.5}, "top_p"),
+        ({"prompt": "hello", "model": "no-such-model"}, "model"),
+        ({"prompt": 3}, "prompt"),
+    ],
+)
 def test_bad_input_gets_400_naming_the_field_and_the_server_keeps_serving(server, body, param):
     with server.client() as c:
         response = c.post("/v1/completions", json=body)
@@ -111,10 +145,19 @@ def test_health_and_metrics_report_every_process(server):
 
 
 def test_native_generate_streams_token_ids_with_timestamps(server):
-    with server.client() as c:
-        with c.stream("POST", "/generate", json={"input_ids": [5, 6, 7], "stream": True, "sampling_params": {
-                "max_tokens": 4, "temperature": 0, "ignore_eos": True}}) as r:
-            events = [json.loads(line) for line in r.iter_lines() if line]
+    with (
+        server.client() as c,
+        c.stream(
+            "POST",
+            "/generate",
+            json={
+                "input_ids": [5, 6, 7],
+                "stream": True,
+                "sampling_params": {"max_tokens": 4, "temperature": 0, "ignore_eos": True},
+            },
+        ) as r,
+    ):
+        events = [json.loads(line) for line in r.iter_lines() if line]
     tokens = [e for e in events if "token_ids" in e and "times" not in e]
     assert sum(len(e["token_ids"]) for e in tokens) == 4
     assert all(e["sampled_time"] <= e["streamed_time"] for e in tokens)
@@ -149,8 +192,9 @@ def scripted(tmp_path_factory):
 
 def _byte_to_unicode() -> dict[int, str]:
     # GPT-2's byte-level alphabet: how a raw byte is written as a vocabulary entry.
-    printable = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + \
-        list(range(ord("®"), ord("ÿ") + 1))
+    printable = (
+        list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
+    )
     chars, extra = {}, 0
     for b in range(256):
         if b in printable:
@@ -171,10 +215,15 @@ def scripted_server(scripted, tmp_path_factory):
 
 def test_multibyte_utf8_streams_exactly_whatever_the_token_boundaries(scripted, scripted_server):
     _, _, chain = scripted
-    with scripted_server.client() as c:
-        with c.stream("POST", "/generate", json={"input_ids": [chain[0]], "stream": True, "sampling_params": {
-                "max_tokens": 50, "temperature": 0}}) as r:
-            events = [json.loads(line) for line in r.iter_lines() if line]
+    with (
+        scripted_server.client() as c,
+        c.stream(
+            "POST",
+            "/generate",
+            json={"input_ids": [chain[0]], "stream": True, "sampling_params": {"max_tokens": 50, "temperature": 0}},
+        ) as r,
+    ):
+        events = [json.loads(line) for line in r.iter_lines() if line]
     deltas = [e["text"] for e in events if "times" not in e]
     token_ids = [t for e in events if "times" not in e for t in e["token_ids"]]
     assert token_ids == chain[1:] + [0]  # the scripted walk, then EOS
@@ -184,8 +233,9 @@ def test_multibyte_utf8_streams_exactly_whatever_the_token_boundaries(scripted, 
 
 def test_multibyte_output_through_openai_streaming(scripted_server):
     client = openai_client(scripted_server)
-    stream = client.completions.create(model=client.models.list().data[0].id, prompt="x",
-                                       max_tokens=50, temperature=0, stream=True)
+    stream = client.completions.create(
+        model=client.models.list().data[0].id, prompt="x", max_tokens=50, temperature=0, stream=True
+    )
     pieces = [chunk.choices[0].text for chunk in stream if chunk.choices]
     assert "".join(pieces) == SCRIPT_TEXT
     assert all("\ufffd" not in p for p in pieces)
@@ -193,8 +243,9 @@ def test_multibyte_output_through_openai_streaming(scripted_server):
 
 def test_cjk_stop_string_ends_the_request(scripted_server):
     client = openai_client(scripted_server)
-    out = client.completions.create(model=client.models.list().data[0].id, prompt="x", max_tokens=50,
-                                    temperature=0, stop=["很好"])
+    out = client.completions.create(
+        model=client.models.list().data[0].id, prompt="x", max_tokens=50, temperature=0, stop=["很好"]
+    )
     assert out.choices[0].finish_reason == "stop"
     assert out.choices[0].text == "🚀天气"
 
@@ -203,13 +254,17 @@ def test_cjk_stop_string_ends_the_request(scripted_server):
 
 
 def test_queue_limit_gives_503_and_a_killed_gpu_worker_stops_everything(tiny_llama, tmp_path):
-    srv = ServerProcess(tiny_llama, "--max-num-seqs", "1", "--max-waiting-requests", "1",
-                        log_path=tmp_path / "server.log")
+    srv = ServerProcess(
+        tiny_llama, "--max-num-seqs", "1", "--max-waiting-requests", "1", log_path=tmp_path / "server.log"
+    )
     try:
         body = {"prompt": "busy", "max_tokens": 300, "temperature": 0, "ignore_eos": True}
         with ThreadPoolExecutor(6) as pool:
-            statuses = list(pool.map(lambda _: httpx.post(f"{srv.url}/v1/completions", json=body,
-                                                          timeout=120).status_code, range(6)))
+            statuses = list(
+                pool.map(
+                    lambda _: httpx.post(f"{srv.url}/v1/completions", json=body, timeout=120).status_code, range(6)
+                )
+            )
         assert 503 in statuses and 200 in statuses and set(statuses) <= {200, 503}
         pids = srv.child_pids()
         os.kill(pids["gpu_worker"], signal.SIGKILL)

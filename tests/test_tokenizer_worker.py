@@ -7,15 +7,28 @@ import itertools
 import multiprocessing
 import os
 import shutil
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, Iterator
+from typing import Any
 
 import pytest
 import zmq
 
-from common.messages import (AbortRequest, ControlReply, ControlRequest, GenerateRequest, OutputBatch, ProcessReady,
-                             RequestAccepted, RequestRejected, RequestTokens, StageTimes, TokenBatch, TokenizedRequest)
+from common.messages import (
+    AbortRequest,
+    ControlReply,
+    ControlRequest,
+    GenerateRequest,
+    OutputBatch,
+    ProcessReady,
+    RequestAccepted,
+    RequestRejected,
+    RequestTokens,
+    StageTimes,
+    TokenBatch,
+    TokenizedRequest,
+)
 from common.sampling_params import InvalidParameter, SamplingParams
 from common.transport import Endpoints, make_run_dir, pull_socket, push_socket, recv, send
 from tests.tiny_models import build_tokenizer
@@ -65,14 +78,21 @@ def running_worker(model_folder: str) -> Iterator[Harness]:
     launcher = pull_socket(ctx, endpoints.launcher_ready)
     control_replies = pull_socket(ctx, endpoints.control_replies)
     process = multiprocessing.get_context("spawn").Process(
-        target=main, args=(0, model_folder, run_dir, "warning", os.getpid()), daemon=True)
+        target=main, args=(0, model_folder, run_dir, "warning", os.getpid()), daemon=True
+    )
     process.start()
     try:
         assert receive(launcher, STARTUP_S) == ProcessReady("tokenizer-0", process.pid, {})
-        yield Harness(process, push_socket(ctx, endpoints.tokenizer_requests(0)),
-                      push_socket(ctx, endpoints.tokenizer_tokens(0)), to_frontend, to_scheduler,
-                      push_socket(ctx, endpoints.control("tokenizer-0")), control_replies,
-                      Tokenizer.load(model_folder))
+        yield Harness(
+            process,
+            push_socket(ctx, endpoints.tokenizer_requests(0)),
+            push_socket(ctx, endpoints.tokenizer_tokens(0)),
+            to_frontend,
+            to_scheduler,
+            push_socket(ctx, endpoints.control("tokenizer-0")),
+            control_replies,
+            Tokenizer.load(model_folder),
+        )
     finally:
         process.kill()
         process.join()
@@ -137,8 +157,10 @@ def test_prompt_token_ids_are_passed_through(worker, rid):
 def test_chat_messages_are_rendered_with_the_chat_template(worker, rid):
     messages = [{"role": "user", "content": "hello"}]
     tokenized = worker.submit(rid, chat_messages=messages)
-    assert worker.tokenizer.hf.decode(tokenized.prompt_token_ids) == \
-        "<|im_start|>user\nhello<|im_end|>\n<|im_start|>assistant\n"
+    assert (
+        worker.tokenizer.hf.decode(tokenized.prompt_token_ids)
+        == "<|im_start|>user\nhello<|im_end|>\n<|im_start|>assistant\n"
+    )
 
 
 def test_acceptance_is_forwarded_to_the_frontend(worker, rid):

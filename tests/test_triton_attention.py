@@ -19,8 +19,11 @@ if not torch.cuda.is_available():
 
 pytest.importorskip("triton", reason="triton is not installed (pip install triton)")
 
-from gpu_worker.attention import BatchLayout, TorchAttention  # noqa: E402
-from gpu_worker.attention import triton_kernels  # noqa: E402
+from gpu_worker.attention import (  # noqa: E402
+    BatchLayout,
+    TorchAttention,
+    triton_kernels,  # noqa: E402
+)
 from gpu_worker.attention.triton_backend import TritonAttention  # noqa: E402
 from gpu_worker.host_copy import StagingRing  # noqa: E402
 
@@ -31,6 +34,8 @@ STAGING = StagingRing(DEVICE, 1 << 24)
 def build_metadata(backend, layout, slots: torch.Tensor):
     STAGING.next_step()
     return backend.build_metadata(layout, slots.cpu().numpy(), STAGING)
+
+
 SCALE = 0.2
 
 
@@ -56,31 +61,52 @@ def random_tables(context_lens: list[int], block_size: int, gen: torch.Generator
     pool = torch.randperm(num_blocks, generator=gen).tolist()
     tables, used = [], 0
     for n in need:
-        tables.append(pool[used:used + n])
+        tables.append(pool[used : used + n])
         used += n
     return tables, num_blocks
 
 
-def make_batch(layout: BatchLayout, num_blocks: int, block_size: int, heads: int, kv_heads: int, head_dim: int,
-               dtype: torch.dtype, gen: torch.Generator) -> Batch:
+def make_batch(
+    layout: BatchLayout,
+    num_blocks: int,
+    block_size: int,
+    heads: int,
+    kv_heads: int,
+    head_dim: int,
+    dtype: torch.dtype,
+    gen: torch.Generator,
+) -> Batch:
     slots, cached = [], set()
     for q_len, ctx, table in zip(layout.query_lens, layout.context_lens, layout.block_table.tolist()):
         flat = [table[p // block_size] * block_size + p % block_size for p in range(ctx)]
-        slots += flat[ctx - q_len:]
-        cached.update(flat[:ctx - q_len])
+        slots += flat[ctx - q_len :]
+        cached.update(flat[: ctx - q_len])
     poisoned = torch.ones(num_blocks * block_size, dtype=torch.bool)
     poisoned[sorted(cached - set(slots))] = False
 
     def rand(*shape: int) -> torch.Tensor:
         return torch.randn(*shape, generator=gen).to(DEVICE, dtype)
 
-    return Batch(layout, torch.tensor(slots), rand(len(slots), heads + 2 * kv_heads, head_dim), heads,
-                 rand(num_blocks, block_size, kv_heads, head_dim), rand(num_blocks, block_size, kv_heads, head_dim),
-                 poisoned.to(DEVICE))
+    return Batch(
+        layout,
+        torch.tensor(slots),
+        rand(len(slots), heads + 2 * kv_heads, head_dim),
+        heads,
+        rand(num_blocks, block_size, kv_heads, head_dim),
+        rand(num_blocks, block_size, kv_heads, head_dim),
+        poisoned.to(DEVICE),
+    )
 
 
-def mixed_batch(seqs: list[tuple[int, int]], block_size: int, heads: int, kv_heads: int, head_dim: int,
-                dtype: torch.dtype = torch.float32, seed: int = 0) -> Batch:
+def mixed_batch(
+    seqs: list[tuple[int, int]],
+    block_size: int,
+    heads: int,
+    kv_heads: int,
+    head_dim: int,
+    dtype: torch.dtype = torch.float32,
+    seed: int = 0,
+) -> Batch:
     """seqs: (cached tokens, new tokens) per sequence, multi-token ones first."""
     gen = torch.Generator().manual_seed(seed)
     context_lens = [cached + new for cached, new in seqs]
@@ -177,8 +203,9 @@ def test_sequence_reads_prefix_written_in_the_same_forward(monkeypatch):
     """B shares A's first two blocks (a prefix-cache hit) while A is still computing them: A's K/V must
     reach the store before B attends."""
     block_size = 16
-    layout = BatchLayout.build(query_lens=[40, 8], context_lens=[40, 40], block_tables=[[3, 0, 5], [3, 0, 1]],
-                               block_size=block_size)
+    layout = BatchLayout.build(
+        query_lens=[40, 8], context_lens=[40, 40], block_tables=[[3, 0, 5], [3, 0, 1]], block_size=block_size
+    )
     gen = torch.Generator().manual_seed(6)
     assert_matches_reference(make_batch(layout, 6, block_size, 4, 2, 32, torch.float32, gen), monkeypatch)
 
@@ -200,8 +227,17 @@ def test_decode_result_does_not_depend_on_the_number_of_splits(num_splits):
     k_cache, v_cache = batch.k_cache.clone(), batch.v_cache.clone()
     triton_kernels.store_kv(k, v, k_cache, v_cache, metadata.slot_mapping)
     out = torch.full_like(q, float("nan"))
-    triton_kernels.decode_attention(q, out, k_cache, v_cache, metadata.block_tables, metadata.context_lens, SCALE,
-                                    max_context=512, num_splits=num_splits)
+    triton_kernels.decode_attention(
+        q,
+        out,
+        k_cache,
+        v_cache,
+        metadata.block_tables,
+        metadata.context_lens,
+        SCALE,
+        max_context=512,
+        num_splits=num_splits,
+    )
     torch.testing.assert_close(out, run_reference(batch)[0], rtol=1e-5, atol=1e-5)
 
 
@@ -215,8 +251,9 @@ def test_split_heuristic_splits_only_long_contexts_on_an_idle_gpu():
 
 def test_block_table_width_is_a_power_of_two_covering_every_context():
     # The first table lists a block beyond its context (allocated ahead): it is left out.
-    layout = BatchLayout.build(query_lens=[1, 1], context_lens=[33, 70], block_tables=[[1, 2, 3, 9], [4, 5, 6, 7, 8]],
-                               block_size=16)
+    layout = BatchLayout.build(
+        query_lens=[1, 1], context_lens=[33, 70], block_tables=[[1, 2, 3, 9], [4, 5, 6, 7, 8]], block_size=16
+    )
     assert layout.num_prefill_seqs == 0
     assert layout.block_table.tolist() == [[1, 2, 3, 0, 0, 0, 0, 0], [4, 5, 6, 7, 8, 0, 0, 0]]
     assert layout.slot_mapping(np.array([32, 69]), 16).tolist() == [3 * 16 + 0, 8 * 16 + 5]

@@ -49,8 +49,12 @@ def test_rms_norm_with_and_without_the_residual_add(dtype):
 
 @pytest.mark.parametrize("dtype", [torch.float32, HALF])
 def test_rotary_rotates_q_and_k_in_place_through_their_strides(dtype):
-    config = SimpleNamespace(hidden_size=6 * 32, num_attention_heads=6, max_position_embeddings=64,
-                             rope_parameters={"rope_type": "default", "rope_theta": 10000.0})
+    config = SimpleNamespace(
+        hidden_size=6 * 32,
+        num_attention_heads=6,
+        max_position_embeddings=64,
+        rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
+    )
     rotary = RotaryEmbedding(config).to(DEVICE)
     qkv = randn(5, 6 + 2 * 2, 32, dtype=dtype, seed=4)  # q, k and v as views of one projection
     q, k, _ = qkv.split([6, 2, 2], dim=1)

@@ -5,19 +5,34 @@ from __future__ import annotations
 import msgpack
 import pytest
 
-from common.messages import (AbortRequest, GenerateRequest, NewRequestSpec, ScheduledChunk, StageTimes, StepPlan,
-                             StepResult, StepTimings, TokenBatch, RequestTokens)
+from common.messages import (
+    AbortRequest,
+    GenerateRequest,
+    NewRequestSpec,
+    RequestTokens,
+    ScheduledChunk,
+    StageTimes,
+    StepPlan,
+    StepResult,
+    StepTimings,
+    TokenBatch,
+)
 from common.sampling_params import SamplingParams
 from common.wire import PROTOCOL_VERSION, WireError, decode, encode
 
 
-@pytest.mark.parametrize("message", [
-    GenerateRequest(7, SamplingParams(max_tokens=3, stop=["\n"]), 1.5, chat_messages=[{"role": "user", "content": "hi"}]),
-    AbortRequest(7, "stop"),
-    StepPlan(1, [NewRequestSpec(7, [1, 2], SamplingParams(seed=3), 0)], [ScheduledChunk(7, 0, 2, [4], True)], [5]),
-    StepResult(1, [7], [42], 2.0, StepTimings(0.1, 0.2, 0.3)),
-    TokenBatch([RequestTokens(7, [42], 2.0, "length", 1.0, 16)]),
-])
+@pytest.mark.parametrize(
+    "message",
+    [
+        GenerateRequest(
+            7, SamplingParams(max_tokens=3, stop=["\n"]), 1.5, chat_messages=[{"role": "user", "content": "hi"}]
+        ),
+        AbortRequest(7, "stop"),
+        StepPlan(1, [NewRequestSpec(7, [1, 2], SamplingParams(seed=3), 0)], [ScheduledChunk(7, 0, 2, [4], True)], [5]),
+        StepResult(1, [7], [42], 2.0, StepTimings(0.1, 0.2, 0.3)),
+        TokenBatch([RequestTokens(7, [42], 2.0, "length", 1.0, 16)]),
+    ],
+)
 def test_messages_round_trip(message):
     assert decode(encode(message)) == message
 

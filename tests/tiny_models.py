@@ -16,26 +16,36 @@ CHATML_TEMPLATE = (
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 # Multi-byte text in the corpus so that merges join bytes of CJK characters and emoji: the streaming
 # tests then see tokens that end in the middle of a character.
-MULTIBYTE_LINES = ["你好，世界。今天天气很好。", "日本語のテキストです。", "emoji 🚀🔥✨ and ñandú café", "한국어 문장입니다"]
+MULTIBYTE_LINES = [
+    "你好，世界。今天天气很好。",
+    "日本語のテキストです。",
+    "emoji 🚀🔥✨ and ñandú café",
+    "한국어 문장입니다",
+]
 
 
 def build_tokenizer(folder: Path, vocab_size: int = 512) -> None:
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import PreTrainedTokenizerFast
-
     import json as json_module
     import textwrap as textwrap_module
+
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
 
     files = [json_module.__file__, textwrap_module.__file__, os.__file__]
     tokenizer = Tokenizer(models.BPE())
     tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tokenizer.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=SPECIAL_TOKENS,
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=SPECIAL_TOKENS,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
     corpus = [Path(f).read_text() for f in files] + MULTIBYTE_LINES * 20
     tokenizer.train_from_iterator(corpus, trainer)
-    fast = PreTrainedTokenizerFast(tokenizer_object=tokenizer, eos_token="<|endoftext|>",
-                                   bos_token="<|endoftext|>", unk_token="<|endoftext|>")
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tokenizer, eos_token="<|endoftext|>", bos_token="<|endoftext|>", unk_token="<|endoftext|>"
+    )
     fast.chat_template = CHATML_TEMPLATE
     fast.save_pretrained(folder)
 
@@ -50,14 +60,33 @@ def build_model(kind: str, folder: Path, seed: int = 0, **overrides) -> Path:
     torch.manual_seed(seed)
     # A larger init than usual keeps logits well apart, so float32 rounding cannot flip an argmax.
     if kind == "gpt2":
-        config = GPT2Config(vocab_size=vocab, n_positions=512, n_embd=64, n_layer=2, n_head=4,
-                            initializer_range=0.2, eos_token_id=0, bos_token_id=0, **overrides)
+        config = GPT2Config(
+            vocab_size=vocab,
+            n_positions=512,
+            n_embd=64,
+            n_layer=2,
+            n_head=4,
+            initializer_range=0.2,
+            eos_token_id=0,
+            bos_token_id=0,
+            **overrides,
+        )
         model = GPT2LMHeadModel(config)
     elif kind == "llama":
-        config = LlamaConfig(vocab_size=vocab, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                             num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
-                             initializer_range=0.2, tie_word_embeddings=False, eos_token_id=0, bos_token_id=0,
-                             **overrides)
+        config = LlamaConfig(
+            vocab_size=vocab,
+            hidden_size=64,
+            intermediate_size=128,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            max_position_embeddings=512,
+            initializer_range=0.2,
+            tie_word_embeddings=False,
+            eos_token_id=0,
+            bos_token_id=0,
+            **overrides,
+        )
         model = LlamaForCausalLM(config)
     else:
         raise ValueError(kind)
@@ -77,9 +106,18 @@ def build_scripted_model(folder: Path, chain: list[int]) -> Path:
     vocab = len(json.loads((folder / "tokenizer.json").read_text())["model"]["vocab"])
     if len(set(chain)) != len(chain) or 0 in chain:
         raise ValueError("a chain must not repeat a token or contain EOS (0)")
-    config = LlamaConfig(vocab_size=vocab, hidden_size=vocab, intermediate_size=8, num_hidden_layers=1,
-                         num_attention_heads=4, num_key_value_heads=4, max_position_embeddings=512,
-                         tie_word_embeddings=False, eos_token_id=0, bos_token_id=0)
+    config = LlamaConfig(
+        vocab_size=vocab,
+        hidden_size=vocab,
+        intermediate_size=8,
+        num_hidden_layers=1,
+        num_attention_heads=4,
+        num_key_value_heads=4,
+        max_position_embeddings=512,
+        tie_word_embeddings=False,
+        eos_token_id=0,
+        bos_token_id=0,
+    )
     model = LlamaForCausalLM(config)
     with torch.no_grad():
         for p in model.parameters():
@@ -106,9 +144,14 @@ def hf_greedy(folder: Path, prompts: list[list[int]], max_new_tokens: int) -> li
     with torch.inference_mode():
         for prompt in prompts:
             ids = torch.tensor([prompt])
-            out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new_tokens,
-                                 do_sample=False, min_new_tokens=max_new_tokens)
-            outputs.append(out[0, len(prompt):].tolist())
+            out = model.generate(
+                ids,
+                attention_mask=torch.ones_like(ids),
+                max_new_tokens=max_new_tokens,
+                do_sample=False,
+                min_new_tokens=max_new_tokens,
+            )
+            outputs.append(out[0, len(prompt) :].tolist())
     return outputs
 
 

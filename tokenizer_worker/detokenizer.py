@@ -50,8 +50,8 @@ class IncrementalDetokenizer:
         text = self._tokenizer.decode(self._window)
         if text.endswith(INCOMPLETE) and not final:
             return ""
-        delta = text[len(self._context_text):]
-        del self._window[:self._num_context]
+        delta = text[len(self._context_text) :]
+        del self._window[: self._num_context]
         self._num_context = len(self._window)
         self._context_text = self._tokenizer.decode(self._window)
         return delta

@@ -12,14 +12,14 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 import zmq
 
 from common.control import ControlServer
-from common.messages import (AbortRequest, GenerateRequest, OutputBatch, RequestAccepted,
-                             RequestRejected, TokenBatch)
+from common.messages import AbortRequest, GenerateRequest, OutputBatch, RequestAccepted, RequestRejected, TokenBatch
 from common.process import announce_ready, init_child_process
 from common.profiling import ProcessProfiler, ProcessStats, ProfileConfig
 from common.transport import Endpoints, pull_socket, push_socket, send
@@ -61,8 +61,11 @@ class TokenizerProcess:
         self.control = ControlServer(endpoints, self.role, stats=self.stats_snapshot)
 
     def stats_snapshot(self) -> dict:
-        return {**self.activity.summary(), **dataclasses.asdict(self.stats),
-                "active_requests": len(self.worker.requests)}
+        return {
+            **self.activity.summary(),
+            **dataclasses.asdict(self.stats),
+            "active_requests": len(self.worker.requests),
+        }
 
     def run(self) -> None:
         announce_ready(self.run_dir, self.role)
@@ -146,8 +149,14 @@ class TokenizerProcess:
         send(sock, message, self.activity.sockets)
 
 
-def main(index: int, model_folder: str, run_dir: str, log_level: str, parent_pid: int,
-         profile: ProfileConfig = ProfileConfig()) -> None:
+def main(
+    index: int,
+    model_folder: str,
+    run_dir: str,
+    log_level: str,
+    parent_pid: int,
+    profile: ProfileConfig = ProfileConfig(),
+) -> None:
     """Entry point of tokenizer worker `index`, started by the launcher with the spawn context."""
     init_child_process(f"tokenizer-{index}", log_level, parent_pid)
     process: TokenizerProcess | None = None

@@ -32,10 +32,10 @@ class StopStringMatcher:
         if match is not None:
             start, end = match
             self._held = ""
-            return text[:end if self.include_stop else start], True
+            return text[: end if self.include_stop else start], True
         keep = 0 if final else self._longest_stop_prefix_suffix(text)
-        self._held = text[len(text) - keep:]
-        return text[:len(text) - keep], False
+        self._held = text[len(text) - keep :]
+        return text[: len(text) - keep], False
 
     def _first_match(self, text: str) -> tuple[int, int] | None:
         best: tuple[int, int] | None = None

@@ -53,8 +53,9 @@ class Tokenizer:
         for i in ids:
             # bool is an int subclass, but `true` in a JSON prompt is a client mistake, not token 1.
             if not isinstance(i, int) or isinstance(i, bool) or not 0 <= i < self.vocab_size:
-                raise InvalidParameter("prompt", f"prompt token ids must be integers in [0, {self.vocab_size}), "
-                                                 f"got {i!r}")
+                raise InvalidParameter(
+                    "prompt", f"prompt token ids must be integers in [0, {self.vocab_size}), got {i!r}"
+                )
         return list(ids)
 
     def render_chat(self, messages: list[dict]) -> list[int]:
@@ -67,8 +68,7 @@ class Tokenizer:
         if self.hf.chat_template is None:
             raise InvalidParameter("messages", "this model has no chat template; use a completion prompt")
         try:
-            ids = self.hf.apply_chat_template(messages, add_generation_prompt=True, tokenize=True,
-                                              return_dict=False)
+            ids = self.hf.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=False)
         except (TemplateError, TypeError, KeyError, ValueError) as exc:
             # Templates reject what they cannot render (an unknown role, alternation broken) by raising.
             raise InvalidParameter("messages", f"the chat template cannot render these messages: {exc}") from exc

@@ -14,8 +14,15 @@ import logging
 import time
 from dataclasses import dataclass
 
-from common.messages import (AbortRequest, GenerateRequest, RequestOutput, RequestRejected, StageTimes, TokenBatch,
-                             TokenizedRequest)
+from common.messages import (
+    AbortRequest,
+    GenerateRequest,
+    RequestOutput,
+    RequestRejected,
+    StageTimes,
+    TokenBatch,
+    TokenizedRequest,
+)
 from common.sampling_params import InvalidParameter
 from tokenizer_worker.detokenizer import IncrementalDetokenizer
 from tokenizer_worker.stop_strings import StopStringMatcher
@@ -49,8 +56,9 @@ class TokenizerWorker:
         sampling = request.sampling
         stop = StopStringMatcher(sampling.stop, sampling.include_stop_str_in_output)
         self.requests[request.rid] = RequestState(IncrementalDetokenizer(self.tokenizer), stop, len(ids))
-        return TokenizedRequest(request.rid, ids, sampling,
-                                StageTimes(arrival=request.arrival_time, tokenized=time.time()))
+        return TokenizedRequest(
+            request.rid, ids, sampling, StageTimes(arrival=request.arrival_time, tokenized=time.time())
+        )
 
     def drop(self, rid: int) -> bool:
         """Forget a request (aborted by the client, or rejected by the scheduler); False if untracked."""
@@ -72,8 +80,23 @@ class TokenizerWorker:
                 aborts.append(AbortRequest(item.rid, "stop"))  # the scheduler would go on generating
             if finish_reason is not None:
                 del self.requests[item.rid]
-                log.debug("request %d finished (%s): %d prompt tokens, %d output tokens", item.rid,
-                          finish_reason, state.num_prompt_tokens, state.num_output_tokens)
-            outputs.append(RequestOutput(item.rid, text, item.token_ids, item.sampled_time, time.time(),
-                                         finish_reason, item.first_scheduled, item.num_cached_tokens))
+                log.debug(
+                    "request %d finished (%s): %d prompt tokens, %d output tokens",
+                    item.rid,
+                    finish_reason,
+                    state.num_prompt_tokens,
+                    state.num_output_tokens,
+                )
+            outputs.append(
+                RequestOutput(
+                    item.rid,
+                    text,
+                    item.token_ids,
+                    item.sampled_time,
+                    time.time(),
+                    finish_reason,
+                    item.first_scheduled,
+                    item.num_cached_tokens,
+                )
+            )
         return outputs, aborts

@@ -3,8 +3,7 @@
 from gpu_worker.attention.base import AttentionBackend, BatchLayout
 from gpu_worker.attention.torch_backend import TorchAttention
 
-__all__ = ["AttentionBackend", "BatchLayout", "TorchAttention", "make_attention_backend",
-           "resolve_attention_backend"]
+__all__ = ["AttentionBackend", "BatchLayout", "TorchAttention", "make_attention_backend", "resolve_attention_backend"]
 
 
 def resolve_attention_backend(name: str, device: str) -> str:

@@ -34,8 +34,9 @@ class BatchLayout:
     num_prefill_seqs: int  # sequences [0, num_prefill_seqs) have query_len > 1, the rest exactly 1
 
     @classmethod
-    def build(cls, query_lens: list[int], context_lens: list[int], block_tables: list[list[int]],
-              block_size: int) -> "BatchLayout":
+    def build(
+        cls, query_lens: list[int], context_lens: list[int], block_tables: list[list[int]], block_size: int
+    ) -> BatchLayout:
         """block_tables may list blocks beyond a context (allocated ahead); only the used ones are kept."""
         used = [-(-n // block_size) for n in context_lens]
         width = 1 << (max(used) - 1).bit_length()
@@ -65,8 +66,9 @@ class AttentionBackend(ABC):
     def __init__(self, block_size: int):
         self.block_size = block_size
 
-    def static_decode_metadata(self, slot_mapping: torch.Tensor, context_lens: torch.Tensor,
-                               block_tables: torch.Tensor, max_context: int) -> Any:
+    def static_decode_metadata(
+        self, slot_mapping: torch.Tensor, context_lens: torch.Tensor, block_tables: torch.Tensor, max_context: int
+    ) -> Any:
         """Metadata for a decode-only forward reading caller-owned device buffers (int32: slots [S],
         context lens [S], block tables [S, W]), which the caller refills before each graph replay.
         Every launch shape must depend only on S and max_context, never on the buffers' contents."""
@@ -77,6 +79,14 @@ class AttentionBackend(ABC):
         """Everything the layers need, on the staging ring's device; called once per forward."""
 
     @abstractmethod
-    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                k_cache: torch.Tensor, v_cache: torch.Tensor, metadata: Any, scale: float) -> torch.Tensor:
+    def forward(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        metadata: Any,
+        scale: float,
+    ) -> torch.Tensor:
         """q: [T, Hq, D]; k, v: [T, Hkv, D]; caches: [num_blocks, block_size, Hkv, D]. Returns [T, Hq, D]."""

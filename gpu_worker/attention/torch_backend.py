@@ -38,8 +38,9 @@ class TorchAttentionMetadata:
 
 
 class TorchAttention(AttentionBackend):
-    def build_metadata(self, layout: BatchLayout, slot_mapping: np.ndarray,
-                       staging: StagingRing) -> TorchAttentionMetadata:
+    def build_metadata(
+        self, layout: BatchLayout, slot_mapping: np.ndarray, staging: StagingRing
+    ) -> TorchAttentionMetadata:
         device = staging.device
         n_pre = layout.num_prefill_seqs
         n_tok_pre = sum(layout.query_lens[:n_pre])
@@ -72,8 +73,9 @@ class TorchAttention(AttentionBackend):
             starts = torch.cumsum(q_lens, 0) - q_lens
             offset_in_seq = torch.arange(num_tokens) - starts[seq_of_token]
             grid_cells = (seq_of_token * max_q + offset_in_seq).to(device)
-        return _Group(token_start, token_start + num_tokens, grid_cells,
-                      kv_slots.to(device), mask[:, None].to(device), max_q)
+        return _Group(
+            token_start, token_start + num_tokens, grid_cells, kv_slots.to(device), mask[:, None].to(device), max_q
+        )
 
     def forward(self, q, k, v, k_cache, v_cache, metadata: TorchAttentionMetadata, scale: float):
         k_flat = k_cache.view(-1, *k_cache.shape[2:])
@@ -83,8 +85,9 @@ class TorchAttention(AttentionBackend):
         out = torch.empty_like(q)
         for group in (metadata.prefill, metadata.decode):
             if group is not None:
-                out[group.token_start:group.token_end] = self._attend(
-                    q[group.token_start:group.token_end], k_flat, v_flat, group, scale)
+                out[group.token_start : group.token_end] = self._attend(
+                    q[group.token_start : group.token_end], k_flat, v_flat, group, scale
+                )
         return out
 
     @staticmethod
@@ -100,8 +103,13 @@ class TorchAttention(AttentionBackend):
         keys = k_flat[group.kv_slots]  # [S, max_kv, Hkv, D]
         values = v_flat[group.kv_slots]
         out = F.scaled_dot_product_attention(
-            qg.transpose(1, 2), keys.transpose(1, 2), values.transpose(1, 2),
-            attn_mask=group.mask, scale=scale, enable_gqa=keys.shape[2] != heads)
+            qg.transpose(1, 2),
+            keys.transpose(1, 2),
+            values.transpose(1, 2),
+            attn_mask=group.mask,
+            scale=scale,
+            enable_gqa=keys.shape[2] != heads,
+        )
         out = out.transpose(1, 2)  # [S, max_q, H, D]
         if group.grid_cells is not None:
             return out.reshape(num_seqs * group.max_q, heads, dim)[group.grid_cells]

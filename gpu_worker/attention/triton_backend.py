@@ -51,17 +51,26 @@ class TritonAttentionMetadata:
 class TritonAttention(AttentionBackend):
     supports_cuda_graphs = True
 
-    def static_decode_metadata(self, slot_mapping: torch.Tensor, context_lens: torch.Tensor,
-                               block_tables: torch.Tensor, max_context: int) -> TritonAttentionMetadata:
+    def static_decode_metadata(
+        self, slot_mapping: torch.Tensor, context_lens: torch.Tensor, block_tables: torch.Tensor, max_context: int
+    ) -> TritonAttentionMetadata:
         device = slot_mapping.device
         no_prefill = torch.zeros(1, dtype=torch.int32, device=device)
         return TritonAttentionMetadata(
-            slot_mapping=slot_mapping, context_lens=context_lens, query_starts=no_prefill,
-            prefill_tiles=torch.zeros(2, 0, dtype=torch.int32, device=device), block_tables=block_tables,
-            num_prefill_seqs=0, num_prefill_tokens=0, max_decode_context=max_context, num_sms=_num_sms(device))
+            slot_mapping=slot_mapping,
+            context_lens=context_lens,
+            query_starts=no_prefill,
+            prefill_tiles=torch.zeros(2, 0, dtype=torch.int32, device=device),
+            block_tables=block_tables,
+            num_prefill_seqs=0,
+            num_prefill_tokens=0,
+            max_decode_context=max_context,
+            num_sms=_num_sms(device),
+        )
 
-    def build_metadata(self, layout: BatchLayout, slot_mapping: np.ndarray,
-                       staging: StagingRing) -> TritonAttentionMetadata:
+    def build_metadata(
+        self, layout: BatchLayout, slot_mapping: np.ndarray, staging: StagingRing
+    ) -> TritonAttentionMetadata:
         num_pre = layout.num_prefill_seqs
         query_lens = np.asarray(layout.query_lens, dtype=np.int32)
         context_lens = np.asarray(layout.context_lens, dtype=np.int32)
@@ -74,28 +83,63 @@ class TritonAttention(AttentionBackend):
         packed = np.zeros(sum(sizes), dtype=np.int32)
         offsets = np.concatenate([[0], np.cumsum(sizes)[:-1]])
         for part, offset in zip(parts, offsets):
-            packed[offset:offset + part.size] = part.ravel()
+            packed[offset : offset + part.size] = part.ravel()
         flat = staging.upload(packed, torch.int32)
-        slots, ctx, starts, tile_t, table_t = (flat[o:o + p.size].view(p.shape) for p, o in zip(parts, offsets))
+        slots, ctx, starts, tile_t, table_t = (flat[o : o + p.size].view(p.shape) for p, o in zip(parts, offsets))
         return TritonAttentionMetadata(
-            slot_mapping=slots, context_lens=ctx, query_starts=starts, prefill_tiles=tile_t, block_tables=table_t,
-            num_prefill_seqs=num_pre, num_prefill_tokens=int(query_starts[-1]),
-            max_decode_context=int(context_lens[num_pre:].max(initial=0)), num_sms=_num_sms(staging.device))
+            slot_mapping=slots,
+            context_lens=ctx,
+            query_starts=starts,
+            prefill_tiles=tile_t,
+            block_tables=table_t,
+            num_prefill_seqs=num_pre,
+            num_prefill_tokens=int(query_starts[-1]),
+            max_decode_context=int(context_lens[num_pre:].max(initial=0)),
+            num_sms=_num_sms(staging.device),
+        )
 
-    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor,
-                v_cache: torch.Tensor, metadata: TritonAttentionMetadata, scale: float) -> torch.Tensor:
+    def forward(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        metadata: TritonAttentionMetadata,
+        scale: float,
+    ) -> torch.Tensor:
         kernels.store_kv(k, v, k_cache, v_cache, metadata.slot_mapping)
         out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
         num_pre, pre_tokens = metadata.num_prefill_seqs, metadata.num_prefill_tokens
         if num_pre:
-            kernels.prefill_attention(q[:pre_tokens], out[:pre_tokens], k_cache, v_cache, metadata.block_tables,
-                                      metadata.context_lens, metadata.query_starts, metadata.prefill_tiles, scale)
+            kernels.prefill_attention(
+                q[:pre_tokens],
+                out[:pre_tokens],
+                k_cache,
+                v_cache,
+                metadata.block_tables,
+                metadata.context_lens,
+                metadata.query_starts,
+                metadata.prefill_tiles,
+                scale,
+            )
         if metadata.num_decode_seqs:
-            num_splits = kernels.decode_num_splits(metadata.num_decode_seqs, k_cache.shape[2],
-                                                   metadata.max_decode_context, metadata.num_sms)
-            kernels.decode_attention(q, out, k_cache, v_cache, metadata.block_tables, metadata.context_lens, scale,
-                                     metadata.max_decode_context, num_splits, first_seq=num_pre,
-                                     first_token=pre_tokens)
+            num_splits = kernels.decode_num_splits(
+                metadata.num_decode_seqs, k_cache.shape[2], metadata.max_decode_context, metadata.num_sms
+            )
+            kernels.decode_attention(
+                q,
+                out,
+                k_cache,
+                v_cache,
+                metadata.block_tables,
+                metadata.context_lens,
+                scale,
+                metadata.max_decode_context,
+                num_splits,
+                first_seq=num_pre,
+                first_token=pre_tokens,
+            )
         return out
 
 

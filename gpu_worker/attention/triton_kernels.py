@@ -38,11 +38,27 @@ def _pow2(n: int, floor: int = 16) -> int:
 
 # ---------------------------------------------------------------------------------------- storing K/V
 
+
 @triton.jit
-def _store_kv_kernel(k_ptr, v_ptr, k_cache_ptr, v_cache_ptr, slot_mapping_ptr,
-                     stride_kt, stride_kh, stride_vt, stride_vh, stride_cb, stride_cs, stride_ch,
-                     NUM_HEADS: tl.constexpr, HEADS_PAD: tl.constexpr, HEAD_DIM: tl.constexpr,
-                     HEAD_DIM_PAD: tl.constexpr, BLOCK_SIZE: tl.constexpr):
+def _store_kv_kernel(
+    k_ptr,
+    v_ptr,
+    k_cache_ptr,
+    v_cache_ptr,
+    slot_mapping_ptr,
+    stride_kt,
+    stride_kh,
+    stride_vt,
+    stride_vh,
+    stride_cb,
+    stride_cs,
+    stride_ch,
+    NUM_HEADS: tl.constexpr,
+    HEADS_PAD: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    HEAD_DIM_PAD: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr,
+):
     token = tl.program_id(0).to(tl.int64)
     slot = tl.load(slot_mapping_ptr + token).to(tl.int64)
     heads = tl.arange(0, HEADS_PAD)
@@ -56,8 +72,9 @@ def _store_kv_kernel(k_ptr, v_ptr, k_cache_ptr, v_cache_ptr, slot_mapping_ptr,
     tl.store(v_cache_ptr + dst, v, mask=mask)
 
 
-def store_kv(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-             slot_mapping: torch.Tensor) -> None:
+def store_kv(
+    k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, slot_mapping: torch.Tensor
+) -> None:
     """k, v: [T, Hkv, D] -> caches [num_blocks, block_size, Hkv, D] at the flat slots slot_mapping [T].
 
     One launch for both K and V (two index_copy_ calls would be two), reading k and v through their
@@ -66,19 +83,43 @@ def store_kv(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: t
     if num_tokens == 0:
         return
     _store_kv_kernel[(num_tokens,)](
-        k, v, k_cache, v_cache, slot_mapping,
-        k.stride(0), k.stride(1), v.stride(0), v.stride(1), *k_cache.stride()[:3],
-        NUM_HEADS=num_heads, HEADS_PAD=triton.next_power_of_2(num_heads), HEAD_DIM=head_dim,
-        HEAD_DIM_PAD=triton.next_power_of_2(head_dim), BLOCK_SIZE=k_cache.shape[1])
+        k,
+        v,
+        k_cache,
+        v_cache,
+        slot_mapping,
+        k.stride(0),
+        k.stride(1),
+        v.stride(0),
+        v.stride(1),
+        *k_cache.stride()[:3],
+        NUM_HEADS=num_heads,
+        HEADS_PAD=triton.next_power_of_2(num_heads),
+        HEAD_DIM=head_dim,
+        HEAD_DIM_PAD=triton.next_power_of_2(head_dim),
+        BLOCK_SIZE=k_cache.shape[1],
+    )
 
 
 # ------------------------------------------------------------------------------ shared tile helpers
 
+
 @triton.jit
-def _load_kv_tile(k_cache_ptr, v_cache_ptr, table_ptr, kv_head, start, end,
-                  stride_cb, stride_cs, stride_ch,
-                  BLOCK_SIZE: tl.constexpr, HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr,
-                  BLOCK_N: tl.constexpr):
+def _load_kv_tile(
+    k_cache_ptr,
+    v_cache_ptr,
+    table_ptr,
+    kv_head,
+    start,
+    end,
+    stride_cb,
+    stride_cs,
+    stride_ch,
+    BLOCK_SIZE: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    HEAD_DIM_PAD: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+):
     """K and V [BLOCK_N, HEAD_DIM_PAD] of context positions start.., zero at positions >= end."""
     pos = start + tl.arange(0, BLOCK_N)
     in_context = pos < end
@@ -115,14 +156,36 @@ def _online_softmax_step(acc, m_i, l_i, s, v):
 
 # ------------------------------------------------------------------------------------------ prefill
 
+
 # Arguments that change from step to step are not specialized on (Triton would otherwise compile a
 # variant per divisibility class): one compiled kernel per model, warmed up before serving.
 @triton.jit(do_not_specialize=["num_tiles", "stride_bt"])
-def _prefill_kernel(q_ptr, out_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, context_lens_ptr,
-                    query_starts_ptr, tiles_ptr, num_tiles, qk_scale,
-                    stride_qt, stride_qh, stride_ot, stride_oh, stride_cb, stride_cs, stride_ch, stride_bt,
-                    GROUP: tl.constexpr, BLOCK_SIZE: tl.constexpr, HEAD_DIM: tl.constexpr,
-                    HEAD_DIM_PAD: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+def _prefill_kernel(
+    q_ptr,
+    out_ptr,
+    k_cache_ptr,
+    v_cache_ptr,
+    block_tables_ptr,
+    context_lens_ptr,
+    query_starts_ptr,
+    tiles_ptr,
+    num_tiles,
+    qk_scale,
+    stride_qt,
+    stride_qh,
+    stride_ot,
+    stride_oh,
+    stride_cb,
+    stride_cs,
+    stride_ch,
+    stride_bt,
+    GROUP: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    HEAD_DIM_PAD: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+):
     tile = tl.program_id(0)
     head = tl.program_id(1)
     seq = tl.load(tiles_ptr + tile)
@@ -151,23 +214,60 @@ def _prefill_kernel(q_ptr, out_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, 
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     for start in range(0, shared_end, BLOCK_N):
-        _, k, v = _load_kv_tile(k_cache_ptr, v_cache_ptr, table_ptr, kv_head, start, kv_end,
-                                stride_cb, stride_cs, stride_ch, BLOCK_SIZE, HEAD_DIM, HEAD_DIM_PAD, BLOCK_N)
+        _, k, v = _load_kv_tile(
+            k_cache_ptr,
+            v_cache_ptr,
+            table_ptr,
+            kv_head,
+            start,
+            kv_end,
+            stride_cb,
+            stride_cs,
+            stride_ch,
+            BLOCK_SIZE,
+            HEAD_DIM,
+            HEAD_DIM_PAD,
+            BLOCK_N,
+        )
         acc, m_i, l_i = _online_softmax_step(acc, m_i, l_i, _scores(q, k, qk_scale), v)
     for start in range(shared_end, kv_end, BLOCK_N):
-        k_pos, k, v = _load_kv_tile(k_cache_ptr, v_cache_ptr, table_ptr, kv_head, start, kv_end,
-                                    stride_cb, stride_cs, stride_ch, BLOCK_SIZE, HEAD_DIM, HEAD_DIM_PAD, BLOCK_N)
+        k_pos, k, v = _load_kv_tile(
+            k_cache_ptr,
+            v_cache_ptr,
+            table_ptr,
+            kv_head,
+            start,
+            kv_end,
+            stride_cb,
+            stride_cs,
+            stride_ch,
+            BLOCK_SIZE,
+            HEAD_DIM,
+            HEAD_DIM_PAD,
+            BLOCK_N,
+        )
         s = tl.where(k_pos[None, :] <= q_pos[:, None], _scores(q, k, qk_scale), float("-inf"))
         acc, m_i, l_i = _online_softmax_step(acc, m_i, l_i, s, v)
 
     out = acc / l_i[:, None]
-    tl.store(out_ptr + tokens[:, None] * stride_ot + head * stride_oh + dims[None, :],
-             out.to(out_ptr.dtype.element_ty), mask=io_mask)
+    tl.store(
+        out_ptr + tokens[:, None] * stride_ot + head * stride_oh + dims[None, :],
+        out.to(out_ptr.dtype.element_ty),
+        mask=io_mask,
+    )
 
 
-def prefill_attention(q: torch.Tensor, out: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                      block_tables: torch.Tensor, context_lens: torch.Tensor, query_starts: torch.Tensor,
-                      tiles: torch.Tensor, scale: float) -> None:
+def prefill_attention(
+    q: torch.Tensor,
+    out: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    context_lens: torch.Tensor,
+    query_starts: torch.Tensor,
+    tiles: torch.Tensor,
+    scale: float,
+) -> None:
     """Causal attention of the multi-token sequences: q, out [their tokens, Hq, D].
 
     query_starts [P + 1]: token offsets of the sequences in q; tiles [2, num tiles]: (sequence, first
@@ -175,23 +275,66 @@ def prefill_attention(q: torch.Tensor, out: torch.Tensor, k_cache: torch.Tensor,
     num_heads, head_dim = q.shape[1], q.shape[2]
     num_tiles = tiles.shape[1]
     _prefill_kernel[(num_tiles, num_heads)](
-        q, out, k_cache, v_cache, block_tables, context_lens, query_starts, tiles, num_tiles,
-        scale * LOG2_E, q.stride(0), q.stride(1), out.stride(0), out.stride(1), *k_cache.stride()[:3],
+        q,
+        out,
+        k_cache,
+        v_cache,
+        block_tables,
+        context_lens,
+        query_starts,
+        tiles,
+        num_tiles,
+        scale * LOG2_E,
+        q.stride(0),
+        q.stride(1),
+        out.stride(0),
+        out.stride(1),
+        *k_cache.stride()[:3],
         block_tables.stride(0),
-        GROUP=num_heads // k_cache.shape[2], BLOCK_SIZE=k_cache.shape[1], HEAD_DIM=head_dim,
-        HEAD_DIM_PAD=_pow2(head_dim), BLOCK_M=PREFILL_BLOCK_M, BLOCK_N=PREFILL_BLOCK_N,
-        num_warps=4, num_stages=2)
+        GROUP=num_heads // k_cache.shape[2],
+        BLOCK_SIZE=k_cache.shape[1],
+        HEAD_DIM=head_dim,
+        HEAD_DIM_PAD=_pow2(head_dim),
+        BLOCK_M=PREFILL_BLOCK_M,
+        BLOCK_N=PREFILL_BLOCK_N,
+        num_warps=4,
+        num_stages=2,
+    )
 
 
 # ------------------------------------------------------------------------------------------- decode
 
+
 @triton.jit(do_not_specialize=["first_seq", "first_token", "split_len", "stride_bt"])
-def _decode_kernel(q_ptr, out_ptr, part_out_ptr, part_lse_ptr, k_cache_ptr, v_cache_ptr,
-                   block_tables_ptr, context_lens_ptr, first_seq, first_token, qk_scale, split_len,
-                   stride_qt, stride_qh, stride_ot, stride_oh, stride_cb, stride_cs, stride_ch, stride_bt,
-                   GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, BLOCK_SIZE: tl.constexpr,
-                   HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr, BLOCK_N: tl.constexpr,
-                   SPLIT: tl.constexpr):
+def _decode_kernel(
+    q_ptr,
+    out_ptr,
+    part_out_ptr,
+    part_lse_ptr,
+    k_cache_ptr,
+    v_cache_ptr,
+    block_tables_ptr,
+    context_lens_ptr,
+    first_seq,
+    first_token,
+    qk_scale,
+    split_len,
+    stride_qt,
+    stride_qh,
+    stride_ot,
+    stride_oh,
+    stride_cb,
+    stride_cs,
+    stride_ch,
+    stride_bt,
+    GROUP: tl.constexpr,
+    GROUP_PAD: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    HEAD_DIM_PAD: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    SPLIT: tl.constexpr,
+):
     seq = tl.program_id(0)
     kv_head = tl.program_id(1)
     split = tl.program_id(2)
@@ -212,8 +355,21 @@ def _decode_kernel(q_ptr, out_ptr, part_out_ptr, part_lse_ptr, k_cache_ptr, v_ca
     m_i = tl.full([GROUP_PAD], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([GROUP_PAD], dtype=tl.float32)
     for start in range(lo, hi, BLOCK_N):
-        k_pos, k, v = _load_kv_tile(k_cache_ptr, v_cache_ptr, table_ptr, kv_head, start, hi,
-                                    stride_cb, stride_cs, stride_ch, BLOCK_SIZE, HEAD_DIM, HEAD_DIM_PAD, BLOCK_N)
+        k_pos, k, v = _load_kv_tile(
+            k_cache_ptr,
+            v_cache_ptr,
+            table_ptr,
+            kv_head,
+            start,
+            hi,
+            stride_cb,
+            stride_cs,
+            stride_ch,
+            BLOCK_SIZE,
+            HEAD_DIM,
+            HEAD_DIM_PAD,
+            BLOCK_N,
+        )
         s = tl.where(k_pos[None, :] < hi, _scores(q, k, qk_scale), float("-inf"))
         acc, m_i, l_i = _online_softmax_step(acc, m_i, l_i, s, v)
 
@@ -224,17 +380,33 @@ def _decode_kernel(q_ptr, out_ptr, part_out_ptr, part_lse_ptr, k_cache_ptr, v_ca
         part = (seq * tl.num_programs(1) * GROUP + heads) * num_splits + split
         seen = l_i > 0
         l_safe = tl.where(seen, l_i, 1.0)
-        tl.store(part_out_ptr + part[:, None] * HEAD_DIM_PAD + dims[None, :], acc / l_safe[:, None],
-                 mask=(members < GROUP)[:, None])
+        tl.store(
+            part_out_ptr + part[:, None] * HEAD_DIM_PAD + dims[None, :],
+            acc / l_safe[:, None],
+            mask=(members < GROUP)[:, None],
+        )
         tl.store(part_lse_ptr + part, tl.where(seen, m_i + tl.log2(l_safe), float("-inf")), mask=members < GROUP)
     else:
-        tl.store(out_ptr + token * stride_ot + heads[:, None] * stride_oh + dims[None, :],
-                 (acc / l_i[:, None]).to(out_ptr.dtype.element_ty), mask=io_mask)
+        tl.store(
+            out_ptr + token * stride_ot + heads[:, None] * stride_oh + dims[None, :],
+            (acc / l_i[:, None]).to(out_ptr.dtype.element_ty),
+            mask=io_mask,
+        )
 
 
 @triton.jit(do_not_specialize=["first_token", "num_splits"])
-def _decode_merge_kernel(part_out_ptr, part_lse_ptr, out_ptr, first_token, num_splits, stride_ot, stride_oh,
-                         SPLITS_PAD: tl.constexpr, HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr):
+def _decode_merge_kernel(
+    part_out_ptr,
+    part_lse_ptr,
+    out_ptr,
+    first_token,
+    num_splits,
+    stride_ot,
+    stride_oh,
+    SPLITS_PAD: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    HEAD_DIM_PAD: tl.constexpr,
+):
     seq = tl.program_id(0)
     head = tl.program_id(1)
     splits = tl.arange(0, SPLITS_PAD)
@@ -242,11 +414,15 @@ def _decode_merge_kernel(part_out_ptr, part_lse_ptr, out_ptr, first_token, num_s
     part = (seq * tl.num_programs(1) + head) * num_splits + splits
     lse = tl.load(part_lse_ptr + part, mask=splits < num_splits, other=float("-inf"))
     weights = tl.exp2(lse - tl.max(lse, 0))  # split 0 is never empty, so the max is finite
-    parts = tl.load(part_out_ptr + part[:, None] * HEAD_DIM_PAD + dims[None, :],
-                    mask=(splits < num_splits)[:, None], other=0.0)
+    parts = tl.load(
+        part_out_ptr + part[:, None] * HEAD_DIM_PAD + dims[None, :], mask=(splits < num_splits)[:, None], other=0.0
+    )
     out = tl.sum(weights[:, None] * parts, 0) / tl.sum(weights, 0)
-    tl.store(out_ptr + (first_token + seq).to(tl.int64) * stride_ot + head * stride_oh + dims,
-             out.to(out_ptr.dtype.element_ty), mask=dims < HEAD_DIM)
+    tl.store(
+        out_ptr + (first_token + seq).to(tl.int64) * stride_ot + head * stride_oh + dims,
+        out.to(out_ptr.dtype.element_ty),
+        mask=dims < HEAD_DIM,
+    )
 
 
 def decode_num_splits(num_seqs: int, num_kv_heads: int, max_context: int, num_sms: int) -> int:
@@ -256,9 +432,19 @@ def decode_num_splits(num_seqs: int, num_kv_heads: int, max_context: int, num_sm
     return max(1, min(wanted, max_context // MIN_SPLIT_TOKENS, MAX_SPLITS))
 
 
-def decode_attention(q: torch.Tensor, out: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                     block_tables: torch.Tensor, context_lens: torch.Tensor, scale: float,
-                     max_context: int, num_splits: int, first_seq: int = 0, first_token: int = 0) -> None:
+def decode_attention(
+    q: torch.Tensor,
+    out: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    context_lens: torch.Tensor,
+    scale: float,
+    max_context: int,
+    num_splits: int,
+    first_seq: int = 0,
+    first_token: int = 0,
+) -> None:
     """One query per sequence, for sequences [first_seq, len(context_lens)) of block_tables [S, W] and
     context_lens [S], whose queries are rows first_token, first_token + 1, ... of q and out [T, Hq, D].
 
@@ -278,13 +464,44 @@ def decode_attention(q: torch.Tensor, out: torch.Tensor, k_cache: torch.Tensor, 
         part_out = torch.empty(num_seqs, num_heads, num_splits, head_dim_pad, dtype=torch.float32, device=q.device)
         part_lse = torch.empty(num_seqs, num_heads, num_splits, dtype=torch.float32, device=q.device)
     _decode_kernel[(num_seqs, num_kv_heads, num_splits)](
-        q, out, part_out, part_lse, k_cache, v_cache, block_tables, context_lens, first_seq, first_token,
-        scale * LOG2_E, split_len,
-        q.stride(0), q.stride(1), out.stride(0), out.stride(1), *k_cache.stride()[:3], block_tables.stride(0),
-        GROUP=group, GROUP_PAD=_pow2(group), BLOCK_SIZE=k_cache.shape[1], HEAD_DIM=head_dim,
-        HEAD_DIM_PAD=head_dim_pad, BLOCK_N=DECODE_BLOCK_N, SPLIT=split, num_warps=4, num_stages=2)
+        q,
+        out,
+        part_out,
+        part_lse,
+        k_cache,
+        v_cache,
+        block_tables,
+        context_lens,
+        first_seq,
+        first_token,
+        scale * LOG2_E,
+        split_len,
+        q.stride(0),
+        q.stride(1),
+        out.stride(0),
+        out.stride(1),
+        *k_cache.stride()[:3],
+        block_tables.stride(0),
+        GROUP=group,
+        GROUP_PAD=_pow2(group),
+        BLOCK_SIZE=k_cache.shape[1],
+        HEAD_DIM=head_dim,
+        HEAD_DIM_PAD=head_dim_pad,
+        BLOCK_N=DECODE_BLOCK_N,
+        SPLIT=split,
+        num_warps=4,
+        num_stages=2,
+    )
     if split:
         _decode_merge_kernel[(num_seqs, num_heads)](
-            part_out, part_lse, out, first_token, num_splits, out.stride(0), out.stride(1),
-            SPLITS_PAD=MAX_SPLITS, HEAD_DIM=head_dim, HEAD_DIM_PAD=head_dim_pad)
-
+            part_out,
+            part_lse,
+            out,
+            first_token,
+            num_splits,
+            out.stride(0),
+            out.stride(1),
+            SPLITS_PAD=MAX_SPLITS,
+            HEAD_DIM=head_dim,
+            HEAD_DIM_PAD=head_dim_pad,
+        )

@@ -21,5 +21,6 @@ def model_class_for(config) -> type:
     cls = MODEL_CLASSES.get(config.model_type)
     if cls is None:
         raise UnsupportedModel(
-            f"model_type {config.model_type!r} is not supported; supported: {', '.join(sorted(MODEL_CLASSES))}")
+            f"model_type {config.model_type!r} is not supported; supported: {', '.join(sorted(MODEL_CLASSES))}"
+        )
     return cls

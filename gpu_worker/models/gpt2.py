@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from typing import Iterable
+from collections.abc import Iterable
 
 import torch
 import torch.nn.functional as F
@@ -42,8 +42,11 @@ class GPT2ForCausalLM(nn.Module):
     def __init__(self, config, fused_kernels: bool = False):
         # fused_kernels changes nothing here: LayerNorm and GELU are already one torch kernel each.
         super().__init__()
-        unsupported = [name for name in ("scale_attn_by_inverse_layer_idx", "reorder_and_upcast_attn")
-                       if getattr(config, name, False)]
+        unsupported = [
+            name
+            for name in ("scale_attn_by_inverse_layer_idx", "reorder_and_upcast_attn")
+            if getattr(config, name, False)
+        ]
         if unsupported or config.activation_function not in ("gelu_new", "gelu_pytorch_tanh"):
             raise ValueError(f"GPT-2 options not supported: {unsupported or config.activation_function}")
         self.config = config
@@ -65,7 +68,7 @@ class GPT2ForCausalLM(nn.Module):
         return self.ln_f(x)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        return F.linear(hidden, self.wte.weight)[:, :self.vocab_size].float()
+        return F.linear(hidden, self.wte.weight)[:, : self.vocab_size].float()
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
         """Hugging Face GPT-2 names -> ours. HF's Conv1D stores [in, out]; nn.Linear wants [out, in]."""
@@ -86,4 +89,3 @@ class GPT2ForCausalLM(nn.Module):
             copy_param(params, name, tensor, slice(0, tensor.shape[0]) if name == "wte.weight" else None)
             loaded.add(name)
         check_all_loaded(params, loaded)
-

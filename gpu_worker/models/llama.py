@@ -8,7 +8,7 @@ reference that float32 outputs are checked against.
 
 from __future__ import annotations
 
-from typing import Iterable
+from collections.abc import Iterable
 
 import torch
 import torch.nn.functional as F
@@ -57,7 +57,7 @@ class LlamaDecoderLayer(nn.Module):
         self.head_dim = getattr(config, "head_dim", None) or h // self.num_heads
         self.q_size = self.num_heads * self.head_dim
         self.kv_size = self.num_kv_heads * self.head_dim
-        self.scale = self.head_dim ** -0.5
+        self.scale = self.head_dim**-0.5
         qkv_bias = config.model_type == "qwen2" or getattr(config, "attention_bias", False)
         mlp_bias = getattr(config, "mlp_bias", False)
         self.rotary = rotary
@@ -71,8 +71,9 @@ class LlamaDecoderLayer(nn.Module):
         if config.hidden_act != "silu":
             raise ValueError(f"hidden_act {config.hidden_act!r} is not supported (silu only)")
 
-    def forward(self, x: torch.Tensor, residual: torch.Tensor | None, positions: torch.Tensor,
-                ctx: ForwardContext) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward(
+        self, x: torch.Tensor, residual: torch.Tensor | None, positions: torch.Tensor, ctx: ForwardContext
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """x: the previous layer's MLP output (the embeddings for the first layer, whose residual is None);
         returns this layer's MLP output and the residual stream before it."""
         t = x.shape[0]
@@ -85,8 +86,9 @@ class LlamaDecoderLayer(nn.Module):
         k = k.view(t, self.num_kv_heads, self.head_dim)
         q, k = self.rotary(positions, q, k)
         k_cache, v_cache = ctx.kv_cache.layer(self.layer_index)
-        attn = ctx.attention.forward(q, k, v.view(t, self.num_kv_heads, self.head_dim),
-                                     k_cache, v_cache, ctx.attn_metadata, self.scale)
+        attn = ctx.attention.forward(
+            q, k, v.view(t, self.num_kv_heads, self.head_dim), k_cache, v_cache, ctx.attn_metadata, self.scale
+        )
         h, residual = self.post_attention_layernorm(self.o_proj(attn.reshape(t, -1)), residual)
         gate_up = self.gate_up_proj(h)
         if self.fused_kernels:
@@ -106,8 +108,9 @@ class LlamaForCausalLM(nn.Module):
         vocab = padded_vocab_size(config.vocab_size)
         self.embed_tokens = nn.Embedding(vocab, config.hidden_size)
         self.rotary = RotaryEmbedding(config, fused_kernels)
-        self.layers = nn.ModuleList(LlamaDecoderLayer(config, i, self.rotary, fused_kernels)
-                                    for i in range(config.num_hidden_layers))
+        self.layers = nn.ModuleList(
+            LlamaDecoderLayer(config, i, self.rotary, fused_kernels) for i in range(config.num_hidden_layers)
+        )
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, fused_kernels)
         self.lm_head = None if self.tied else nn.Linear(config.hidden_size, vocab, bias=False)
 
@@ -124,7 +127,7 @@ class LlamaForCausalLM(nn.Module):
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         weight = self.embed_tokens.weight if self.tied else self.lm_head.weight
-        return F.linear(hidden, weight)[:, :self.vocab_size].float()
+        return F.linear(hidden, weight)[:, : self.vocab_size].float()
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
         """Hugging Face Llama names -> ours, writing q/k/v and gate/up into their fused projections."""
@@ -155,8 +158,9 @@ class LlamaForCausalLM(nn.Module):
             shard_count[name] = shard_count.get(name, 0) + 1
             loaded.add(name)
         fused_parts = {"qkv_proj": 3, "gate_up_proj": 2}
-        incomplete = [n for n, c in shard_count.items() for part, k in fused_parts.items()
-                      if f".{part}." in n and c != k]
+        incomplete = [
+            n for n, c in shard_count.items() for part, k in fused_parts.items() if f".{part}." in n and c != k
+        ]
         if incomplete:
             raise ValueError(f"checkpoint lacks parts of fused projections: {incomplete[:3]}")
         check_all_loaded(params, loaded)

@@ -20,38 +20,72 @@ import triton.language as tl
 
 
 @triton.jit
-def _add_rms_norm_kernel(x_ptr, residual_ptr, out_ptr, weight_ptr, eps, stride_x, stride_r, stride_o,
-                         N: tl.constexpr, N_PAD: tl.constexpr, HAS_RESIDUAL: tl.constexpr):
+def _add_rms_norm_kernel(
+    x_ptr,
+    residual_ptr,
+    out_ptr,
+    weight_ptr,
+    eps,
+    stride_x,
+    stride_r,
+    stride_o,
+    N: tl.constexpr,
+    N_PAD: tl.constexpr,
+    HAS_RESIDUAL: tl.constexpr,
+):
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, N_PAD)
     mask = cols < N
     x = tl.load(x_ptr + row * stride_x + cols, mask=mask, other=0.0)
     if HAS_RESIDUAL:
-        x = (x.to(tl.float32) + tl.load(residual_ptr + row * stride_r + cols, mask=mask, other=0.0)
-             .to(tl.float32)).to(x.dtype)
+        x = (x.to(tl.float32) + tl.load(residual_ptr + row * stride_r + cols, mask=mask, other=0.0).to(tl.float32)).to(
+            x.dtype
+        )
         tl.store(residual_ptr + row * stride_r + cols, x, mask=mask)
     h = x.to(tl.float32)
     h = h * tl.rsqrt(tl.sum(h * h, 0) / N + eps)
     w = tl.load(weight_ptr + cols, mask=mask, other=0.0)
-    tl.store(out_ptr + row * stride_o + cols, (w.to(tl.float32) * h.to(x.dtype).to(tl.float32)).to(x.dtype),
-             mask=mask)
+    tl.store(out_ptr + row * stride_o + cols, (w.to(tl.float32) * h.to(x.dtype).to(tl.float32)).to(x.dtype), mask=mask)
 
 
-def add_rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float,
-                 residual: torch.Tensor | None = None) -> torch.Tensor:
+def add_rms_norm(
+    x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor | None = None
+) -> torch.Tensor:
     """RMSNorm of x [T, N]; with a residual, of residual + x, which is also written into residual."""
     out = torch.empty_like(x)
     n = x.shape[-1]
     _add_rms_norm_kernel[(x.shape[0],)](
-        x, residual if residual is not None else x, out, weight, eps, x.stride(0),
-        residual.stride(0) if residual is not None else 0, out.stride(0),
-        N=n, N_PAD=triton.next_power_of_2(n), HAS_RESIDUAL=residual is not None, enable_fp_fusion=False)
+        x,
+        residual if residual is not None else x,
+        out,
+        weight,
+        eps,
+        x.stride(0),
+        residual.stride(0) if residual is not None else 0,
+        out.stride(0),
+        N=n,
+        N_PAD=triton.next_power_of_2(n),
+        HAS_RESIDUAL=residual is not None,
+        enable_fp_fusion=False,
+    )
     return out
 
 
 @triton.jit
-def _rotate_heads(ptr, token, stride_t, stride_h, cos1, cos2, sin1, sin2, NUM_HEADS: tl.constexpr,
-                  HEADS_PAD: tl.constexpr, HALF: tl.constexpr, HALF_PAD: tl.constexpr):
+def _rotate_heads(
+    ptr,
+    token,
+    stride_t,
+    stride_h,
+    cos1,
+    cos2,
+    sin1,
+    sin2,
+    NUM_HEADS: tl.constexpr,
+    HEADS_PAD: tl.constexpr,
+    HALF: tl.constexpr,
+    HALF_PAD: tl.constexpr,
+):
     heads = tl.arange(0, HEADS_PAD)
     dims = tl.arange(0, HALF_PAD)
     mask = (heads < NUM_HEADS)[:, None] & (dims < HALF)[None, :]
@@ -67,9 +101,23 @@ def _rotate_heads(ptr, token, stride_t, stride_h, cos1, cos2, sin1, sin2, NUM_HE
 
 
 @triton.jit
-def _rotary_kernel(q_ptr, k_ptr, positions_ptr, cos_ptr, sin_ptr, stride_qt, stride_qh, stride_kt, stride_kh,
-                   stride_cos, Q_HEADS: tl.constexpr, K_HEADS: tl.constexpr, HEADS_PAD: tl.constexpr,
-                   HALF: tl.constexpr, HALF_PAD: tl.constexpr):
+def _rotary_kernel(
+    q_ptr,
+    k_ptr,
+    positions_ptr,
+    cos_ptr,
+    sin_ptr,
+    stride_qt,
+    stride_qh,
+    stride_kt,
+    stride_kh,
+    stride_cos,
+    Q_HEADS: tl.constexpr,
+    K_HEADS: tl.constexpr,
+    HEADS_PAD: tl.constexpr,
+    HALF: tl.constexpr,
+    HALF_PAD: tl.constexpr,
+):
     token = tl.program_id(0).to(tl.int64)
     pos = tl.load(positions_ptr + token).to(tl.int64)
     dims = tl.arange(0, HALF_PAD)
@@ -89,9 +137,23 @@ def rotary(positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, cos: torch
     """Rotate q [T, Hq, D] and k [T, Hk, D] (strided views are fine) in place; cos, sin [positions, D]."""
     half = q.shape[-1] // 2
     _rotary_kernel[(q.shape[0],)](
-        q, k, positions, cos, sin, q.stride(0), q.stride(1), k.stride(0), k.stride(1), cos.stride(0),
-        Q_HEADS=q.shape[1], K_HEADS=k.shape[1], HEADS_PAD=triton.next_power_of_2(max(q.shape[1], k.shape[1])),
-        HALF=half, HALF_PAD=triton.next_power_of_2(half), enable_fp_fusion=False)
+        q,
+        k,
+        positions,
+        cos,
+        sin,
+        q.stride(0),
+        q.stride(1),
+        k.stride(0),
+        k.stride(1),
+        cos.stride(0),
+        Q_HEADS=q.shape[1],
+        K_HEADS=k.shape[1],
+        HEADS_PAD=triton.next_power_of_2(max(q.shape[1], k.shape[1])),
+        HALF=half,
+        HALF_PAD=triton.next_power_of_2(half),
+        enable_fp_fusion=False,
+    )
 
 
 @triton.jit
@@ -111,6 +173,13 @@ def silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor:
     """[T, 2I] (gate then up) -> silu(gate) * up [T, I]."""
     n = gate_up.shape[-1] // 2
     out = torch.empty(gate_up.shape[0], n, dtype=gate_up.dtype, device=gate_up.device)
-    _silu_and_mul_kernel[(gate_up.shape[0],)](gate_up, out, gate_up.stride(0), out.stride(0), N=n,
-                                             BLOCK=min(1024, triton.next_power_of_2(n)), enable_fp_fusion=False)
+    _silu_and_mul_kernel[(gate_up.shape[0],)](
+        gate_up,
+        out,
+        gate_up.stride(0),
+        out.stride(0),
+        N=n,
+        BLOCK=min(1024, triton.next_power_of_2(n)),
+        enable_fp_fusion=False,
+    )
     return out
