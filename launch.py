@@ -1,30 +1,27 @@
-"""Start the server: GPU worker, scheduler, tokenizer workers, and the HTTP frontend in this process.
+"""Start the server: GPU worker, scheduler, tokenizer workers and K HTTP frontend processes, then watch them.
 
     python launch.py                       # the embedded default model, SmolLM2-135M-Instruct
     python launch.py --model gpt2          # a hub id (where the hub is reachable), a folder, or a .gguf file
 
 Every child is started with spawn (never fork: CUDA must not be inherited), dies with this process
-(PR_SET_PDEATHSIG), and is watched: if one dies, the server stops and exits non-zero naming it.
+(PR_SET_PDEATHSIG), and is watched: if one dies, the server stops and exits non-zero naming it. The
+launcher binds the HTTP port first (a port in use fails at once) and shares that socket with the frontends.
 """
 
 from __future__ import annotations
 
 import argparse
-import asyncio
-import contextlib
 import logging
 import multiprocessing as mp
 import multiprocessing.connection
 import os
 import shutil
 import signal
+import socket
 import sys
-import threading
 import time
 from dataclasses import replace
 from typing import TYPE_CHECKING
-
-import uvicorn
 
 if TYPE_CHECKING:
     from common.profiling import ProfileConfig
@@ -47,6 +44,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--port", type=int, default=8000)
     parser.add_argument("--tokenizer-workers", type=int, default=2)
     parser.add_argument(
+        "--api-server-count",
+        type=int,
+        default=default_api_server_count(),
+        help="HTTP frontend processes sharing the port (default: a quarter of the cores, 1 to 4; "
+        f"{default_api_server_count()} here)",
+    )
+    parser.add_argument(
         "--api-key",
         default=os.environ.get("CLEARSERVE_API_KEY"),
         help="require 'Authorization: Bearer KEY' (default: $CLEARSERVE_API_KEY, else none)",
@@ -68,9 +72,17 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     if args.tokenizer_workers < 1:
         parser.error("--tokenizer-workers must be at least 1")
+    if args.api_server_count < 1:
+        parser.error("--api-server-count must be at least 1")
     if args.profile_steps is not None and (args.profile_steps < 1 or args.profile_dir is None):
         parser.error("--profile-steps needs --profile-dir and a count of at least 1")
     return args
+
+
+def default_api_server_count() -> int:
+    """A quarter of the cores, 1 to 4: the GPU worker, the scheduler and the tokenizer workers need theirs
+    (measured in docs/benchmarks.md, "Serving at engine speed")."""
+    return max(1, min(4, (os.cpu_count() or 1) // 4))
 
 
 def profile_config(args: argparse.Namespace) -> ProfileConfig:
@@ -93,22 +105,26 @@ class Launcher:
 
         self.args = args
         self.profile = profile_config(args)
+        self.listener = bind_listener(args.host, args.port)  # first: a port in use fails before anything starts
         self.run_dir = make_run_dir()
         self.endpoints = Endpoints(self.run_dir)
         self.spawn = mp.get_context("spawn")
         self.children: dict[str, mp.process.BaseProcess] = {}
+        self.serving = False
         self.exit_code = 0
 
     # ------------------------------------------------------------------ start
 
-    def start_engine(self):
-        """Start every engine process and wait until each says READY; returns the frontend's EngineLimits."""
+    def start(self) -> None:
+        """Start every process and wait until each says READY: the engine's, then the frontends."""
         import zmq
 
         from common.config import EngineConfig
+        from common.control import frontend_role
         from common.model_info import ModelInfo
         from common.model_source import default_served_name, resolve_model
         from common.transport import pull_socket
+        from frontend import process as frontend_process
         from frontend.engine_client import EngineLimits
         from gpu_worker import process as gpu_process
         from scheduler import process as scheduler_process
@@ -119,21 +135,39 @@ class Launcher:
         config = replace(EngineConfig.from_args(args), model=str(folder))
         info = ModelInfo.from_folder(folder, config.max_model_len)
         ready = pull_socket(zmq.Context.instance(), self.endpoints.launcher_ready)
-        common = (self.run_dir, args.log_level, os.getpid(), self.profile)
-        self._start("gpu_worker", gpu_process.main, (config, info, *common))
+        tail = (self.run_dir, args.log_level, os.getpid(), self.profile)
+        num_frontends = args.api_server_count
+        self._start("gpu_worker", gpu_process.main, (config, info, *tail))
         for i in range(args.tokenizer_workers):
-            self._start(f"tokenizer-{i}", tokenizer_process.main, (i, str(folder), *common))
+            self._start(f"tokenizer-{i}", tokenizer_process.main, (i, str(folder), num_frontends, *tail))
         replies = self._wait_ready(ready, {"gpu_worker"})
         num_blocks = replies["gpu_worker"].info["num_kv_blocks"]
-        self._start("scheduler", scheduler_process.main, (config, info, num_blocks, args.tokenizer_workers, *common))
+        self._start(
+            "scheduler",
+            scheduler_process.main,
+            (config, info, num_blocks, args.tokenizer_workers, num_frontends, *tail),
+        )
         replies.update(self._wait_ready(ready, set(self.children) - set(replies)))
-        ready.close()
-        return EngineLimits(
+        limits = EngineLimits(
             served_model_name=args.served_model_name or default_served_name(args.model),
             max_model_len=replies["scheduler"].info["max_model_len"],
             num_kv_blocks=num_blocks,
             block_size=config.block_size,
         )
+        # The frontends' request metrics live in files here, so any of them can answer /metrics for all.
+        os.environ["PROMETHEUS_MULTIPROC_DIR"] = os.path.join(self.run_dir, "metrics")
+        os.makedirs(os.environ["PROMETHEUS_MULTIPROC_DIR"])
+        frontends = [frontend_role(k) for k in range(num_frontends)]
+        roles = sorted(self.children) + frontends
+        for k, role in enumerate(frontends):
+            spec = frontend_process.FrontendSpec(
+                k, num_frontends, args.tokenizer_workers, limits, roles, args.api_key, args.log_level
+            )
+            self._start(role, frontend_process.main, (spec, self.listener, self.run_dir, os.getpid(), self.profile))
+        self._wait_ready(ready, set(frontends))
+        ready.close()
+        self.serving = True
+        self._announce(limits)
 
     def _start(self, role: str, target, args: tuple) -> None:
         process = self.spawn.Process(target=target, args=args, name=role, daemon=False)
@@ -154,89 +188,41 @@ class Launcher:
     def _raise_if_a_child_died(self) -> None:
         for role, process in self.children.items():
             if process.exitcode is not None:
-                raise ChildDied(f"process {role} (pid {process.pid}) exited with code {process.exitcode}")
-
-    # ------------------------------------------------------------------ serve
-
-    async def serve(self, limits, roles: list[str]) -> None:
-        from common.control import FRONTEND_ROLE
-        from common.profiling import ProcessProfiler
-        from frontend.app import build_app
-        from frontend.engine_client import ZmqEngineClient
-
-        profiler = ProcessProfiler(self.profile, FRONTEND_ROLE) if self.profile.dir is not None else None
-        client = ZmqEngineClient(self.endpoints, self.args.tokenizer_workers, limits, roles, profiler)
-        client.start()
-        app = build_app(client, api_key=self.args.api_key, profiler=profiler)
-        config = uvicorn.Config(
-            app,
-            host=self.args.host,
-            port=self.args.port,
-            log_level=self.args.log_level,
-            access_log=self.args.log_level == "debug",
-            timeout_graceful_shutdown=5,
-        )
-        server = AnnouncingServer(config, lambda: self._announce(limits))
-        loop = asyncio.get_running_loop()
-
-        def on_child_death(role: str, process) -> None:
-            log.error(
-                "process %s (pid %d) died with exit code %s: stopping the server", role, process.pid, process.exitcode
-            )
-            self.exit_code = 1
-            server.should_exit = True
-
-        def report(role: str, process) -> None:
-            try:
-                loop.call_soon_threadsafe(on_child_death, role, process)
-            except RuntimeError:
-                pass  # the event loop has closed: the server is already stopping its children
-
-        self._watch_children(report)
-        try:
-            await server.serve()
-        finally:
-            if server.started:
-                await self._print_summary(client)
-        await client.close()
-        if not server.started and self.exit_code == 0:
-            log.error("the HTTP server could not start on %s:%d", self.args.host, self.args.port)
-            self.exit_code = 1
-
-    async def _print_summary(self, client) -> None:
-        """One line per process: how busy it was, what went through its sockets."""
-        from common.control import FRONTEND_ROLE
-        from common.profiling import format_summary
-
-        replies = await client.control("stats", timeout=SUMMARY_TIMEOUT_S)
-        rows = {FRONTEND_ROLE: client.stats(), **{role: replies[role].payload for role in sorted(replies)}}
-        print(format_summary(rows), flush=True)
+                raise ChildDied(f"process {role} (pid {process.pid}) died with exit code {process.exitcode}")
 
     def _announce(self, limits) -> None:
         print(
             f"clearserve ready on http://{self.args.host}:{self.args.port} serving {limits.served_model_name!r}: "
-            f"{len(self.children)} processes, {limits.num_kv_blocks} KV blocks of {limits.block_size} tokens, "
-            f"context {limits.max_model_len}",
+            f"{len(self.children)} processes ({self.args.api_server_count} HTTP), {limits.num_kv_blocks} KV blocks "
+            f"of {limits.block_size} tokens, context {limits.max_model_len}",
             flush=True,
         )
 
-    def _watch_children(self, on_death) -> None:
-        """A thread that wakes when any child exits (its sentinel becomes readable) and reports it."""
-        sentinels = {p.sentinel: (role, p) for role, p in self.children.items()}
+    # ------------------------------------------------------------------ serve
 
-        def watch() -> None:
-            dead = mp.connection.wait(list(sentinels))
-            role, process = sentinels[dead[0]]
-            process.join()
-            on_death(role, process)
-
-        threading.Thread(target=watch, name="child-watch", daemon=True).start()
+    def watch(self) -> None:
+        """Block until a child exits (a SIGINT or SIGTERM to the launcher interrupts this); it is a death."""
+        sentinels = {p.sentinel: role for role, p in self.children.items()}
+        dead = mp.connection.wait(list(sentinels))
+        self._raise_if_a_child_died()
+        raise ChildDied(f"process {sentinels[dead[0]]} died")  # reaped between wait and the check
 
     # ------------------------------------------------------------------ stop
 
+    def print_summary(self) -> None:
+        """One line per process: how busy it was, what went through its sockets."""
+        from common.control import LAUNCHER, ask_all
+        from common.profiling import format_summary
+
+        alive = sorted(role for role, p in self.children.items() if p.exitcode is None)
+        replies = ask_all(self.endpoints, LAUNCHER, alive, "stats", SUMMARY_TIMEOUT_S)
+        print(format_summary({role: replies[role].payload for role in sorted(replies)}), flush=True)
+
     def shutdown(self) -> None:
-        """SIGTERM every child still running, wait a little, then SIGKILL; remove the socket directory."""
-        for process in self.children.values():
+        """SIGTERM every child still running (frontends first: they stop taking requests), wait a little,
+        then SIGKILL; remove the socket directory."""
+        frontends_first = sorted(self.children.items(), key=lambda item: not item[0].startswith("frontend"))
+        for _, process in frontends_first:
             if process.exitcode is None:
                 process.terminate()
         deadline = time.monotonic() + 5
@@ -247,28 +233,28 @@ class Launcher:
                 log.warning("process %s did not stop on SIGTERM: killing it", role)
                 process.kill()
                 process.join()
+        self.listener.close()
         shutil.rmtree(self.run_dir, ignore_errors=True)
 
 
-class AnnouncingServer(uvicorn.Server):
-    """uvicorn's server, calling `on_listening` once its sockets accept connections."""
+def bind_listener(host: str, port: int) -> socket.socket:
+    """The HTTP listening socket, bound and listening before any child starts (clients that connect early
+    wait in the backlog); every frontend process accepts on it."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as exc:
+        sock.close()
+        raise PortUnavailable(f"cannot listen on {host}:{port}: {exc.strerror}") from None
+    sock.listen(2048)
+    sock.set_inheritable(True)
+    return sock
 
-    def __init__(self, config: uvicorn.Config, on_listening):
-        super().__init__(config)
-        self.on_listening = on_listening
 
-    async def startup(self, sockets=None) -> None:
-        await super().startup(sockets)
-        if self.started:
-            self.on_listening()
-
-    @contextlib.contextmanager
-    def capture_signals(self):
-        # uvicorn re-raises a captured SIGINT/SIGTERM once it has stopped, which would cut the launcher's
-        # own shutdown (summary, children) short with a KeyboardInterrupt: forget them instead.
-        with super().capture_signals():
-            yield
-            self._captured_signals.clear()
+class PortUnavailable(RuntimeError):
+    pass
 
 
 def _interrupt(signum, frame) -> None:
@@ -282,12 +268,15 @@ def main(argv: list[str] | None = None) -> int:
     configure_logging("launcher", args.log_level)
     from common.model_source import ModelNotFound
 
-    launcher = Launcher(args)
-    # Until uvicorn takes over the signals, Ctrl-C and SIGTERM interrupt start-up cleanly.
-    signal.signal(signal.SIGTERM, _interrupt)
     try:
-        limits = launcher.start_engine()
-        asyncio.run(launcher.serve(limits, sorted(launcher.children)))
+        launcher = Launcher(args)
+    except PortUnavailable as exc:
+        log.error("%s", exc)
+        return 1
+    signal.signal(signal.SIGTERM, _interrupt)  # SIGTERM stops the server as Ctrl-C does
+    try:
+        launcher.start()
+        launcher.watch()
     except ModelNotFound as exc:
         log.error("%s", exc)
         launcher.exit_code = 2
@@ -297,6 +286,10 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         log.info("interrupted: stopping")
     finally:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C must not cut the shutdown short
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        if launcher.serving:
+            launcher.print_summary()
         launcher.shutdown()
     return launcher.exit_code
 

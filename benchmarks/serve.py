@@ -42,6 +42,14 @@ from benchmarks.latency import (
     request_latencies,
     summarize,
 )
+from benchmarks.load_client import (
+    CLIENT_SATURATED_PCT,
+    ClientUsage,
+    default_client_processes,
+    make_session,
+    run_clients,
+    send_request,
+)
 from benchmarks.workloads import (
     WorkloadRequest,
     load_prompts_file,
@@ -77,6 +85,12 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     server.add_argument(
         "--launch", metavar="ARGS", help="start `python launch.py ARGS --port FREE` for this run and stop it afterwards"
     )
+    server.add_argument(
+        "--mock-server",
+        type=int,
+        metavar="PROCESSES",
+        help="instead of a real server, benchmarks.mock_server with this many processes: the client's ceiling",
+    )
     server.add_argument("--server-log", help="--launch: the server's output goes here (default: a temp file)")
     server.add_argument("--api-key", help="sent as 'Authorization: Bearer KEY'")
 
@@ -111,6 +125,12 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     arrivals.add_argument("--submit-interval-ms", type=float, help="a fixed gap between submissions")
     arrivals.add_argument("--request-rate", type=float, help="Poisson arrivals, requests per second")
     work.add_argument("--max-concurrency", type=int, help="requests in flight at most (default: no cap)")
+    work.add_argument(
+        "--client-processes",
+        type=int,
+        default=default_client_processes(),
+        help="load-generator processes sharing the requests (default: a quarter of the cores, 1 to 8)",
+    )
     work.add_argument(
         "--warmup-requests", type=int, default=1, help="short requests sent before the run and left out of every figure"
     )
@@ -185,12 +205,13 @@ def free_port() -> int:
 
 
 class LaunchedServer:
-    """`python launch.py ARGS --port FREE` for the length of a `with` block."""
+    """`python launch.py ARGS --port FREE` (or another server command) for the length of a `with` block."""
 
-    def __init__(self, launch_args: str, log_path: str | None = None):
+    def __init__(self, launch_args: str, log_path: str | None = None, program: list[str] | None = None):
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        self.command = [sys.executable, str(ROOT / "launch.py"), *shlex.split(launch_args), "--port", str(self.port)]
+        program = program or [str(ROOT / "launch.py")]
+        self.command = [sys.executable, *program, *shlex.split(launch_args), "--port", str(self.port)]
         self.log_path = Path(log_path or tempfile.mkstemp(prefix="clearserve-bench-", suffix=".log")[1])
         self.proc: subprocess.Popen | None = None
 
@@ -241,11 +262,17 @@ class LaunchedServer:
             self.proc.wait()
 
 
-async def scheduler_stats(client: httpx.AsyncClient) -> dict | None:
-    """The scheduler's cumulative counters (GET /stats), or None if the server does not give them."""
+async def server_stats(client: httpx.AsyncClient) -> dict[str, dict] | None:
+    """Every process's cumulative stats (GET /stats) by role, or None if the server does not give them."""
     try:
         response = await client.get("/stats")
-        return response.json()["replies"]["scheduler"]["payload"] if response.status_code == 200 else None
+        if response.status_code != 200:
+            return None
+        body = response.json()
+        stats = {role: reply["payload"] for role, reply in body["replies"].items()}
+        if "frontend" in body:  # the answering process's own, beside its children's replies
+            stats["frontend"] = body["frontend"]["payload"]
+        return stats
     except (httpx.HTTPError, KeyError, ValueError):
         return None
 
@@ -258,10 +285,11 @@ async def served_model(client: httpx.AsyncClient) -> str | None:
         return None
 
 
-def server_view(before: dict | None, after: dict | None) -> dict | None:
+def server_view(before: dict[str, dict] | None, after: dict[str, dict] | None) -> dict | None:
     """What the scheduler did during the run: counter deltas and per-step means."""
-    if before is None or after is None:
+    if not before or not after or "scheduler" not in before or "scheduler" not in after:
         return None
+    before, after = before["scheduler"], after["scheduler"]
     delta = {key: after.get(key, 0) - before.get(key, 0) for key in SCHEDULER_COUNTERS}
     steps = delta["steps"]
     admitted = delta["prompt_tokens_admitted"]
@@ -273,54 +301,27 @@ def server_view(before: dict | None, after: dict | None) -> dict | None:
     }
 
 
+def process_view(before: dict[str, dict] | None, after: dict[str, dict] | None) -> dict[str, dict] | None:
+    """Where the server's time went during the run, per process: busy share of the run's wall time, messages
+    and msgpack seconds (deltas of GET /stats; see common/profiling.py ProcessStats)."""
+    if not before or not after:
+        return None
+    view = {}
+    for role in sorted(set(before) & set(after)):
+        b, a = before[role], after[role]
+        wall = a["uptime_s"] - b["uptime_s"]
+        busy = a["busy_s"] - b["busy_s"]
+        view[role] = {
+            "busy_pct": 100 * busy / wall if wall > 0 else 0.0,
+            "busy_s": busy,
+            "messages_in": a["messages_in"] - b["messages_in"],
+            "messages_out": a["messages_out"] - b["messages_out"],
+            "msgpack_s": sum(a[k] - b[k] for k in ("msgpack_encode_s", "msgpack_decode_s")),
+        }
+    return view
+
+
 # ---------------------------------------------------------------------------------------------- client
-
-
-async def send_request(client: httpx.AsyncClient, request: WorkloadRequest, sampling: dict) -> RequestTimings:
-    """One streamed /generate request, timed. Failures are recorded, not raised."""
-    body: dict = {"stream": True, "sampling_params": {**sampling, "max_tokens": request.max_tokens}}
-    if request.input_ids is not None:
-        body["input_ids"] = request.input_ids
-    else:
-        body["prompt"] = request.prompt
-    content = json.dumps(body).encode()  # encoded before the submit stamp: our own work is not the server's
-    timings = RequestTimings(submit=time.time())
-    try:
-        async with client.stream(
-            "POST", "/generate", content=content, headers={"Content-Type": "application/json"}
-        ) as response:
-            if response.status_code != 200:
-                body_text = (await response.aread()).decode(errors="replace")
-                timings.error = f"HTTP {response.status_code}: {body_text[:300]}"
-            else:
-                async for line in response.aiter_lines():
-                    if line:
-                        _record_line(timings, json.loads(line))
-    except (httpx.HTTPError, ValueError, KeyError) as exc:  # a broken connection or a malformed line
-        timings.error = f"{type(exc).__name__}: {exc}"
-    timings.done = time.time()
-    if timings.error is None and timings.finish_reason is None:
-        timings.error = "the stream ended without a summary line"
-    return timings
-
-
-def _record_line(timings: RequestTimings, event: dict) -> None:
-    token_ids = event.get("token_ids")
-    if token_ids is not None:  # an output
-        for _ in token_ids:
-            timings.token_sampled.append(event["sampled_time"])
-            timings.token_streamed.append(event["streamed_time"])
-        if event["finish_reason"] is not None:
-            timings.finished = event["streamed_time"]
-        return
-    # The summary line closes the stream.
-    times = event["times"]
-    timings.prompt_tokens = event["prompt_tokens"]
-    timings.completion_tokens = event["completion_tokens"]
-    timings.num_cached_tokens = event["num_cached_tokens"]
-    timings.finish_reason = event["finish_reason"]
-    timings.arrival, timings.tokenized = times["arrival"], times["tokenized"]
-    timings.queued, timings.first_scheduled = times["queued"], times["first_scheduled"]
 
 
 @dataclass(slots=True)
@@ -329,9 +330,10 @@ class Measurement:
     stats_before: dict | None
     stats_after: dict | None
     requests: list[RequestTimings]
+    client: ClientUsage
 
 
-async def measure(
+def measure(
     url: str,
     workload: list[WorkloadRequest],
     offsets: list[float],
@@ -339,32 +341,26 @@ async def measure(
     max_concurrency: int | None,
     headers: dict,
     warmup: int,
+    client_processes: int,
 ) -> Measurement:
-    """Warm up, snapshot the scheduler's counters, send the workload on its schedule, snapshot again."""
-    # One connection per request in flight: a request waiting for a pooled connection would count as
-    # the server's submit latency.
-    limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
-    async with httpx.AsyncClient(
-        base_url=url, headers=headers, limits=limits, timeout=httpx.Timeout(REQUEST_TIMEOUT_S)
-    ) as client:
-        model = await served_model(client)
-        for _ in range(warmup):
-            result = await send_request(client, WorkloadRequest(2, prompt=WARMUP_PROMPT), sampling)
-            if result.error:
-                raise RuntimeError(f"the warm-up request failed: {result.error}")
-        before = await scheduler_stats(client)
-        gate = asyncio.Semaphore(max_concurrency or len(workload))
-        loop = asyncio.get_running_loop()
-        start = loop.time()
+    """Warm up, snapshot the server's counters, send the workload on its schedule from the client
+    processes, snapshot again."""
 
-        async def scheduled(request: WorkloadRequest, offset: float) -> RequestTimings:
-            await asyncio.sleep(max(0.0, start + offset - loop.time()))  # the workload's arrival schedule
-            async with gate:
-                return await send_request(client, request, sampling)
+    async def snapshot(warm: bool) -> tuple[str | None, dict | None]:
+        async with httpx.AsyncClient(base_url=url, headers=headers, timeout=httpx.Timeout(REQUEST_TIMEOUT_S)) as c:
+            model = await served_model(c)
+            if warm:
+                async with make_session(url, headers) as session:
+                    for _ in range(warmup):
+                        result = await send_request(session, WorkloadRequest(2, prompt=WARMUP_PROMPT), sampling)
+                        if result.error:
+                            raise RuntimeError(f"the warm-up request failed: {result.error}")
+            return model, await server_stats(c)
 
-        requests = list(await asyncio.gather(*(scheduled(r, o) for r, o in zip(workload, offsets))))
-        after = await scheduler_stats(client)
-    return Measurement(model, before, after, requests)
+    model, before = asyncio.run(snapshot(warm=True))
+    requests, usage = run_clients(url, workload, offsets, sampling, headers, client_processes, max_concurrency)
+    _, after = asyncio.run(snapshot(warm=False))
+    return Measurement(model, before, after, requests, usage)
 
 
 # ---------------------------------------------------------------------------------------------- report
@@ -425,6 +421,22 @@ def print_report(result: dict) -> None:
             f"{v['cache_hit_tokens']} of {v['prompt_tokens_admitted']} prompt tokens "
             f"({100 * v['cache_hit_rate']:.1f}%); {v['preemptions']} preemptions"
         )
+    processes = result.get("processes")
+    if processes:
+        print(
+            "server processes, busy % of the run: "
+            + ", ".join(f"{role} {p['busy_pct']:.0f}%" for role, p in processes.items())
+        )
+    c = result["client"]
+    print(
+        f"client: {c['processes']} process(es), CPU {', '.join(f'{pct:.0f}%' for pct in c['cpu_pct'])} of the run"
+        f" (busiest half second {max(c['peak_cpu_pct'], default=0):.0f}%)"
+    )
+    if max(c["peak_cpu_pct"], default=0) >= CLIENT_SATURATED_PCT:
+        print(
+            f"warning: a client process reached {CLIENT_SATURATED_PCT:.0f}% CPU: the load generator may be the limit "
+            "of this run (raise --client-processes)"
+        )
     errors = [r["error"] for r in result["requests"] if r["error"]]
     if errors:
         print(f"first error of {len(errors)}: {errors[0]}")
@@ -475,10 +487,23 @@ def run(args: argparse.Namespace, command: str) -> dict:
     offsets = send_offsets(len(workload), interval, args.request_rate, args.seed)
     sampling = {"temperature": args.temperature, "ignore_eos": args.ignore_eos}
     headers = {"Authorization": f"Bearer {args.api_key}"} if args.api_key else {}
-    server = LaunchedServer(args.launch, args.server_log) if args.launch else None
+    if args.mock_server:
+        mock = ["-m", "benchmarks.mock_server"]
+        server = LaunchedServer(f"--processes {args.mock_server}", args.server_log, mock)
+    else:
+        server = LaunchedServer(args.launch, args.server_log) if args.launch else None
     with server if server is not None else contextlib.nullcontext():
         url = server.url if server is not None else args.url
-        m = asyncio.run(measure(url, workload, offsets, sampling, args.max_concurrency, headers, args.warmup_requests))
+        m = measure(
+            url,
+            workload,
+            offsets,
+            sampling,
+            args.max_concurrency,
+            headers,
+            args.warmup_requests,
+            args.client_processes,
+        )
     result = {
         "command": command,
         "label": args.label,
@@ -488,6 +513,8 @@ def run(args: argparse.Namespace, command: str) -> dict:
         "started_at": min(r.submit for r in m.requests),
         "summary": summary_dict(summarize(m.requests)),
         "server": server_view(m.stats_before, m.stats_after),
+        "processes": process_view(m.stats_before, m.stats_after),
+        "client": m.client.to_dict(),
         "server_log": str(server.log_path) if server is not None else None,
         "requests": [request_dict(i, w, t) for i, (w, t) in enumerate(zip(workload, m.requests))],
     }

@@ -9,7 +9,9 @@ from dataclasses import dataclass, fields
 @dataclass(slots=True)
 class EngineConfig:
     model: str = ""  # a folder (after model_source.resolve_model) holding config.json and tokenizer files
-    load_format: str = "auto"  # "auto": read the checkpoint; "dummy": random weights from the config
+    # "auto": read the checkpoint; "dummy": random weights from the config; "null": no model at all, every step
+    # returns placeholder tokens at once (the serving path's own ceiling: gpu_worker/null_runner.py)
+    load_format: str = "auto"
     dtype: str = "auto"  # "auto": bfloat16 on CUDA, float32 on CPU
     device: str = "auto"  # "auto": cuda when available, else cpu
     seed: int = 0  # dummy weights and the seeds of unseeded requests
@@ -37,9 +39,10 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
     g = parser.add_argument_group("engine")
     g.add_argument(
         "--load-format",
-        choices=["auto", "dummy"],
+        choices=["auto", "dummy", "null"],
         default=d.load_format,
-        help="'dummy' builds random weights from the config (benchmarks)",
+        help="'dummy' builds random weights from the config (benchmarks); 'null' runs no model: placeholder "
+        "tokens at once, to measure the serving path alone",
     )
     g.add_argument("--dtype", choices=["auto", "float32", "bfloat16", "float16"], default=d.dtype)
     g.add_argument("--device", choices=["auto", "cpu", "cuda"], default=d.device)

@@ -190,6 +190,7 @@ class ControlRequest:
     kind: str  # "ping" | "start_profile" | "stop_profile" | "stats" | "shutdown"
     seq: int = 0
     args: dict = field(default_factory=dict)
+    reply_to: str = ""  # the asker whose control-replies-{asker} gets the answer; "": no answer wanted
 
 
 @message(22)

@@ -4,9 +4,11 @@ All endpoints are ipc:// files in one private run directory (mode 0700). The rec
 senders connect (fan-in where many send to one). One PUSH/PULL connection delivers in order, which is
 why a request and its abort, taking the same path, can never overtake each other.
 
-    frontend ──tokenizer-{i}-requests──▶ tokenizer[i] ──scheduler-requests──▶ scheduler ──worker-plans──▶ gpu_worker
-    frontend ◀──frontend-outputs── tokenizer[i] ◀──tokenizer-{i}-tokens── scheduler ◀──scheduler-results── gpu_worker
-    any ──launcher-ready──▶ launcher;   frontend ──control-{role}──▶ any ──control-replies──▶ frontend
+    frontend[k] ──tokenizer-{i}-requests──▶ tokenizer[i] ──scheduler-requests──▶ scheduler ──worker-plans──▶ gpu_worker
+    frontend[k] ◀──frontend-{k}-outputs── tokenizer[i] ◀──tokenizer-{i}-tokens── scheduler ◀──scheduler-results──┘
+    any ──launcher-ready──▶ launcher;   asker ──control-{role}──▶ any ──control-replies-{asker}──▶ asker
+
+Request ids route both ways (common/request_ids.py): tokenizer worker rid % N, frontend rid % K.
 """
 
 from __future__ import annotations
@@ -34,9 +36,8 @@ class Endpoints:
     def tokenizer_tokens(self, index: int) -> str:
         return self._ipc(f"tokenizer-{index}-tokens")
 
-    @property
-    def frontend_outputs(self) -> str:
-        return self._ipc("frontend-outputs")
+    def frontend_outputs(self, index: int) -> str:
+        return self._ipc(f"frontend-{index}-outputs")
 
     @property
     def scheduler_requests(self) -> str:
@@ -57,9 +58,9 @@ class Endpoints:
     def control(self, role: str) -> str:
         return self._ipc(f"control-{role}")
 
-    @property
-    def control_replies(self) -> str:
-        return self._ipc("control-replies")
+    def control_replies(self, asker: str) -> str:
+        """Where the answers to `asker`'s control requests go (each asker binds its own)."""
+        return self._ipc(f"control-replies-{asker}")
 
 
 def make_run_dir() -> str:

@@ -15,7 +15,6 @@ from fastapi import Depends, FastAPI, Request, Response
 from fastapi.responses import JSONResponse
 from prometheus_client import CONTENT_TYPE_LATEST
 
-from common.control import FRONTEND_ROLE
 from common.messages import ControlReply
 from common.profiling import NOT_ENABLED, ProcessProfiler
 from frontend.auth import api_key_check
@@ -73,20 +72,20 @@ def build_app(client: EngineClient, api_key: str | None = None, profiler: Proces
     async def start_profile(request: Request) -> dict:
         args = await _json_args(request)
         own = _enabled(profiler).start()
-        return _with_own(_by_role(client, await client.control("start_profile", args, PROFILE_TIMEOUT_S)), own)
+        return _with_own(client, _by_role(client, await client.control("start_profile", args, PROFILE_TIMEOUT_S)), own)
 
     @app.post("/stop_profile", dependencies=keyed)
     async def stop_profile(request: Request) -> dict:
         args = await _json_args(request)
         own = _enabled(profiler)
         body = _by_role(client, await client.control("stop_profile", args, PROFILE_TIMEOUT_S))
-        return _with_own(body, own.stop())
+        return _with_own(client, body, own.stop())
 
     @app.get("/stats", dependencies=keyed)
     async def stats() -> dict:
         body = _by_role(client, await client.control("stats", timeout=STATS_TIMEOUT_S))
         own = client.stats()
-        return body if own is None else _with_own(body, own)
+        return body if own is None else _with_own(client, body, own)
 
     return app
 
@@ -109,9 +108,9 @@ def _by_role(client: EngineClient, replies: dict[str, ControlReply]) -> dict:
     }
 
 
-def _with_own(body: dict, payload: dict) -> dict:
-    """Add this process's own answer beside its children's replies (which stay what came over the sockets)."""
-    body[FRONTEND_ROLE] = {"pid": os.getpid(), "payload": payload}
+def _with_own(client: EngineClient, body: dict, payload: dict) -> dict:
+    """Add this process's own answer, under its role, to the other processes' replies."""
+    body["replies"][client.role] = {"pid": os.getpid(), "payload": payload}
     return body
 
 

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import zmq
 import zmq.asyncio
 
-from common.control import FRONTEND_ROLE
+from common.control import ControlServer, frontend_role
 from common.messages import (
     AbortRequest,
     ControlReply,
@@ -29,7 +29,8 @@ from common.messages import (
     RequestOutput,
     RequestRejected,
 )
-from common.profiling import EventLoopStats, ProcessProfiler
+from common.profiling import NOT_ENABLED, EventLoopStats, ProcessProfiler
+from common.request_ids import request_ids, tokenizer_of
 from common.transport import Endpoints, pull_socket, push_socket
 from common.wire import decode, encode
 
@@ -92,6 +93,7 @@ class RequestStream:
 
 class EngineClient(ABC):
     limits: EngineLimits
+    role: str = "frontend"  # this process's role: its own answers appear under it in /stats and profiling
 
     @abstractmethod
     async def submit(self, request: GenerateRequest) -> RequestStream:
@@ -102,12 +104,13 @@ class EngineClient(ABC):
 
     @abstractmethod
     async def control(self, kind: str, args: dict | None = None, timeout: float = 5.0) -> dict[str, ControlReply]:
-        """Send a control request to every process; replies by role ('scheduler', 'gpu_worker',
-        'tokenizer-0', ...). Processes that did not answer within `timeout` are missing."""
+        """Send a control request to every other process; replies by role ('scheduler', 'gpu_worker',
+        'tokenizer-0', 'frontend-1', ...). Processes that did not answer within `timeout` are missing."""
 
     @property
     @abstractmethod
-    def roles(self) -> list[str]: ...
+    def roles(self) -> list[str]:
+        """Every other process of the server (this one answers for itself)."""
 
     def stats(self) -> dict | None:
         """The frontend process's own summary (busy, messages), like every process's stats; None when this
@@ -116,32 +119,37 @@ class EngineClient(ABC):
 
 
 class ZmqEngineClient(EngineClient):
-    """Create it on the thread that runs the event loop (its busy time is that thread's CPU time)."""
+    """Frontend `index` of `num_frontends`: its requests get ids `n * num_frontends + index`, and their outputs
+    come back on its own socket (common/request_ids.py). Create it on the thread that runs the event loop
+    (its busy time is that thread's CPU time), and `start()` it inside that loop."""
 
     def __init__(
         self,
         endpoints: Endpoints,
+        index: int,
+        num_frontends: int,
         num_tokenizers: int,
         limits: EngineLimits,
         roles: list[str],
         profiler: ProcessProfiler | None = None,
     ):
         self.limits = limits
+        self.role = frontend_role(index)
         self.activity = EventLoopStats()
+        self._endpoints = endpoints
         self._profiler = profiler
-        self._roles = roles
+        self._roles = [role for role in roles if role != self.role]
         self._num_tokenizers = num_tokenizers
-        self._rids = itertools.count(1)
+        self._rids = request_ids(index, num_frontends)
         self._streams: dict[int, RequestStream] = {}
         self._ctx = zmq.asyncio.Context.instance()
         self._to_tokenizers = [push_socket(self._ctx, endpoints.tokenizer_requests(i)) for i in range(num_tokenizers)]
-        self._outputs = pull_socket(self._ctx, endpoints.frontend_outputs)
-        self._control_out = {role: push_socket(self._ctx, endpoints.control(role)) for role in roles}
-        self._control_in = pull_socket(self._ctx, endpoints.control_replies)
+        self._outputs = pull_socket(self._ctx, endpoints.frontend_outputs(index))
+        self._control_out = {role: push_socket(self._ctx, endpoints.control(role)) for role in self._roles}
+        self._control_in = pull_socket(self._ctx, endpoints.control_replies(self.role))
         self._control_seq = itertools.count(1)
         self._control_waiters: dict[int, tuple[asyncio.Future, dict]] = {}
-        # The scheduler's --profile-steps window reaches this process here (scheduler/process.py ProfileWindow).
-        self._control_inbox = pull_socket(self._ctx, endpoints.control(FRONTEND_ROLE)) if profiler else None
+        self._control_server: ControlServer | None = None
         self._tasks: list[asyncio.Task] = []
 
     @property
@@ -149,10 +157,15 @@ class ZmqEngineClient(EngineClient):
         return list(self._roles)
 
     def start(self) -> None:
-        """Start the receive loops; call from inside the server's event loop."""
+        """Start the receive loops and answer this process's control socket; call from inside the event loop."""
         self._tasks = [asyncio.create_task(self._receive_outputs()), asyncio.create_task(self._receive_control())]
-        if self._control_inbox is not None:
-            self._tasks.append(asyncio.create_task(self._answer_profile_commands()))
+        loop = asyncio.get_running_loop()
+        self._control_server = ControlServer(
+            self._endpoints,
+            self.role,
+            stats=self.stats,
+            on_command=lambda request: loop.call_soon_threadsafe(self._answer_command, request),
+        )
 
     def stats(self) -> dict:
         return self.activity.summary()
@@ -170,7 +183,7 @@ class ZmqEngineClient(EngineClient):
 
     def _tokenizer_for(self, rid: int) -> zmq.asyncio.Socket:
         # A request keeps one tokenizer worker for its life: its incremental detokenizer lives there.
-        return self._to_tokenizers[rid % self._num_tokenizers]
+        return self._to_tokenizers[tokenizer_of(rid, self._num_tokenizers)]
 
     async def _receive_outputs(self) -> None:
         while True:
@@ -192,8 +205,10 @@ class ZmqEngineClient(EngineClient):
         future: asyncio.Future = asyncio.get_running_loop().create_future()
         replies: dict[str, ControlReply] = {}
         self._control_waiters[seq] = (future, replies)
+        if not self._roles:
+            future.set_result(None)
         for sock in self._control_out.values():
-            await sock.send(encode(ControlRequest(kind, seq, args or {})), copy=False)
+            await sock.send(encode(ControlRequest(kind, seq, args or {}, self.role)), copy=False)
         try:
             await asyncio.wait_for(future, timeout)
         except asyncio.TimeoutError:
@@ -213,11 +228,11 @@ class ZmqEngineClient(EngineClient):
             if len(replies) == len(self._roles) and not future.done():
                 future.set_result(None)
 
-    async def _answer_profile_commands(self) -> None:
-        # Its only sender, the scheduler, waits for no reply; the profiler logs where the trace went.
-        while True:
-            request: ControlRequest = decode(await self._control_inbox.recv())
-            self._profiler.answer(request.kind)
+    def _answer_command(self, request: ControlRequest) -> None:
+        """A profiling command from another process (another frontend's /start_profile, the scheduler's
+        --profile-steps window), run on the event loop's thread."""
+        payload = self._profiler.answer(request.kind) if self._profiler is not None else {"error": NOT_ENABLED}
+        self._control_server.reply(request, payload)
 
     async def close(self) -> None:
         for task in self._tasks:

@@ -1,5 +1,9 @@
 """Prometheus metrics of one server, in a registry of the app's own (two apps in one process never mix).
 
+With several frontend processes (the launcher sets PROMETHEUS_MULTIPROC_DIR for them), each one writes its
+counters and histograms to its own files there, and whichever frontend a scrape reaches adds them all up
+(prometheus_client's multiprocess mode): /metrics counts every request, whichever process served it.
+
 Two sources:
 - per-request latencies and token counts, measured here from the stage times the events carry
   (arrival, tokenized, queued, first scheduled, each output's streamed time), so a latency breakdown
@@ -9,9 +13,10 @@ Two sources:
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 
-from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest, multiprocess
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
@@ -128,7 +133,10 @@ class FrontendMetrics:
             "clearserve_request_tokenization_time_seconds", "Arrival to tokenized", buckets=LATENCY_BUCKETS, registry=r
         )
         self.scheduler = SchedulerStatsCollector()
-        r.register(self.scheduler)
+        # Set in every frontend's environment by the launcher; prometheus_client reads it at import.
+        self.multiprocess_dir = os.environ.get("PROMETHEUS_MULTIPROC_DIR")
+        if self.multiprocess_dir is None:
+            r.register(self.scheduler)
 
     def accepted(self, prompt_tokens: int, times: StageTimes) -> None:
         self.prompt_tokens.inc(prompt_tokens)
@@ -160,4 +168,9 @@ class FrontendMetrics:
     def render(self, scheduler_stats: dict | None) -> bytes:
         # Set and render with no await between: concurrent scrapes each see their own snapshot.
         self.scheduler.snapshot = scheduler_stats
-        return generate_latest(self.registry)
+        if self.multiprocess_dir is None:
+            return generate_latest(self.registry)
+        every_frontend = CollectorRegistry()
+        multiprocess.MultiProcessCollector(every_frontend, self.multiprocess_dir)
+        every_frontend.register(self.scheduler)
+        return generate_latest(every_frontend)

@@ -37,10 +37,15 @@ def main(
     profile: ProfileConfig = ProfileConfig(),
 ) -> None:
     init_child_process(ROLE, log_level, parent_pid)
-    from gpu_worker.model_runner import ModelRunner  # torch is imported here, in the child, never before spawn
-
     endpoints = Endpoints(run_dir)
-    runner = ModelRunner(config, info, progress=True)
+    if config.load_format == "null":
+        from gpu_worker.null_runner import NullRunner
+
+        runner = NullRunner(config, info)
+    else:
+        from gpu_worker.model_runner import ModelRunner  # torch is imported here, in the child, never before spawn
+
+        runner = ModelRunner(config, info, progress=True)
     log.info(
         "model on %s (%s), %d KV blocks of %d tokens",
         runner.device,

@@ -18,7 +18,7 @@ from collections import defaultdict
 import zmq
 
 from common.config import EngineConfig
-from common.control import FRONTEND_ROLE, ControlServer
+from common.control import ControlServer, frontend_role
 from common.messages import (
     AbortRequest,
     ControlRequest,
@@ -30,6 +30,7 @@ from common.messages import (
 )
 from common.model_info import ModelInfo
 from common.process import announce_ready, init_child_process
+from common.request_ids import tokenizer_of
 from common.profiling import ProcessProfiler, ProcessStats, ProfileConfig
 from common.transport import Endpoints, pull_socket, push_socket, recv, send
 from scheduler.scheduler import Scheduler
@@ -45,13 +46,15 @@ def main(
     info: ModelInfo,
     num_kv_blocks: int,
     num_tokenizers: int,
+    num_frontends: int,
     run_dir: str,
     log_level: str,
     parent_pid: int,
     profile: ProfileConfig = ProfileConfig(),
 ) -> None:
     init_child_process(ROLE, log_level, parent_pid)
-    loop = SchedulerLoop(Scheduler(config, info, num_kv_blocks), Endpoints(run_dir), num_tokenizers, profile)
+    scheduler = Scheduler(config, info, num_kv_blocks)
+    loop = SchedulerLoop(scheduler, Endpoints(run_dir), num_tokenizers, profile, num_frontends)
     announce_ready(run_dir, ROLE, {"max_model_len": loop.scheduler.max_model_len})
     try:
         loop.run()
@@ -67,18 +70,17 @@ class ProfileWindow:
       that step and stops after the N-th (it counts plans, which run in order, one step each: exactly the
       window's steps, whatever the overlap);
     - the scheduler itself: starts with that first plan, stops once the N-th step's result is processed;
-    - tokenizer workers and the frontend: start_profile / stop_profile on their control sockets at those
-      two moments (their loops have no steps: their window is the same span of time). Their replies go
-      to the frontend's control-replies as for any command, and are dropped there (nobody waits on seq 0).
+    - tokenizer workers and the frontends: start_profile / stop_profile on their control sockets at those
+      two moments (their loops have no steps: their window is the same span of time). Nobody waits for
+      their answers (reply_to ""); the profilers log where the traces went.
     One window per run: the next steps are not profiled.
     """
 
-    def __init__(self, steps: int, profiler: ProcessProfiler, endpoints: Endpoints, num_tokenizers: int):
+    def __init__(self, steps: int, profiler: ProcessProfiler, endpoints: Endpoints, others: list[str]):
         self.steps = steps
         self.profiler = profiler
         ctx = zmq.Context.instance()
-        roles = [f"tokenizer-{i}" for i in range(num_tokenizers)] + [FRONTEND_ROLE]
-        self.others = [push_socket(ctx, endpoints.control(role)) for role in roles]
+        self.others = [push_socket(ctx, endpoints.control(role)) for role in others]
         self.results_left: int | None = None  # None: not opened yet; 0: closed
 
     def on_plan(self, plan: StepPlan) -> None:
@@ -106,7 +108,12 @@ class ProfileWindow:
 
 class SchedulerLoop:
     def __init__(
-        self, scheduler: Scheduler, endpoints: Endpoints, num_tokenizers: int, profile: ProfileConfig = ProfileConfig()
+        self,
+        scheduler: Scheduler,
+        endpoints: Endpoints,
+        num_tokenizers: int,
+        profile: ProfileConfig = ProfileConfig(),
+        num_frontends: int = 1,
     ):
         self.scheduler = scheduler
         self.endpoints = endpoints
@@ -118,7 +125,10 @@ class SchedulerLoop:
         self.control = ControlServer(endpoints, ROLE, stats=self.stats)
         self.activity = ProcessStats()
         self.profiler = ProcessProfiler(profile, ROLE)
-        self.window = ProfileWindow(profile.steps, self.profiler, endpoints, num_tokenizers) if profile.steps else None
+        self.window = None
+        if profile.steps:
+            others = [f"tokenizer-{i}" for i in range(num_tokenizers)] + [frontend_role(k) for k in range(num_frontends)]
+            self.window = ProfileWindow(profile.steps, self.profiler, endpoints, others)
         self.in_flight = 0
         self.last_log = 0.0
 
@@ -189,12 +199,12 @@ class SchedulerLoop:
     def _stream(self, outputs: list[RequestTokens]) -> None:
         by_tokenizer: dict[int, list[RequestTokens]] = defaultdict(list)
         for item in outputs:
-            by_tokenizer[item.rid % len(self.tokenizers)].append(item)
+            by_tokenizer[tokenizer_of(item.rid, len(self.tokenizers))].append(item)
         for index, items in by_tokenizer.items():
             send(self.tokenizers[index], TokenBatch(items), self.activity.sockets)
 
     def _tokenizer_of(self, rid: int) -> zmq.Socket:
-        return self.tokenizers[rid % len(self.tokenizers)]
+        return self.tokenizers[tokenizer_of(rid, len(self.tokenizers))]
 
     def _maybe_log(self) -> None:
         now = time.time()

@@ -39,6 +39,8 @@ class ServerProcess:
             "cpu",
             "--tokenizer-workers",
             "2",
+            "--api-server-count",
+            "1",
             *flags,
         ]
         self.proc = subprocess.Popen(

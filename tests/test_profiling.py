@@ -20,8 +20,7 @@ from frontend.app import build_app
 from tests.fake_engine import FakeEngineClient
 from tests.server_process import ServerProcess, wait_until
 
-CHILDREN = {"gpu_worker", "scheduler", "tokenizer-0", "tokenizer-1"}
-ROLES = CHILDREN | {"frontend"}  # the launcher process serves HTTP, and profiles itself as "frontend"
+ROLES = {"gpu_worker", "scheduler", "tokenizer-0", "tokenizer-1", "frontend-0"}  # every child of the launcher
 SUMMARY_KEYS = {
     "uptime_s",
     "busy_s",
@@ -137,12 +136,12 @@ def test_profiling_endpoints_reach_every_process_and_profile_the_frontend_too(tm
 
     started = http.post("/start_profile").json()
     assert engine.control_calls[-1][0] == "start_profile"
-    assert set(started["replies"]) == {"tokenizer-0", "scheduler", "gpu_worker"}
-    assert started["frontend"] == {"pid": os.getpid(), "payload": {"started": True}}
+    assert set(started["replies"]) == {"tokenizer-0", "scheduler", "gpu_worker", "frontend"}
+    assert started["replies"]["frontend"] == {"pid": os.getpid(), "payload": {"started": True}}
 
     stopped = http.post("/stop_profile").json()
     assert engine.control_calls[-1][0] == "stop_profile"
-    assert Path(stopped["frontend"]["payload"]["trace"]).name == f"frontend-{os.getpid()}.trace.json"
+    assert Path(stopped["replies"]["frontend"]["payload"]["trace"]).name == f"frontend-{os.getpid()}.trace.json"
 
 
 # ---------------------------------------------------------------- a real server on CPU
@@ -169,12 +168,12 @@ def all_traces_written(folder: Path) -> dict | None:
 
 
 def replies_with_frontend(body: dict) -> dict[str, dict]:
-    """A control endpoint's answer by role: the children's replies and the frontend's own."""
-    return {**body["replies"], "frontend": body["frontend"]}
+    """A control endpoint's answer by role: the other processes' replies and the answering frontend's own."""
+    return body["replies"]
 
 
 def server_pids(server: ServerProcess) -> dict[str, int]:
-    return {**server.child_pids(), "frontend": server.proc.pid}
+    return server.child_pids()
 
 
 def generate(server: ServerProcess, n: int, max_tokens: int) -> None:

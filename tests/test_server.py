@@ -141,7 +141,7 @@ def test_health_and_metrics_report_every_process(server):
         metrics = c.get("/metrics").text
     assert "clearserve_kv_blocks_total 256.0" in metrics
     assert "clearserve_time_to_first_token_seconds_count" in metrics
-    assert set(server.child_pids()) == {"gpu_worker", "scheduler", "tokenizer-0", "tokenizer-1"}
+    assert set(server.child_pids()) == {"gpu_worker", "scheduler", "tokenizer-0", "tokenizer-1", "frontend-0"}
 
 
 def test_native_generate_streams_token_ids_with_timestamps(server):

@@ -73,12 +73,12 @@ def running_worker(model_folder: str) -> Iterator[Harness]:
     run_dir = make_run_dir()
     endpoints = Endpoints(run_dir)
     ctx = zmq.Context()
-    to_frontend = pull_socket(ctx, endpoints.frontend_outputs)
+    to_frontend = pull_socket(ctx, endpoints.frontend_outputs(0))
     to_scheduler = pull_socket(ctx, endpoints.scheduler_requests)
     launcher = pull_socket(ctx, endpoints.launcher_ready)
-    control_replies = pull_socket(ctx, endpoints.control_replies)
+    control_replies = pull_socket(ctx, endpoints.control_replies(ASKER))
     process = multiprocessing.get_context("spawn").Process(
-        target=main, args=(0, model_folder, run_dir, "warning", os.getpid()), daemon=True
+        target=main, args=(0, model_folder, 1, run_dir, "warning", os.getpid()), daemon=True
     )
     process.start()
     try:
@@ -114,6 +114,7 @@ def worker(model_folder) -> Iterator[Harness]:
 
 
 _rids = itertools.count(1)
+ASKER = "test"  # the control requests' asker: replies come to control-replies-test
 
 
 @pytest.fixture
@@ -129,14 +130,14 @@ def tokens(rid: int, ids: list[int], finish_reason: str | None = None) -> Reques
 
 
 def test_ping_is_answered_on_the_control_socket(worker):
-    send(worker.control, ControlRequest("ping", seq=41))
+    send(worker.control, ControlRequest("ping", seq=41, reply_to=ASKER))
     reply = receive(worker.control_replies)
     assert (reply.role, reply.pid, reply.kind, reply.seq) == ("tokenizer-0", worker.process.pid, "ping", 41)
 
 
 def test_stats_count_requests_and_messages(worker, rid):
     worker.submit(rid, prompt="hello")
-    send(worker.control, ControlRequest("stats", seq=42))
+    send(worker.control, ControlRequest("stats", seq=42, reply_to=ASKER))
     reply: ControlReply = receive(worker.control_replies)
     assert reply.payload["requests"] >= 1
     assert reply.payload["messages_in"] >= 1 and reply.payload["bytes_out"] > 0

@@ -1,10 +1,11 @@
 """The tokenizer worker's process: its sockets, its loop, its counters.
 
-    frontend ──tokenizer-{i}-requests──▶ ┌───────────────┐ ──scheduler-requests──▶ scheduler
-                                         │ tokenizer[i]  │
-    frontend ◀──frontend-outputs──────── └───────────────┘ ◀──tokenizer-{i}-tokens── scheduler
+    frontend[k] ──tokenizer-{i}-requests──▶ ┌───────────────┐ ──scheduler-requests──▶ scheduler
+                                            │ tokenizer[i]  │
+    frontend[k] ◀──frontend-{k}-outputs──── └───────────────┘ ◀──tokenizer-{i}-tokens── scheduler
 
 Aborts from the frontend go to the scheduler on the socket their request took, so they cannot overtake it.
+Outputs go to the frontend that holds the request (rid % K): one OutputBatch per frontend per step.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
+from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -19,9 +21,18 @@ from typing import Any
 import zmq
 
 from common.control import ControlServer
-from common.messages import AbortRequest, GenerateRequest, OutputBatch, RequestAccepted, RequestRejected, TokenBatch
+from common.messages import (
+    AbortRequest,
+    GenerateRequest,
+    OutputBatch,
+    RequestAccepted,
+    RequestOutput,
+    RequestRejected,
+    TokenBatch,
+)
 from common.process import announce_ready, init_child_process
 from common.profiling import ProcessProfiler, ProcessStats, ProfileConfig
+from common.request_ids import frontend_of
 from common.transport import Endpoints, pull_socket, push_socket, send
 from tokenizer_worker.tokenizer import Tokenizer
 from tokenizer_worker.worker import TokenizerWorker
@@ -46,7 +57,9 @@ class WorkerStats:
 
 
 class TokenizerProcess:
-    def __init__(self, index: int, tokenizer: Tokenizer, endpoints: Endpoints, profile: ProfileConfig):
+    def __init__(
+        self, index: int, tokenizer: Tokenizer, endpoints: Endpoints, num_frontends: int, profile: ProfileConfig
+    ):
         self.role = f"tokenizer-{index}"
         self.run_dir = endpoints.run_dir
         self.worker = TokenizerWorker(tokenizer)
@@ -57,7 +70,7 @@ class TokenizerProcess:
         self.from_frontend = pull_socket(ctx, endpoints.tokenizer_requests(index))
         self.from_scheduler = pull_socket(ctx, endpoints.tokenizer_tokens(index))
         self.to_scheduler = push_socket(ctx, endpoints.scheduler_requests)
-        self.to_frontend = push_socket(ctx, endpoints.frontend_outputs)
+        self.to_frontends = [push_socket(ctx, endpoints.frontend_outputs(k)) for k in range(num_frontends)]
         self.control = ControlServer(endpoints, self.role, stats=self.stats_snapshot)
 
     def stats_snapshot(self) -> dict:
@@ -88,7 +101,7 @@ class TokenizerProcess:
                     self.control.reply(command, self.profiler.answer(command.kind))
 
     def close(self) -> None:
-        for sock in (self.from_frontend, self.from_scheduler, self.to_scheduler, self.to_frontend):
+        for sock in (self.from_frontend, self.from_scheduler, self.to_scheduler, *self.to_frontends):
             sock.close(linger=0)
 
     # ------------------------------------------------------------------ messages
@@ -100,7 +113,7 @@ class TokenizerProcess:
             self.stats.tokenize_s += time.perf_counter() - started
             if isinstance(reply, RequestRejected):
                 self.stats.rejected += 1
-                self._send(self.to_frontend, reply)
+                self._send(self._frontend_of(reply.rid), reply)
             else:
                 self.stats.requests += 1
                 self._send(self.to_scheduler, reply)
@@ -120,17 +133,31 @@ class TokenizerProcess:
             self.stats.stop_string_aborts += len(aborts)
             for abort in aborts:
                 self._send(self.to_scheduler, abort)
-            if outputs:
-                self._send(self.to_frontend, OutputBatch(outputs))
+            self._send_outputs(outputs)
         elif isinstance(message, RequestAccepted):
-            self._send(self.to_frontend, message)
+            self._send(self._frontend_of(message.rid), message)
         elif isinstance(message, RequestRejected):
             self.worker.drop(message.rid)
-            self._send(self.to_frontend, message)
+            self._send(self._frontend_of(message.rid), message)
         else:
             log.warning("unexpected %s from the scheduler, dropped", type(message).__name__)
 
     # ------------------------------------------------------------------ sockets
+
+    def _frontend_of(self, rid: int) -> zmq.Socket:
+        return self.to_frontends[frontend_of(rid, len(self.to_frontends))]
+
+    def _send_outputs(self, outputs: list[RequestOutput]) -> None:
+        """One step's outputs, one message per frontend that holds any of them."""
+        if len(self.to_frontends) == 1:
+            if outputs:
+                self._send(self.to_frontends[0], OutputBatch(outputs))
+            return
+        by_frontend: dict[int, list[RequestOutput]] = defaultdict(list)
+        for output in outputs:
+            by_frontend[frontend_of(output.rid, len(self.to_frontends))].append(output)
+        for index, items in by_frontend.items():
+            self._send(self.to_frontends[index], OutputBatch(items))
 
     def _drain(self, sock: zmq.Socket, handle: Callable[[Any], None]) -> None:
         for _ in range(MAX_MESSAGES_PER_TURN):
@@ -152,6 +179,7 @@ class TokenizerProcess:
 def main(
     index: int,
     model_folder: str,
+    num_frontends: int,
     run_dir: str,
     log_level: str,
     parent_pid: int,
@@ -161,7 +189,7 @@ def main(
     init_child_process(f"tokenizer-{index}", log_level, parent_pid)
     process: TokenizerProcess | None = None
     try:
-        process = TokenizerProcess(index, Tokenizer.load(model_folder), Endpoints(run_dir), profile)
+        process = TokenizerProcess(index, Tokenizer.load(model_folder), Endpoints(run_dir), num_frontends, profile)
         process.run()
     except SystemExit:  # SIGTERM from the launcher
         pass

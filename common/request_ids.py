@@ -1,0 +1,27 @@
+"""Request ids, and the processes a request belongs to.
+
+    frontend k of K hands out  rid = n * K + k   (n = 1, 2, ...)     so   frontend_of(rid)  = rid % K
+    tokenizer worker of a rid  = rid % N                              (its incremental detokenizer lives there)
+
+Ids are unique across frontends without any coordination, and every process routes a message with
+nothing but its rid: the scheduler to the request's tokenizer worker, the tokenizer worker back to the
+frontend that holds the client's stream. A request's abort takes its request's path, so it never overtakes it.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterator
+
+
+def request_ids(frontend_index: int, num_frontends: int) -> Iterator[int]:
+    """The ids frontend `frontend_index` hands out, in order."""
+    return (n * num_frontends + frontend_index for n in itertools.count(1))
+
+
+def frontend_of(rid: int, num_frontends: int) -> int:
+    return rid % num_frontends
+
+
+def tokenizer_of(rid: int, num_tokenizers: int) -> int:
+    return rid % num_tokenizers

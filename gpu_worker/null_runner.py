@@ -1,0 +1,51 @@
+"""A runner that computes nothing: every sampling chunk gets a placeholder token at once (`--load-format null`).
+
+With it the server's whole path (HTTP, tokenizer workers, scheduler, sockets) runs at full speed while the
+"GPU" costs nothing, so a serving benchmark against it measures the serving path's own ceiling, on any
+machine. Tokens are a fixed function of (request, position) that never is an EOS id, so outputs are
+repeatable and requests run to max_tokens.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+from common.config import EngineConfig
+from common.messages import StepPlan, StepResult, StepTimings
+from common.model_info import ModelInfo
+
+# KV blocks the scheduler may hand out when --num-kv-blocks is not given (nothing is allocated).
+DEFAULT_NUM_KV_BLOCKS = 1 << 20
+
+
+@dataclass(slots=True)
+class NullStep:
+    step_id: int
+    rids: list[int]
+    token_ids: list[int]
+
+
+class NullRunner:
+    launches_async = False  # a step is done when launched
+    device = "none"
+    dtype = "none"
+
+    def __init__(self, config: EngineConfig, info: ModelInfo):
+        self.num_kv_blocks = config.num_kv_blocks or DEFAULT_NUM_KV_BLOCKS
+        self._eos = set(info.eos_token_ids)
+        self._vocab_size = info.vocab_size
+
+    def token_at(self, rid: int, position: int) -> int:
+        token = (rid * 7919 + position * 31) % self._vocab_size
+        while token in self._eos:
+            token = (token + 1) % self._vocab_size
+        return token
+
+    def launch(self, plan: StepPlan) -> NullStep:
+        sampling = [c for c in plan.chunks if c.sample]
+        tokens = [self.token_at(c.rid, c.start + c.num_tokens) for c in sampling]
+        return NullStep(plan.step_id, [c.rid for c in sampling], tokens)
+
+    def finish(self, step: NullStep) -> StepResult:
+        return StepResult(step.step_id, step.rids, step.token_ids, time.time(), StepTimings())
