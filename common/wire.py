@@ -106,11 +106,21 @@ def _decoder_for(cls: type) -> Callable[[list], Any]:
     hints = typing.get_type_hints(cls)
     fields = dataclasses.fields(cls)
     converters = [_converter_for(hints[f.name]) for f in fields]
+    num_fields = len(converters)
 
-    def decoder(values: list) -> Any:
-        if len(values) != len(converters):
-            raise WireError(f"{cls.__name__} expects {len(converters)} fields, got {len(values)}")
-        return cls(*[conv(v) if conv else v for conv, v in zip(converters, values)])
+    if not any(converters):  # plain fields only (every per-token item): msgpack's values are the fields
+
+        def decoder(values: list) -> Any:
+            if len(values) != num_fields:
+                raise WireError(f"{cls.__name__} expects {num_fields} fields, got {len(values)}")
+            return cls(*values)
+
+    else:
+
+        def decoder(values: list) -> Any:
+            if len(values) != num_fields:
+                raise WireError(f"{cls.__name__} expects {num_fields} fields, got {len(values)}")
+            return cls(*[conv(v) if conv else v for conv, v in zip(converters, values)])
 
     _DECODERS[cls] = decoder
     return decoder
@@ -129,9 +139,21 @@ def _converter_for(annotation: Any) -> Callable[[Any], Any] | None:
             return None if conv is None else (lambda v: None if v is None else conv(v))
         return None
     if origin is list and args and dataclasses.is_dataclass(args[0]):
-        item = _lazy_decoder(args[0])
-        return lambda v: [item(x) for x in v]
+        return _lazy_list_decoder(args[0])
     return None
+
+
+def _lazy_list_decoder(cls: type) -> Callable[[list], list]:
+    """Decodes a list of `cls`: the item decoder is looked up once, on first use, not per item."""
+    resolved: list[Callable[[list], Any]] = []
+
+    def decode_list(values: list) -> list:
+        if not resolved:
+            resolved.append(_decoder_for(cls))
+        item = resolved[0]
+        return [item(v) for v in values]
+
+    return decode_list
 
 
 def _lazy_decoder(cls: type) -> Callable[[list], Any]:

@@ -20,7 +20,7 @@ from frontend.engine_client import EngineClient
 from frontend.generation import Generation
 from frontend.metrics import FrontendMetrics
 from frontend.protocol import GenerateBody, parse_body
-from frontend.streaming import StreamingEvents, ndjson_line
+from frontend.streaming import StreamingEvents, json_string, ndjson_line
 
 
 def native_router(client: EngineClient, metrics: FrontendMetrics) -> APIRouter:
@@ -47,20 +47,19 @@ async def _ndjson_lines(generation: Generation) -> AsyncGenerator[bytes, None]:
     # Still one line per output (its times are what this endpoint is for), but the outputs that are ready
     # together go out in one write, as SSE chunks do.
     async for batch in generation.output_batches():
-        yield b"".join(
-            ndjson_line(
-                {
-                    "token_ids": o.token_ids,
-                    "text": o.text,
-                    "sampled_time": o.sampled_time,
-                    "detokenized_time": o.detokenized_time,
-                    "streamed_time": o.streamed_time,
-                    "finish_reason": o.finish_reason,
-                }
-            )
-            for o in batch
-        )
+        yield "".join(map(output_line, batch)).encode()
     yield ndjson_line(_summary(generation))
+
+
+def output_line(o: RequestOutput) -> str:
+    """One output's NDJSON line, the same text json.dumps would write (compact), built without an encoder:
+    this runs once per output of every stream. Times are finite floats, whose repr is their JSON."""
+    finish = "null" if o.finish_reason is None else json_string(o.finish_reason)
+    return (
+        f'{{"token_ids":[{",".join(map(str, o.token_ids))}],"text":{json_string(o.text)},'
+        f'"sampled_time":{o.sampled_time!r},"detokenized_time":{o.detokenized_time!r},'
+        f'"streamed_time":{o.streamed_time!r},"finish_reason":{finish}}}\n'
+    )
 
 
 def _summary(generation: Generation) -> dict:

@@ -77,7 +77,7 @@ async def _sse_chunks(generation: Generation, fmt: ResponseFormat, include_usage
         text = "".join(output.text for output in batch)
         finish_reason = batch[-1].finish_reason
         if text or finish_reason:  # tokens still held back by the detokenizer make no chunk
-            yield sse_event({**fmt.chunk(text, finish_reason), **extra})
+            yield fmt.chunk_event(text, finish_reason, usage_null=include_usage)
     if include_usage:
         yield sse_event(fmt.usage_chunk(generation.usage()))
     yield SSE_DONE

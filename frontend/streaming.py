@@ -14,6 +14,7 @@ import asyncio
 import contextlib
 import json
 from collections.abc import AsyncGenerator, Awaitable, Callable
+from json.encoder import encode_basestring_ascii  # type: ignore[attr-defined]
 from typing import Any, TypeVar
 
 from starlette.responses import Response
@@ -34,6 +35,11 @@ def sse_event(payload: dict) -> bytes:
 
 def ndjson_line(payload: dict) -> bytes:
     return json.dumps(payload, separators=(",", ":")).encode() + b"\n"
+
+
+def json_string(text: str) -> str:
+    """`text` as a JSON string literal, exactly as json.dumps writes it (its C fast path, no encoder object)."""
+    return encode_basestring_ascii(text)
 
 
 async def _disconnected(receive: Receive) -> None:

@@ -29,6 +29,7 @@ class CompletionOutput:
     token_ids: list[int] = field(default_factory=list)
     finish_reason: str | None = None
     text: str = ""
+    first_token_time: float = 0.0  # time.time() when its first token was read back
 
 
 class LLM:
@@ -129,6 +130,8 @@ class LLM:
             for tokens in self._finish(in_flight.popleft()):
                 if tokens.rid in outputs:
                     out = outputs[tokens.rid]
+                    if not out.token_ids:
+                        out.first_token_time = time.time()
                     out.token_ids.extend(tokens.token_ids)
                     if tokens.finish_reason is not None:
                         out.finish_reason = tokens.finish_reason

@@ -30,8 +30,8 @@ from common.messages import (
 )
 from common.model_info import ModelInfo
 from common.process import announce_ready, init_child_process
-from common.request_ids import tokenizer_of
 from common.profiling import ProcessProfiler, ProcessStats, ProfileConfig
+from common.request_ids import tokenizer_of
 from common.transport import Endpoints, pull_socket, push_socket, recv, send
 from scheduler.scheduler import Scheduler
 
@@ -127,7 +127,8 @@ class SchedulerLoop:
         self.profiler = ProcessProfiler(profile, ROLE)
         self.window = None
         if profile.steps:
-            others = [f"tokenizer-{i}" for i in range(num_tokenizers)] + [frontend_role(k) for k in range(num_frontends)]
+            others = [f"tokenizer-{i}" for i in range(num_tokenizers)]
+            others += [frontend_role(k) for k in range(num_frontends)]
             self.window = ProfileWindow(profile.steps, self.profiler, endpoints, others)
         self.in_flight = 0
         self.last_log = 0.0
