@@ -86,6 +86,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         "--launch", metavar="ARGS", help="start `python launch.py ARGS --port FREE` for this run and stop it afterwards"
     )
     server.add_argument(
+        "--launch-root", help="--launch: the checkout whose launch.py to start (default: this one), e.g. a 'before'"
+    )
+    server.add_argument(
         "--mock-server",
         type=int,
         metavar="PROCESSES",
@@ -207,17 +210,20 @@ def free_port() -> int:
 class LaunchedServer:
     """`python launch.py ARGS --port FREE` (or another server command) for the length of a `with` block."""
 
-    def __init__(self, launch_args: str, log_path: str | None = None, program: list[str] | None = None):
+    def __init__(
+        self, launch_args: str, log_path: str | None = None, program: list[str] | None = None, root: Path = ROOT
+    ):
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        program = program or [str(ROOT / "launch.py")]
+        self.root = root
+        program = program or [str(root / "launch.py")]
         self.command = [sys.executable, *program, *shlex.split(launch_args), "--port", str(self.port)]
         self.log_path = Path(log_path or tempfile.mkstemp(prefix="clearserve-bench-", suffix=".log")[1])
         self.proc: subprocess.Popen | None = None
 
     def __enter__(self) -> LaunchedServer:
         with open(self.log_path, "wb") as log:
-            self.proc = subprocess.Popen(self.command, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
+            self.proc = subprocess.Popen(self.command, cwd=self.root, stdout=log, stderr=subprocess.STDOUT)
         try:
             self._wait_ready()
         except BaseException:
@@ -491,7 +497,8 @@ def run(args: argparse.Namespace, command: str) -> dict:
         mock = ["-m", "benchmarks.mock_server"]
         server = LaunchedServer(f"--processes {args.mock_server}", args.server_log, mock)
     else:
-        server = LaunchedServer(args.launch, args.server_log) if args.launch else None
+        root = Path(args.launch_root).resolve() if args.launch_root else ROOT
+        server = LaunchedServer(args.launch, args.server_log, root=root) if args.launch else None
     with server if server is not None else contextlib.nullcontext():
         url = server.url if server is not None else args.url
         m = measure(

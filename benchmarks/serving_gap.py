@@ -1,0 +1,222 @@
+"""The serving path against its own engine, in one run: how much of the in-process engine's throughput the
+HTTP server delivers, and what limits it.
+
+    python -m benchmarks.serving_gap --model ../shared/models/gpt2 --out results/   # every part, on the GPU
+    python -m benchmarks.serving_gap --model M --out DIR --parts w1 --api-server-counts 1,2,4
+
+Parts (each a list of `benchmarks.offline` / `benchmarks.serve` commands, printed before they run):
+- w1: the client's ceiling (benchmarks.mock_server), the serving path's ceiling (--load-format null), the
+  warm in-process engine, and the server with each --api-server-count (and, with --base-root, the server
+  of another checkout: the "before"). 256 requests, prompts of 64-512 random ids, 256 new tokens.
+- burst: 1,024 such requests at once, engine and server (TTFT against the engine's).
+- sweep: Poisson arrivals at increasing rates against one server, until it saturates: throughput against
+  TTFT p99 and ITL p99 (sweep.json, sweep.png).
+Every serve figure comes with the client's own CPU use; a table of all of them ends the run (table.md).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+from benchmarks.load_client import default_client_processes
+
+W1 = "--num-requests 256 --input-len-range 64-512 --max-new-tokens 256 --no-stop-on-eos"
+W1_OFFLINE = "--num-requests 256 --input-len-range 64-512 --output-len 256"
+BURST = "--num-requests 1024 --input-len-range 64-512 --max-new-tokens 256 --no-stop-on-eos"
+BURST_OFFLINE = "--num-requests 1024 --input-len-range 64-512 --output-len 256"
+SWEEP_RATES = (25, 50, 100, 200, 300, 400, 600, 800)
+
+
+def run(args: list[str], log: Path) -> None:
+    command = [sys.executable, "-m", *args]
+    print("$ python -m " + shlex.join(args), flush=True)
+    with open(log, "a") as f:
+        f.write("$ python -m " + shlex.join(args) + "\n")
+        f.flush()
+        done = subprocess.run(command, stdout=f, stderr=subprocess.STDOUT)
+    if done.returncode != 0:
+        print(f"  failed with exit code {done.returncode}; see {log}", flush=True)
+
+
+def serve(label: str, flags: str, out: Path, log: Path, rows: list[dict]) -> dict | None:
+    path = out / f"{label}.json"
+    run(["benchmarks.serve", *shlex.split(flags), "--label", label, "--output-json", str(path)], log)
+    if not path.exists():
+        return None
+    result = json.loads(path.read_text())
+    s, c = result["summary"], result["client"]
+    rows.append(
+        {
+            "label": label,
+            "command": result["command"],
+            "tok_s": s["completion_throughput"],
+            "failed": s["failed"],
+            "ttft_p50_ms": s["latencies_ms"]["ttft"]["p50"],
+            "ttft_p99_ms": s["latencies_ms"]["ttft"]["p99"],
+            "itl_p99_ms": s["latencies_ms"]["itl"]["p99"],
+            "client": f"{c['processes']} × peak {max(c['peak_cpu_pct'], default=0):.0f}%",
+            "busy": ", ".join(f"{r} {p['busy_pct']:.0f}%" for r, p in (result.get("processes") or {}).items()),
+        }
+    )
+    return result
+
+
+def offline(label: str, flags: str, out: Path, log: Path, rows: list[dict]) -> None:
+    path = out / f"{label}.json"
+    run(["benchmarks.offline", *shlex.split(flags), "--baselines", "none", "--json", str(path)], log)
+    if not path.exists():
+        return
+    ours = json.loads(path.read_text())["results"][0]
+    rows.append(
+        {
+            "label": label,
+            "command": "python -m benchmarks.offline " + flags,
+            "tok_s": ours["tokens_per_s"],
+            "failed": 0,
+            "ttft_p50_ms": 1000 * ours["ttft_p50_s"],
+            "ttft_p99_ms": 1000 * ours["ttft_p99_s"],
+            "itl_p99_ms": None,
+            "client": "in-process",
+            "busy": f"{ours['steps']} steps",
+        }
+    )
+
+
+def sweep(model: str, k: int, clients: int, out: Path, log: Path, rows: list[dict]) -> None:
+    from benchmarks.serve import LaunchedServer
+
+    points = []
+    with LaunchedServer(
+        f"--model {model} --load-format dummy --api-server-count {k}", str(out / "sweep_server.log")
+    ) as srv:
+        for rate in SWEEP_RATES:
+            n = min(1024, max(128, int(rate * 4)))
+            flags = (
+                f"--url {srv.url} --model {model} --num-requests {n} --input-len-range 64-512 "
+                f"--output-len-range 16-256 --request-rate {rate} --seed {rate} --client-processes {clients}"
+            )
+            result = serve(f"sweep_{rate}", flags, out, log, rows)
+            if result is not None:
+                s = result["summary"]
+                points.append(
+                    {
+                        "rate": rate,
+                        "tok_s": s["completion_throughput"],
+                        "req_s": s["request_throughput"],
+                        "ttft_p99_ms": s["latencies_ms"]["ttft"]["p99"],
+                        "itl_p99_ms": s["latencies_ms"]["itl"]["p99"],
+                        "failed": s["failed"],
+                    }
+                )
+    (out / "sweep.json").write_text(json.dumps(points, indent=1))
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return
+    fig, ax = plt.subplots(figsize=(7, 4))
+    tok = [p["tok_s"] for p in points]
+    ax.plot(tok, [p["ttft_p99_ms"] for p in points], "o-", label="TTFT p99")
+    ax.plot(tok, [p["itl_p99_ms"] for p in points], "s-", label="ITL p99")
+    for p in points:
+        ax.annotate(f"{p['rate']}/s", (p["tok_s"], p["ttft_p99_ms"]), fontsize=7)
+    ax.set_xlabel("completion tokens/s")
+    ax.set_ylabel("ms")
+    ax.set_yscale("log")
+    ax.set_title(f"Poisson sweep, --api-server-count {k}")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(out / "sweep.png", dpi=120)
+
+
+def table(rows: list[dict]) -> str:
+    lines = [
+        "| run | completion tok/s | failed | TTFT p50 / p99 (ms) | ITL p99 (ms) | client (processes × peak CPU) "
+        "| busy |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        itl = "-" if r["itl_p99_ms"] is None else f"{r['itl_p99_ms']:.1f}"
+        lines.append(
+            f"| {r['label']} | {r['tok_s']:,.0f} | {r['failed']} | {r['ttft_p50_ms']:.0f} / {r['ttft_p99_ms']:.0f} | "
+            f"{itl} | {r['client']} | {r['busy']} |"
+        )
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", required=True, help="a model folder (random weights are used)")
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--parts", default="w1,burst,sweep")
+    parser.add_argument("--api-server-counts", default="1,2,4")
+    parser.add_argument("--client-processes", type=int, default=default_client_processes())
+    parser.add_argument("--mock-processes", type=int, default=8)
+    parser.add_argument("--base-root", help="another checkout whose launch.py is the 'before' server")
+    args = parser.parse_args(argv)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    log = out / "commands.log"
+    m, p = args.model, args.client_processes
+    counts = [int(k) for k in args.api_server_counts.split(",")]
+    parts = args.parts.split(",")
+    rows: list[dict] = []
+    dummy = f"--model {m} --load-format dummy"
+    if "w1" in parts:
+        serve(
+            "client_ceiling_mock",
+            f"--mock-server {args.mock_processes} --model {m} {BURST} --client-processes {p}",
+            out,
+            log,
+            rows,
+        )
+        serve(
+            "serving_ceiling_null",
+            f"--launch '--model {m} --load-format null --api-server-count {max(counts)}' "
+            f"{BURST} --client-processes {p}",
+            out,
+            log,
+            rows,
+        )
+        offline("w1_engine", f"{dummy} {W1_OFFLINE}", out, log, rows)
+        if args.base_root:
+            serve(
+                "w1_server_base",
+                f"--launch '{dummy}' --launch-root {args.base_root} {W1} --client-processes {p}",
+                out,
+                log,
+                rows,
+            )
+        for k in counts:
+            serve(
+                f"w1_server_k{k}",
+                f"--launch '{dummy} --api-server-count {k}' {W1} --client-processes {p}",
+                out,
+                log,
+                rows,
+            )
+    if "burst" in parts:
+        offline("burst_engine", f"{dummy} {BURST_OFFLINE}", out, log, rows)
+        serve(
+            f"burst_server_k{max(counts)}",
+            f"--launch '{dummy} --api-server-count {max(counts)}' {BURST} --client-processes {p}",
+            out,
+            log,
+            rows,
+        )
+    if "sweep" in parts:
+        sweep(m, max(counts), p, out, log, rows)
+    text = table(rows)
+    (out / "table.md").write_text(text + "\n\n" + "\n".join(f"- {r['label']}: `{r['command']}`" for r in rows) + "\n")
+    print(text)
+
+
+if __name__ == "__main__":
+    main()
