@@ -164,7 +164,7 @@ def main(argv: list[str] | None = None) -> None:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     log = out / "commands.log"
-    m, p = args.model, args.client_processes
+    m, p = str(Path(args.model).resolve()), args.client_processes  # absolute: --launch-root runs elsewhere
     counts = [int(k) for k in args.api_server_counts.split(",")]
     parts = args.parts.split(",")
     rows: list[dict] = []
