@@ -204,15 +204,12 @@ def main(argv: list[str] | None = None) -> None:
             )
     if "burst" in parts:
         offline("burst_engine", f"{dummy} {BURST_OFFLINE}", out, log, rows)
-        serve(
-            f"burst_server_k{max(counts)}",
-            f"--launch '{dummy} --api-server-count {max(counts)}' {BURST} --client-processes {p}",
-            out,
-            log,
-            rows,
-        )
+        for k in counts:
+            flags = f"--launch '{dummy} --api-server-count {k}' {BURST} --client-processes {p}"
+            serve(f"burst_server_k{k}", flags, out, log, rows)
     if "sweep" in parts:
         sweep(m, max(counts), p, out, log, rows)
+    (out / "summary.json").write_text(json.dumps(rows, indent=1))
     text = table(rows)
     (out / "table.md").write_text(text + "\n\n" + "\n".join(f"- {r['label']}: `{r['command']}`" for r in rows) + "\n")
     print(text)
