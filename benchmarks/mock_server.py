@@ -75,7 +75,15 @@ def serve(host: str, port: int) -> None:
         [web.post("/generate", generate), web.get("/health", health), web.get("/v1/models", models)]
         + [web.get("/stats", stats)]
     )
-    web.run_app(app, host=host, port=port, reuse_port=True, print=None, access_log=None)
+    try:
+        import uvloop
+
+        loop_factory = uvloop.new_event_loop
+    except ImportError:
+        loop_factory = None
+    web.run_app(
+        app, host=host, port=port, reuse_port=True, print=None, access_log=None, loop=loop_factory and loop_factory()
+    )
 
 
 def main(argv: list[str] | None = None) -> None:
