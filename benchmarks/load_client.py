@@ -237,6 +237,8 @@ class CpuMeter:
 
     def stop(self) -> None:
         self.cpu_s, self.wall_s = time.process_time() - self._cpu0, time.time() - self._wall0
+        if self.wall_s > 0:  # a run shorter than a window has one window: the run
+            self.peak_pct = max(self.peak_pct, 100 * self.cpu_s / self.wall_s)
         if self._task is not None:
             self._task.cancel()
 

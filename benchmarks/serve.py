@@ -435,7 +435,8 @@ def print_report(result: dict) -> None:
         )
     c = result["client"]
     print(
-        f"client: {c['processes']} process(es) on {c['event_loop']}, CPU {', '.join(f'{pct:.0f}%' for pct in c['cpu_pct'])} of the run"
+        f"client: {c['processes']} process(es) on {c['event_loop']}, "
+        f"CPU {', '.join(f'{pct:.0f}%' for pct in c['cpu_pct'])} of the run"
         f" (busiest half second {max(c['peak_cpu_pct'], default=0):.0f}%)"
     )
     if max(c["peak_cpu_pct"], default=0) >= CLIENT_SATURATED_PCT:
