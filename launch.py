@@ -204,9 +204,10 @@ class Launcher:
     def watch(self) -> None:
         """Block until a child exits (a SIGINT or SIGTERM to the launcher interrupts this); it is a death."""
         sentinels = {p.sentinel: role for role, p in self.children.items()}
-        dead = mp.connection.wait(list(sentinels))
-        self._raise_if_a_child_died()
-        raise ChildDied(f"process {sentinels[dead[0]]} died")  # reaped between wait and the check
+        role = sentinels[mp.connection.wait(list(sentinels))[0]]
+        process = self.children[role]
+        process.join(timeout=1)  # its sentinel can close a moment before it can be reaped
+        raise ChildDied(f"process {role} (pid {process.pid}) died with exit code {process.exitcode}")
 
     # ------------------------------------------------------------------ stop
 

@@ -7,6 +7,7 @@ import logging
 import os
 import signal
 import sys
+from typing import NoReturn
 
 PR_SET_PDEATHSIG = 1
 
@@ -41,6 +42,16 @@ def _die_with_parent(parent_pid: int) -> None:
 
 def _exit_on_sigterm(signum, frame) -> None:
     raise SystemExit(0)
+
+
+def exit_child() -> NoReturn:
+    """End a child that stopped normally (its loop returned, or SIGTERM) at once, with exit code 0, after its
+    own cleanup ran. Skipping the interpreter's teardown is deliberate: with a control thread still blocked on
+    a ZeroMQ socket, that teardown could hang until the launcher's SIGKILL."""
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 def announce_ready(run_dir: str, role: str, info: dict | None = None) -> None:

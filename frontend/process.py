@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import uvicorn
 
 from common.control import frontend_role
-from common.process import announce_ready, init_child_process
+from common.process import announce_ready, exit_child, init_child_process
 from common.profiling import ProcessProfiler, ProfileConfig
 from common.transport import Endpoints
 from frontend.engine_client import EngineLimits
@@ -50,6 +50,7 @@ def main(spec: FrontendSpec, sock: socket.socket, run_dir: str, parent_pid: int,
         asyncio.run(serve(spec, sock, run_dir, profile))
     except SystemExit:  # SIGTERM from the launcher
         pass
+    exit_child()
 
 
 async def serve(spec: FrontendSpec, sock: socket.socket, run_dir: str, profile: ProfileConfig) -> None:

@@ -16,7 +16,7 @@ from common.config import EngineConfig
 from common.control import ControlServer
 from common.messages import StepPlan
 from common.model_info import ModelInfo
-from common.process import announce_ready, init_child_process
+from common.process import announce_ready, exit_child, init_child_process
 from common.profiling import ProcessProfiler, ProcessStats, ProfileConfig, TorchProfiler
 from common.transport import Endpoints, pull_socket, push_socket, recv, send
 
@@ -71,6 +71,7 @@ def main(
         pass
     finally:
         worker.close()
+    exit_child()
 
 
 @dataclass(slots=True)

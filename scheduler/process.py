@@ -29,7 +29,7 @@ from common.messages import (
     TokenizedRequest,
 )
 from common.model_info import ModelInfo
-from common.process import announce_ready, init_child_process
+from common.process import announce_ready, exit_child, init_child_process
 from common.profiling import ProcessProfiler, ProcessStats, ProfileConfig
 from common.request_ids import tokenizer_of
 from common.transport import Endpoints, pull_socket, push_socket, recv, send
@@ -60,6 +60,7 @@ def main(
         loop.run()
     except SystemExit:
         pass
+    exit_child()
 
 
 class ProfileWindow:

@@ -30,7 +30,7 @@ from common.messages import (
     RequestRejected,
     TokenBatch,
 )
-from common.process import announce_ready, init_child_process
+from common.process import announce_ready, exit_child, init_child_process
 from common.profiling import ProcessProfiler, ProcessStats, ProfileConfig
 from common.request_ids import frontend_of
 from common.transport import Endpoints, pull_socket, push_socket, send
@@ -196,3 +196,4 @@ def main(
     finally:
         if process is not None:
             process.close()
+    exit_child()
