@@ -50,6 +50,7 @@ def serve(label: str, flags: str, out: Path, log: Path, rows: list[dict]) -> dic
         return None
     result = json.loads(path.read_text())
     s, c = result["summary"], result["client"]
+    processes = result.get("processes") or {}
     rows.append(
         {
             "label": label,
@@ -60,17 +61,15 @@ def serve(label: str, flags: str, out: Path, log: Path, rows: list[dict]) -> dic
             "ttft_p99_ms": s["latencies_ms"]["ttft"]["p99"],
             "itl_p99_ms": s["latencies_ms"]["itl"]["p99"],
             "client": f"{c['processes']} × peak {max(c['peak_cpu_pct'], default=0):.0f}%",
-            "busy": ", ".join(f"{r} {p['busy_pct']:.0f}%" for r, p in (result.get("processes") or {}).items()),
+            "busy": ", ".join(f"{r} {p['busy_pct']:.0f}%" for r, p in processes.items()),
             # Where the time went: each process's busy µs per completion token and per request, its messages
             # and msgpack seconds over the run (deltas of GET /stats).
             "per_token_us": {
                 r: 1e6 * p["busy_s"] / max(1, s["completion_tokens"])
                 for r, p in (result.get("processes") or {}).items()
             },
-            "per_request_ms": {
-                r: 1e3 * p["busy_s"] / max(1, s["completed"]) for r, p in (result.get("processes") or {}).items()
-            },
-            "processes": result.get("processes"),
+            "per_request_ms": {r: 1e3 * p["busy_s"] / max(1, s["completed"]) for r, p in processes.items()},
+            "processes": processes,
             "server": result.get("server"),
             "client_usage": c,
         }
