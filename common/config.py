@@ -34,6 +34,10 @@ class EngineConfig:
         return cls(**{f.name: getattr(args, f.name) for f in fields(cls) if hasattr(args, f.name)})
 
 
+# vLLM's other names for the dtypes.
+DTYPE_ALIASES = {"half": "float16", "float": "float32", "bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
+
+
 def add_engine_args(parser: argparse.ArgumentParser) -> None:
     d = EngineConfig()
     g = parser.add_argument_group("engine")
@@ -44,12 +48,20 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
         help="'dummy' builds random weights from the config (benchmarks); 'null' runs no model: placeholder "
         "tokens at once, to measure the serving path alone",
     )
-    g.add_argument("--dtype", choices=["auto", "float32", "bfloat16", "float16"], default=d.dtype)
-    g.add_argument("--device", choices=["auto", "cpu", "cuda"], default=d.device)
-    g.add_argument("--seed", type=int, default=d.seed)
+    g.add_argument(
+        "--dtype",
+        type=lambda name: DTYPE_ALIASES.get(name, name),
+        choices=["auto", "float32", "bfloat16", "float16"],
+        default=d.dtype,
+        help="weights and activations ('half' and 'float', vLLM's spellings, mean float16 and float32; "
+        "auto: bfloat16 on CUDA, float32 on CPU)",
+    )
+    g.add_argument("--device", choices=["auto", "cpu", "cuda"], default=d.device, help="auto: cuda when available")
+    g.add_argument("--seed", type=int, default=d.seed, help="random weights and unseeded requests")
     g.add_argument("--block-size", type=int, default=d.block_size, help="tokens per KV block")
     g.add_argument(
         "--num-kv-blocks",
+        "--num-gpu-blocks-override",
         type=int,
         default=d.num_kv_blocks,
         help="KV blocks to allocate (default: sized from free memory)",
@@ -72,8 +84,20 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
         default=d.max_prefill_requests,
         help="requests admitted per step (default: no limit beyond --max-num-seqs)",
     )
-    g.add_argument("--no-prefix-cache", dest="enable_prefix_caching", action="store_false")
-    g.add_argument("--no-chunked-prefill", dest="enable_chunked_prefill", action="store_false")
+    g.add_argument(
+        "--enable-prefix-caching",
+        action=argparse.BooleanOptionalAction,
+        default=d.enable_prefix_caching,
+        help="share the KV blocks of common prompt prefixes",
+    )
+    g.add_argument("--no-prefix-cache", dest="enable_prefix_caching", action="store_false", help=argparse.SUPPRESS)
+    g.add_argument(
+        "--enable-chunked-prefill",
+        action=argparse.BooleanOptionalAction,
+        default=d.enable_chunked_prefill,
+        help="split long prompts over steps within --max-num-batched-tokens",
+    )
+    g.add_argument("--no-chunked-prefill", dest="enable_chunked_prefill", action="store_false", help=argparse.SUPPRESS)
     g.add_argument("--max-waiting-requests", type=int, default=d.max_waiting_requests)
     g.add_argument("--attention-backend", choices=["auto", "torch", "triton"], default=d.attention_backend)
     g.add_argument("--enforce-eager", action="store_true", help="CUDA: run decode without CUDA graphs")

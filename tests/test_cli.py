@@ -1,0 +1,57 @@
+"""The command line as vLLM users type it: no prefix matching, the model as a positional, vLLM's spellings
+of the flags this server has, and defaults shown in --help."""
+
+from __future__ import annotations
+
+import pytest
+
+from launch import parse_args
+
+
+def test_the_model_can_be_given_as_a_positional_or_with_model():
+    assert parse_args(["some/folder"]).model == "some/folder"
+    assert parse_args(["--model", "some/folder"]).model == "some/folder"
+    assert parse_args([]).model is None
+
+
+def test_two_different_models_are_refused(capsys):
+    with pytest.raises(SystemExit):
+        parse_args(["a", "--model", "b"])
+    assert "two models given" in capsys.readouterr().err
+
+
+def test_a_flag_prefix_is_not_read_as_a_longer_flag(capsys):
+    with pytest.raises(SystemExit):
+        parse_args(["--tokenizer-w", "4"])
+    assert "unrecognized arguments" in capsys.readouterr().err
+    args = parse_args(["--tokenizer", "tok/folder"])
+    assert args.tokenizer == "tok/folder" and args.tokenizer_workers == 2
+
+
+@pytest.mark.parametrize(("given", "dtype"), [("half", "float16"), ("float", "float32"), ("bfloat16", "bfloat16")])
+def test_vllm_dtype_spellings(given, dtype):
+    assert parse_args(["--dtype", given]).dtype == dtype
+
+
+def test_vllm_flag_spellings_set_the_same_settings():
+    assert parse_args([]).enable_prefix_caching is True
+    assert parse_args(["--no-enable-prefix-caching"]).enable_prefix_caching is False
+    assert parse_args(["--no-prefix-cache"]).enable_prefix_caching is False
+    assert parse_args(["--no-enable-chunked-prefill"]).enable_chunked_prefill is False
+    assert parse_args(["--num-gpu-blocks-override", "12"]).num_kv_blocks == 12
+
+
+def test_help_shows_the_defaults(capsys):
+    with pytest.raises(SystemExit):
+        parse_args(["--help"])
+    out = " ".join(capsys.readouterr().out.split())
+    assert "(default: 127.0.0.1)" in out and "(default: 8000)" in out and "(default: 256)" in out
+
+
+def test_the_api_key_comes_from_the_environment_and_help_never_prints_it(monkeypatch, capsys):
+    monkeypatch.setenv("CLEARSERVE_API_KEY", "s3cret")
+    assert parse_args([]).api_key == "s3cret"
+    assert parse_args(["--api-key", "other"]).api_key == "other"
+    with pytest.raises(SystemExit):
+        parse_args(["--help"])
+    assert "s3cret" not in capsys.readouterr().out
