@@ -143,7 +143,7 @@ class Launcher:
         from common.config import EngineConfig
         from common.control import frontend_role
         from common.model_info import ModelInfo
-        from common.model_source import default_served_name, resolve_model
+        from common.model_source import checkpoint_files, default_served_name, resolve_model
         from common.transport import pull_socket
         from frontend import process as frontend_process
         from frontend.engine_client import EngineLimits
@@ -153,6 +153,8 @@ class Launcher:
 
         args = self.args
         folder = resolve_model(args.model)
+        if args.load_format == "auto":
+            checkpoint_files(folder)  # a folder without weights fails here, in one line, before any child starts
         tokenizer = resolve_model(args.tokenizer) if args.tokenizer else folder
         config = replace(EngineConfig.from_args(args), model=str(folder))
         info = ModelInfo.from_folder(folder, config.max_model_len)

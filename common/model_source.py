@@ -61,6 +61,21 @@ def resolve_model(model: str | None) -> Path:
     return _from_hub(model)
 
 
+def checkpoint_files(folder: str | Path) -> list[str]:
+    """The folder's weight files: *.safetensors, else pytorch_model*.bin. ModelNotFound when it has none
+    (checked by the launcher before any process starts, and by the loader)."""
+    import glob
+
+    files = sorted(glob.glob(os.path.join(folder, "*.safetensors")))
+    if not files:
+        files = sorted(glob.glob(os.path.join(folder, "pytorch_model*.bin")))
+    if not files:
+        raise ModelNotFound(
+            f"no *.safetensors or pytorch_model*.bin weights in {folder}; --load-format dummy runs random weights"
+        )
+    return files
+
+
 def default_served_name(model: str | None) -> str:
     if model is None:
         return DEFAULT_MODEL_NAME

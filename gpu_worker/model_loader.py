@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import contextlib
-import glob
-import os
 from collections.abc import Iterator
 
 import torch
 from tqdm import tqdm
 from transformers import AutoConfig
 
+from common.model_source import checkpoint_files
 from gpu_worker.models import model_class_for
 
 
@@ -37,7 +36,7 @@ def load_model(
     if load_format == "dummy":
         _init_dummy(model, hf_config, seed)
     else:
-        files = _checkpoint_files(folder)
+        files = checkpoint_files(folder)
         model.load_weights(
             tqdm(
                 _read_tensors(files),
@@ -58,17 +57,6 @@ def _default_dtype(dtype: torch.dtype):
         yield
     finally:
         torch.set_default_dtype(previous)
-
-
-def _checkpoint_files(folder: str) -> list[str]:
-    files = sorted(glob.glob(os.path.join(folder, "*.safetensors")))
-    if not files:
-        files = sorted(glob.glob(os.path.join(folder, "pytorch_model*.bin")))
-    if not files:
-        raise FileNotFoundError(
-            f"no *.safetensors or pytorch_model*.bin weights in {folder}; use --load-format dummy for random weights"
-        )
-    return files
 
 
 def _count_tensors(files: list[str]) -> int | None:

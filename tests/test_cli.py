@@ -55,3 +55,26 @@ def test_the_api_key_comes_from_the_environment_and_help_never_prints_it(monkeyp
     with pytest.raises(SystemExit):
         parse_args(["--help"])
     assert "s3cret" not in capsys.readouterr().out
+
+
+def test_a_model_folder_without_weights_fails_in_one_line_before_any_process_starts(tmp_path):
+    import subprocess
+    import sys
+
+    from tests.server_process import ROOT, free_port
+    from tests.tiny_models import build_model
+
+    folder = build_model("gpt2", tmp_path / "model")
+    for weights in folder.glob("*.safetensors"):
+        weights.unlink()
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "launch.py"), str(folder), "--port", str(free_port())],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 2
+    errors = [line for line in done.stderr.splitlines() if "ERROR" in line]
+    assert len(errors) == 1 and "no *.safetensors" in errors[0] and "--load-format dummy" in errors[0]
+    assert "Traceback" not in done.stderr and "gpu_worker" not in done.stderr
