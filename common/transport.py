@@ -63,13 +63,46 @@ class Endpoints:
         return self._ipc(f"control-replies-{asker}")
 
 
+RUN_DIR_PREFIX = "clearserve-"
+
+
 def make_run_dir() -> str:
-    """A fresh private directory for this run's sockets (mode 0700: only this user can connect)."""
+    """A fresh private directory for this run's sockets (mode 0700: only this user can connect), named after
+    the launcher's pid. Run directories of launchers that are gone (killed with SIGKILL, which no cleanup
+    survives) are removed first."""
     import tempfile
 
-    path = tempfile.mkdtemp(prefix="clearserve-")
+    remove_stale_run_dirs(tempfile.gettempdir())
+    path = tempfile.mkdtemp(prefix=f"{RUN_DIR_PREFIX}{os.getpid()}-")
     os.chmod(path, 0o700)
     return path
+
+
+def remove_stale_run_dirs(parent: str) -> list[str]:
+    """Remove this user's run directories whose launcher is no longer running; returns what was removed."""
+    import shutil
+
+    removed = []
+    for name in os.listdir(parent):
+        pid_text, dash, _ = name[len(RUN_DIR_PREFIX) :].partition("-")  # clearserve-{pid}-{random}
+        path = os.path.join(parent, name)
+        if not name.startswith(RUN_DIR_PREFIX) or not (pid_text.isdigit() and dash) or not os.path.isdir(path):
+            continue
+        if os.stat(path).st_uid != os.getuid() or _process_exists(int(pid_text)):
+            continue
+        shutil.rmtree(path, ignore_errors=True)
+        removed.append(path)
+    return removed
+
+
+def _process_exists(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def pull_socket(ctx: zmq.Context, endpoint: str, bind: bool = True) -> zmq.Socket:
