@@ -5,8 +5,9 @@
     [PUSH tokenizer-{i}-tokens] ──RequestAccepted/Rejected, TokenBatch──▶ tokenizer[rid % N]
 
 Overlap: plan N+1 is sent before result N is read, so the worker starts step N+1 the moment it finishes
-N, while the scheduler processes N's tokens and streams them. Hence at most PLANS_IN_FLIGHT plans are
-outstanding; the scheduler's request state is written so that this is safe (see scheduler.py).
+N, while the scheduler processes N's tokens and streams them. Hence at most PIPELINE_DEPTH plans are
+outstanding (common/pipeline.py); the scheduler's request state is written so that this is safe (see
+scheduler.py).
 """
 
 from __future__ import annotations
@@ -29,13 +30,13 @@ from common.messages import (
     TokenizedRequest,
 )
 from common.model_info import ModelInfo
+from common.pipeline import PIPELINE_DEPTH
 from common.process import announce_ready, init_child_process
 from common.profiling import ProcessProfiler, ProcessStats, ProfileConfig
 from common.transport import Endpoints, pull_socket, push_socket, recv, send
 from scheduler.scheduler import Scheduler
 
 ROLE = "scheduler"
-PLANS_IN_FLIGHT = 2
 IDLE_POLL_MS = 100
 log = logging.getLogger(ROLE)
 
@@ -153,7 +154,7 @@ class SchedulerLoop:
                 self.window.on_result()
 
     def _send_plans(self) -> None:
-        while self.in_flight < PLANS_IN_FLIGHT:
+        while self.in_flight < PIPELINE_DEPTH:
             plan = self.scheduler.schedule()
             if plan is None:
                 break
@@ -168,8 +169,8 @@ class SchedulerLoop:
                     s.last_step_prefill_tokens,
                     s.last_step_decode_tokens,
                     len(plan.new_requests),
-                    self._num_running(),
-                    self.scheduler.num_finishing,
+                    len(self.scheduler.running),
+                    len(self.scheduler.finishing),
                     len(self.scheduler.waiting),
                 )
             self.in_flight += 1
@@ -206,7 +207,7 @@ class SchedulerLoop:
         log.info(
             "running %d, waiting %d, KV blocks free %d/%d, last step %d prefill + %d decode tokens, "
             "prefix cache hit rate %.1f%%, preemptions %d",
-            self._num_running(),
+            len(self.scheduler.running),
             len(self.scheduler.waiting),
             self.scheduler.blocks.num_free,
             self.scheduler.blocks.num_blocks,
@@ -216,17 +217,13 @@ class SchedulerLoop:
             s.preemptions,
         )
 
-    def _num_running(self) -> int:
-        """Seated requests (at most --max-num-seqs), not counting those only waiting for their last token."""
-        return len(self.scheduler.running) - self.scheduler.num_finishing
-
     def stats(self) -> dict:
         s = self.scheduler.stats
         blocks = self.scheduler.blocks
         evictable = self.scheduler.cache.num_evictable if self.scheduler.cache is not None else 0
         return {
             **self.activity.summary(),
-            "num_running": self._num_running(),
+            "num_running": len(self.scheduler.running),
             "num_waiting": len(self.scheduler.waiting),
             "kv_blocks_total": blocks.num_blocks,
             "kv_blocks_free": blocks.num_free,

@@ -18,8 +18,15 @@ from scheduler.prefix_cache import InsertCursor
 
 
 class RequestStatus(Enum):
+    """WAITING ──admit──▶ RUNNING ──last sample planned──▶ FINISHING ──last token back──▶ FINISHED
+                  ◀──preempt──┘      (EOS, stop, abort: from any state straight to FINISHED)
+
+    A FINISHING request has no seat and no blocks: it only waits for its last token, already in flight.
+    """
+
     WAITING = "waiting"
     RUNNING = "running"
+    FINISHING = "finishing"
     FINISHED = "finished"
 
 
