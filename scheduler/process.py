@@ -203,7 +203,6 @@ class SchedulerLoop:
             return
         self.last_log = now
         s = self.scheduler.stats
-        hit_rate = s.cache_hit_tokens / s.prompt_tokens_admitted if s.prompt_tokens_admitted else 0.0
         log.info(
             "running %d, waiting %d, KV blocks free %d/%d, last step %d prefill + %d decode tokens, "
             "prefix cache hit rate %.1f%%, preemptions %d",
@@ -213,29 +212,9 @@ class SchedulerLoop:
             self.scheduler.blocks.num_blocks,
             s.last_step_prefill_tokens,
             s.last_step_decode_tokens,
-            100 * hit_rate,
+            100 * s.cache_hit_rate,
             s.preemptions,
         )
 
     def stats(self) -> dict:
-        s = self.scheduler.stats
-        blocks = self.scheduler.blocks
-        evictable = self.scheduler.cache.num_evictable if self.scheduler.cache is not None else 0
-        return {
-            **self.activity.summary(),
-            "num_running": len(self.scheduler.running),
-            "num_waiting": len(self.scheduler.waiting),
-            "kv_blocks_total": blocks.num_blocks,
-            "kv_blocks_free": blocks.num_free,
-            "kv_blocks_cached": evictable,  # held only by the prefix cache: reusable, and evictable on demand
-            "kv_blocks_used": blocks.num_blocks - blocks.num_free - evictable,
-            "steps": s.steps,
-            "prompt_tokens_computed": s.prompt_tokens_computed,
-            "decode_tokens_computed": s.decode_tokens_computed,
-            "generated_tokens": s.generated_tokens,
-            "prompt_tokens_admitted": s.prompt_tokens_admitted,
-            "cache_hit_tokens": s.cache_hit_tokens,
-            "preemptions": s.preemptions,
-            "last_step_prefill_tokens": s.last_step_prefill_tokens,
-            "last_step_decode_tokens": s.last_step_decode_tokens,
-        }
+        return {**self.activity.summary(), **self.scheduler.snapshot().to_payload()}

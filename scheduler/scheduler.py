@@ -24,7 +24,7 @@ from __future__ import annotations
 import random
 import time
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from common.config import EngineConfig
 from common.messages import (
@@ -39,6 +39,7 @@ from common.messages import (
 )
 from common.model_info import ModelInfo
 from common.sampling_params import SamplingParams
+from common.scheduler_stats import SchedulerStats
 from scheduler.block_manager import BlockManager
 from scheduler.prefix_cache import InsertCursor, PrefixCache
 from scheduler.request import Request, RequestStatus
@@ -55,21 +56,6 @@ class _StepDraft:
     preempted: bool = False  # a running request lost its blocks: admit nobody ahead of it this step
 
 
-@dataclass(slots=True)
-class SchedulerStats:
-    """Cumulative counters (for /metrics and the log) and the last step's sizes."""
-
-    steps: int = 0
-    prompt_tokens_computed: int = 0
-    decode_tokens_computed: int = 0
-    generated_tokens: int = 0
-    prompt_tokens_admitted: int = 0
-    cache_hit_tokens: int = 0  # prompt tokens served from the prefix cache at first admission
-    preemptions: int = 0
-    last_step_prefill_tokens: int = 0
-    last_step_decode_tokens: int = 0
-
-
 class Scheduler:
     def __init__(self, config: EngineConfig, info: ModelInfo, num_kv_blocks: int):
         self.config = config
@@ -84,7 +70,7 @@ class Scheduler:
         self.running: list[Request] = []  # the batch: at most max_num_seqs, oldest first
         # Requests whose last token is in flight: no seat, no blocks; they finish when it arrives.
         self.finishing: dict[int, Request] = {}
-        self.stats = SchedulerStats()
+        self.stats = SchedulerStats()  # counters and the last step's sizes; snapshot() adds the state
         self._released: list[int] = []  # rids whose worker mirror must be dropped, sent with the next plan
         self._step_id = 0
         self._seeds = random.Random()
@@ -149,6 +135,19 @@ class Scheduler:
 
     def has_unfinished(self) -> bool:
         return bool(self.requests)
+
+    def snapshot(self) -> SchedulerStats:
+        """The counters, with the state as it is now."""
+        evictable = self.cache.num_evictable if self.cache is not None else 0
+        return replace(
+            self.stats,
+            num_running=len(self.running),
+            num_waiting=len(self.waiting),
+            kv_blocks_total=self.blocks.num_blocks,
+            kv_blocks_free=self.blocks.num_free,
+            kv_blocks_cached=evictable,
+            kv_blocks_used=self.blocks.num_blocks - self.blocks.num_free - evictable,
+        )
 
     def schedule(self) -> StepPlan | None:
         """The next step's plan, or None when nothing can run."""
