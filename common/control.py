@@ -29,7 +29,7 @@ class ControlServer:
         self.pid = os.getpid()
         self._stats = stats or dict
         self._queued: queue.Queue[ControlRequest] = queue.Queue()
-        self._ctx = zmq.Context.instance()
+        self._ctx: zmq.Context = zmq.Context.instance()
         self._main_reply_socket: zmq.Socket | None = None
         self._inbox = pull_socket(self._ctx, endpoints.control(role))  # bound now: ready means reachable
         threading.Thread(target=self._serve, name=f"{role}-control", daemon=True).start()

@@ -77,7 +77,7 @@ class ProfileWindow:
     def __init__(self, steps: int, profiler: ProcessProfiler, endpoints: Endpoints, num_tokenizers: int):
         self.steps = steps
         self.profiler = profiler
-        ctx = zmq.Context.instance()
+        ctx: zmq.Context = zmq.Context.instance()
         roles = [f"tokenizer-{i}" for i in range(num_tokenizers)] + [FRONTEND_ROLE]
         self.others = [push_socket(ctx, endpoints.control(role)) for role in roles]
         self.results_left: int | None = None  # None: not opened yet; 0: closed
@@ -111,7 +111,7 @@ class SchedulerLoop:
     ):
         self.scheduler = scheduler
         self.endpoints = endpoints
-        ctx = zmq.Context.instance()
+        ctx: zmq.Context = zmq.Context.instance()
         self.requests = pull_socket(ctx, endpoints.scheduler_requests)
         self.results = pull_socket(ctx, endpoints.scheduler_results)
         self.plans = push_socket(ctx, endpoints.worker_plans)
