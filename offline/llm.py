@@ -65,7 +65,10 @@ class LLM:
     # ------------------------------------------------------------------ request level
 
     def add_request(self, prompt_token_ids: list[int], sampling: SamplingParams) -> int:
+        # What the server's frontend and tokenizer workers check; the scheduler checks the rest.
         sampling.validate()
+        if not prompt_token_ids:
+            raise InvalidParameter("prompt", "the prompt is empty")
         rid = next(self._rids)
         reply = self.scheduler.add_request(
             TokenizedRequest(rid, list(prompt_token_ids), replace(sampling), StageTimes(arrival=time.time()))

@@ -97,8 +97,6 @@ class Scheduler:
     def _validate(self, rid: int, prompt: list[int], sampling: SamplingParams) -> RequestRejected | None:
         if rid in self.requests:
             return RequestRejected(rid, 400, f"request id {rid} is already in use")
-        if not prompt:
-            return RequestRejected(rid, 400, "the prompt is empty", "prompt")
         if len(prompt) >= self.max_model_len:
             return RequestRejected(
                 rid,
