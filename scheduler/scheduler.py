@@ -72,6 +72,7 @@ class Scheduler:
         self.finishing: dict[int, Request] = {}
         self.stats = SchedulerStats()  # counters and the last step's sizes; snapshot() adds the state
         self._released: list[int] = []  # rids whose worker mirror must be dropped, sent with the next plan
+        self._last_sampled: list[Request] = []  # planned their last sample in the latest plan
         self._step_id = 0
         self._seeds = random.Random()
 
@@ -161,11 +162,14 @@ class Scheduler:
         for that token now: they leave the batch, giving their seat and their blocks away. Blocks whose
         tokens are all known go to the prefix cache; the final token is never computed. Done at the start
         of the next plan, not the one that samples it: that plan's forward still writes those blocks."""
-        for request in [r for r in self.running if not r.is_prefilling and not r.can_sample_more(self.max_model_len)]:
+        for request in self._last_sampled:
+            if request.status is not RequestStatus.RUNNING:
+                continue  # its last token arrived already (or it stopped, or was aborted)
             self._free_request_blocks(request)
             self.running.remove(request)
             request.status = RequestStatus.FINISHING
             self.finishing[request.rid] = request
+        self._last_sampled = []
 
     def _schedule_running(self, step: _StepDraft) -> None:
         """Running requests, oldest first: a decode computes its one new token, a prompt being chunked its
@@ -185,7 +189,7 @@ class Scheduler:
                 # The common case, kept cheap: the next token fits in the request's last block.
                 step.chunks.append(ScheduledChunk(request.rid, request.num_computed, 1, [], True))
                 request.num_computed += 1
-                request.num_samples_planned += 1
+                self._count_sample(request)
                 if request.num_computed % bs == 0:
                     self._cache_computed_blocks(request)
                 step.decode_tokens += 1
@@ -272,9 +276,14 @@ class Scheduler:
         request.num_computed += n
         sample = request.num_computed == request.num_tokens_planned
         if sample:
-            request.num_samples_planned += 1
+            self._count_sample(request)
         self._cache_computed_blocks(request)
         return ScheduledChunk(request.rid, start, n, request.block_ids[worker_has_blocks:], sample)
+
+    def _count_sample(self, request: Request) -> None:
+        request.num_samples_planned += 1
+        if not request.can_sample_more(self.max_model_len):
+            self._last_sampled.append(request)
 
     def _cache_computed_blocks(self, request: Request) -> None:
         """Offer the prefix cache every newly completed block whose tokens are all known."""
@@ -379,7 +388,8 @@ class Scheduler:
     # ------------------------------------------------------------------ checks
 
     def check_integrity(self) -> None:
-        """free + evictable + in use == total, and every block's count equals its holders."""
+        """free + evictable + in use == total, and every block's count equals its holders; a running request
+        with no sample left to plan is about to retire."""
         self.blocks.check_integrity()
         holders = [0] * self.blocks.num_blocks
         for request in self.running:
@@ -387,6 +397,9 @@ class Scheduler:
                 holders[block] += 1
         for request in [*self.waiting, *self.finishing.values()]:
             assert not request.block_ids, f"{request.status.value} request {request.rid} holds blocks"
+        for request in self.running:
+            if not request.is_prefilling and not request.can_sample_more(self.max_model_len):
+                assert request in self._last_sampled, f"request {request.rid} runs with no sample left to plan"
         evictable = 0
         if self.cache is not None:
             self.cache.check_integrity()
