@@ -4,7 +4,8 @@ Two sources:
 - per-request latencies and token counts, measured here from the stage times the events carry
   (arrival, tokenized, queued, first scheduled, each output's streamed time), so a latency breakdown
   and /metrics agree;
-- the scheduler's state and counters, asked for at scrape time (`control("stats")`) and exposed as-is.
+- the scheduler's state and counters, asked for at scrape time (`control("stats")`) and exposed as the
+  metrics `common/scheduler_stats.py` names.
 """
 
 from __future__ import annotations
