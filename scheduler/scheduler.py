@@ -12,7 +12,7 @@ One step (schedule), in order:
      chunking is on). The first request that cannot be admitted stops admission: order is kept.
 All of a step's chunks go to the worker as one plan, computed in one forward.
 
-Results arrive up to PIPELINE_DEPTH steps late (the next plan is made while the GPU runs this one), so a
+Results arrive PIPELINE_DEPTH - 1 steps late (the next plan is made while the GPU runs this one), so a
 request that sampled EOS may be scheduled once more; that extra token is discarded here. A request that
 reaches max_tokens is known to be done without the result: the next plan can admit a successor into its
 seat and blocks. (The worker runs plans in order, so the successor writes those blocks only after the
