@@ -71,6 +71,9 @@ def resolve_device(name: str) -> torch.device:
 
 
 class ModelRunner:
+    """Loads the model, allocates the KV store (sized by kv_sizing.py) and runs plans. Its owners (the worker
+    process, LLM) warm it up with warm_up.py before the first request."""
+
     def __init__(self, config: EngineConfig, info: ModelInfo, progress: bool = False):
         self.config = config
         self.info = info
