@@ -39,7 +39,7 @@ STAGING = StagingRing(DEVICE, 1 << 24)
 
 def build_metadata(backend, layout, slots: torch.Tensor):
     STAGING.next_step()
-    return backend.build_metadata(layout, slots.cpu().numpy(), STAGING)
+    return backend.build_metadata(layout, slots.cpu().numpy(), STAGING.upload)
 
 
 BLOCK_SIZE = 16

@@ -61,7 +61,7 @@ class ControlServer:
         self._stats = stats or dict
         self._on_command = on_command
         self._queued: queue.Queue[ControlRequest] = queue.Queue()
-        self._ctx = zmq.Context.instance()
+        self._ctx: zmq.Context = zmq.Context.instance()
         self._main_replies = ReplySockets(self._ctx, endpoints)
         self._inbox = pull_socket(self._ctx, endpoints.control(role))  # bound now: ready means reachable
         threading.Thread(target=self._serve, name=f"{role}-control", daemon=True).start()
@@ -103,7 +103,7 @@ def ask_all(endpoints: Endpoints, asker: str, roles: list[str], kind: str, timeo
     launcher's way, outside any event loop). Roles that did not answer are missing."""
     import time
 
-    ctx = zmq.Context.instance()
+    ctx: zmq.Context = zmq.Context.instance()
     inbox = pull_socket(ctx, endpoints.control_replies(asker))
     outs = [push_socket(ctx, endpoints.control(role)) for role in roles]
     try:

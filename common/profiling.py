@@ -23,8 +23,13 @@ from abc import ABC, abstractmethod
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from common.transport import SocketStats
+
+if TYPE_CHECKING:  # both are imported only where a profiler starts
+    import torch.profiler
+    from viztracer import VizTracer
 
 log = logging.getLogger(__name__)
 
@@ -79,7 +84,7 @@ class PythonProfiler(Profiler):
     def __init__(self, max_events: int = MAX_PYTHON_EVENTS) -> None:
         super().__init__()
         self.max_events = max_events
-        self._tracer = None
+        self._tracer: VizTracer | None = None
 
     def _start(self) -> None:
         from viztracer import VizTracer
@@ -90,6 +95,7 @@ class PythonProfiler(Profiler):
         self._tracer.start()
 
     def _stop_and_write(self, path: str) -> None:
+        assert self._tracer is not None, "stopped without a start"
         self._tracer.stop()
         self._tracer.save(path)
         self._tracer = None  # frees the ring buffer
@@ -98,7 +104,7 @@ class PythonProfiler(Profiler):
 class TorchProfiler(Profiler):
     def __init__(self) -> None:
         super().__init__()
-        self._profile = None
+        self._profile: torch.profiler.profile | None = None
 
     def _start(self) -> None:
         import torch
@@ -111,6 +117,7 @@ class TorchProfiler(Profiler):
         self._profile.start()
 
     def _stop_and_write(self, path: str) -> None:
+        assert self._profile is not None, "stopped without a start"
         self._profile.stop()
         self._profile.export_chrome_trace(path)
         self._profile = None

@@ -66,11 +66,11 @@ def decode(data: bytes) -> Any:
 def _encoder_for(cls: type) -> Callable[[Any], list]:
     """Build (once per class) a function instance -> list of wire values, nested dataclasses as lists.
     Plans carry hundreds of chunks per step: the per-field work is decided here, not per value."""
-    encoder = _ENCODERS.get(cls)
-    if encoder is not None:
-        return encoder
+    cached = _ENCODERS.get(cls)
+    if cached is not None:
+        return cached
     hints = typing.get_type_hints(cls)
-    getters = []
+    getters: list[Callable[..., Any]] = []
     for f in dataclasses.fields(cls):
         annotation, args = hints[f.name], typing.get_args(hints[f.name])
         inner = [a for a in args if a is not type(None)]
@@ -100,9 +100,9 @@ def _encoder_for(cls: type) -> Callable[[Any], list]:
 
 def _decoder_for(cls: type) -> Callable[[list], Any]:
     """Build (once per class) a function list -> instance, converting nested dataclass fields."""
-    decoder = _DECODERS.get(cls)
-    if decoder is not None:
-        return decoder
+    cached = _DECODERS.get(cls)
+    if cached is not None:
+        return cached
     hints = typing.get_type_hints(cls)
     fields = dataclasses.fields(cls)
     converters = [_converter_for(hints[f.name]) for f in fields]
@@ -143,7 +143,7 @@ def _converter_for(annotation: Any) -> Callable[[Any], Any] | None:
     return None
 
 
-def _lazy_list_decoder(cls: type) -> Callable[[list], list]:
+def _lazy_list_decoder(cls: Any) -> Callable[[list], list]:
     """Decodes a list of `cls`: the item decoder is looked up once, on first use, not per item."""
     resolved: list[Callable[[list], Any]] = []
 
@@ -156,7 +156,7 @@ def _lazy_list_decoder(cls: type) -> Callable[[list], list]:
     return decode_list
 
 
-def _lazy_decoder(cls: type) -> Callable[[list], Any]:
+def _lazy_decoder(cls: Any) -> Callable[[list], Any]:
     """The decoder of `cls`, looked up on first use (a nested class may be defined after its container)."""
     resolved: list[Callable[[list], Any]] = []
 

@@ -8,7 +8,8 @@ Two sources:
 - per-request latencies and token counts, measured here from the stage times the events carry
   (arrival, tokenized, queued, first scheduled, each output's streamed time), so a latency breakdown
   and /metrics agree;
-- the scheduler's state and counters, asked for at scrape time (`control("stats")`) and exposed as-is.
+- the scheduler's state and counters, asked for at scrape time (`control("stats")`) and exposed as the
+  metrics `common/scheduler_stats.py` names.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from common.messages import RequestOutput, StageTimes
+from common.scheduler_stats import SchedulerStats
 
 LATENCY_BUCKETS = (
     0.001,
@@ -45,53 +47,24 @@ LATENCY_BUCKETS = (
     80.0,
 )
 
-# (stats key, metric name, help) of the scheduler's snapshot.
-SCHEDULER_GAUGES = [
-    ("num_running", "clearserve_num_requests_running", "Requests in the running batch"),
-    ("num_waiting", "clearserve_num_requests_waiting", "Requests waiting for admission"),
-    ("kv_blocks_total", "clearserve_kv_blocks_total", "KV cache blocks in the pool"),
-    ("kv_blocks_free", "clearserve_kv_blocks_free", "KV cache blocks on the free list"),
-    (
-        "kv_blocks_cached",
-        "clearserve_kv_blocks_cached",
-        "KV cache blocks held only by the prefix cache: reusable by a matching prompt, evicted when needed",
-    ),
-    ("kv_blocks_used", "clearserve_kv_blocks_used", "KV cache blocks held by running requests"),
-    ("last_step_prefill_tokens", "clearserve_last_step_prefill_tokens", "Prompt tokens computed by the last step"),
-    ("last_step_decode_tokens", "clearserve_last_step_decode_tokens", "Decode tokens computed by the last step"),
-]
-SCHEDULER_COUNTERS = [
-    ("steps", "clearserve_scheduler_steps", "Step plans sent to the GPU worker"),
-    ("prompt_tokens_computed", "clearserve_prompt_tokens_computed", "Prompt tokens run through the model"),
-    ("decode_tokens_computed", "clearserve_decode_tokens_computed", "Decode tokens run through the model"),
-    ("generated_tokens", "clearserve_scheduler_generated_tokens", "Tokens sampled, as the scheduler counts them"),
-    ("prompt_tokens_admitted", "clearserve_prompt_tokens_admitted", "Prompt tokens of admitted requests"),
-    ("cache_hit_tokens", "clearserve_prefix_cache_hit_tokens", "Prompt tokens served from the prefix cache"),
-    ("preemptions", "clearserve_preemptions", "Requests preempted to free KV blocks"),
-]
-
 
 class SchedulerStatsCollector(Collector):
     """Exposes the latest scheduler stats snapshot; nothing when the scheduler did not answer."""
 
     def __init__(self) -> None:
-        self.snapshot: dict | None = None
+        self.snapshot: SchedulerStats | None = None
 
     def collect(self) -> Iterator[Metric]:
         stats = self.snapshot
         if stats is None:
             return
-        for key, name, doc in SCHEDULER_GAUGES:
-            if key in stats:
-                yield GaugeMetricFamily(name, doc, value=stats[key])
-        for key, name, doc in SCHEDULER_COUNTERS:
-            if key in stats:
-                yield CounterMetricFamily(name, doc, value=stats[key])
-        admitted = stats.get("prompt_tokens_admitted", 0)
+        for key, kind, name, doc in SchedulerStats.metrics():
+            family = GaugeMetricFamily if kind == "gauge" else CounterMetricFamily
+            yield family(name, doc, value=getattr(stats, key))
         yield GaugeMetricFamily(
             "clearserve_prefix_cache_hit_rate",
             "Share of admitted prompt tokens served from the prefix cache",
-            value=stats.get("cache_hit_tokens", 0) / admitted if admitted else 0.0,
+            value=stats.cache_hit_rate,
         )
 
 
@@ -167,7 +140,7 @@ class FrontendMetrics:
 
     def render(self, scheduler_stats: dict | None) -> bytes:
         # Set and render with no await between: concurrent scrapes each see their own snapshot.
-        self.scheduler.snapshot = scheduler_stats
+        self.scheduler.snapshot = SchedulerStats.from_payload(scheduler_stats) if scheduler_stats is not None else None
         if self.multiprocess_dir is None:
             return generate_latest(self.registry)
         every_frontend = CollectorRegistry()

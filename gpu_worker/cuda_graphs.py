@@ -20,8 +20,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from common.pipeline import host_ring_size
 from gpu_worker.attention.base import AttentionBackend, BatchLayout
-from gpu_worker.host_copy import STEPS_IN_FLIGHT
 from gpu_worker.kv_cache import PagedKVCache
 from gpu_worker.models.forward_context import ForwardContext
 
@@ -54,9 +54,7 @@ class DecodeGraphs:
         # Field offsets in the flat int32 buffer.
         self._sizes = [b, b, b, b, b * w]
         # Host side: a ring, so that a buffer whose copy is still queued is never rewritten (host_copy.py).
-        self._hosts = [
-            torch.zeros(sum(self._sizes), dtype=torch.int32).pin_memory() for _ in range(STEPS_IN_FLIGHT + 1)
-        ]
+        self._hosts = [torch.zeros(sum(self._sizes), dtype=torch.int32).pin_memory() for _ in range(host_ring_size())]
         self._turn = 0
         self._device = torch.zeros_like(self._hosts[0], device=self.device)
         views, offset = [], 0

@@ -5,9 +5,9 @@ device has finished everything queued before it: with the next step launched whi
 runs, that is a stall per copy. Pinned memory makes the copy asynchronous, but allocating it per step
 is slow, and a pinned buffer may be rewritten only once the copy out of it has run.
 
-So: a ring of preallocated pinned buffers, one taken per step. At most STEPS_IN_FLIGHT launched steps
-are unfinished, and finishing a step waits for its tokens, which the device produces after every copy
-that step made; a ring one longer than that never rewrites a buffer whose copy is pending.
+So: a ring of preallocated pinned buffers, one taken per step. At most PIPELINE_DEPTH launched steps
+are unfinished (common/pipeline.py), and finishing a step waits for its tokens, which the device produces
+after every copy that step made; a ring one longer than that never rewrites a buffer whose copy is pending.
 
     step k:  host ring[k % depth] ──copy──▶ device buffer (one; the device runs steps in order)
 """
@@ -17,14 +17,18 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-STEPS_IN_FLIGHT = 2
+from common.pipeline import host_ring_size
+
 ALIGN = 16  # bytes: Triton specializes kernels on 16-byte pointer alignment; every field starts aligned
 
 
 class StagingRing:
-    def __init__(self, device: torch.device, capacity_bytes: int, depth: int = STEPS_IN_FLIGHT + 1):
+    def __init__(self, device: torch.device, capacity_bytes: int, depth: int | None = None):
+        """depth: host buffers in the ring; None: one per step in flight, plus the one being filled."""
         self.device = device
         self.capacity = capacity_bytes
+        if depth is None:
+            depth = host_ring_size()
         if device.type == "cuda":
             self._hosts = [torch.empty(capacity_bytes, dtype=torch.uint8, pin_memory=True) for _ in range(depth)]
             self._device = torch.empty(capacity_bytes, dtype=torch.uint8, device=device)

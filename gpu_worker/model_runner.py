@@ -22,16 +22,18 @@ import numpy as np
 import torch
 
 from common.config import EngineConfig
-from common.messages import NewRequestSpec, ScheduledChunk, StepPlan, StepResult, StepTimings
+from common.messages import NewRequestSpec, StepPlan, StepResult, StepTimings
 from common.model_info import ModelInfo
-from common.sampling_params import SamplingParams
+from common.pipeline import max_live_mirrors
 from gpu_worker.attention import BatchLayout, make_attention_backend, resolve_attention_backend
 from gpu_worker.cuda_graphs import DecodeGraphs
 from gpu_worker.host_copy import StagingRing
 from gpu_worker.kv_cache import PagedKVCache
+from gpu_worker.kv_sizing import size_kv_store
 from gpu_worker.model_loader import load_model, resolve_dtype
 from gpu_worker.models.forward_context import ForwardContext
 from gpu_worker.sampler import SamplingBatch, sample
+from gpu_worker.warm_up import WARM_UP_REQUESTS
 
 
 @dataclass(slots=True)
@@ -69,6 +71,9 @@ def resolve_device(name: str) -> torch.device:
 
 
 class ModelRunner:
+    """Loads the model, allocates the KV store (sized by kv_sizing.py) and runs plans. Its owners (the worker
+    process, LLM) warm it up with warm_up.py before the first request."""
+
     def __init__(self, config: EngineConfig, info: ModelInfo, progress: bool = False):
         self.config = config
         self.info = info
@@ -89,7 +94,9 @@ class ModelRunner:
             fused_kernels=backend == "triton",
         )
         num_layers, kv_heads, head_dim = self.model.kv_shape
-        self.num_kv_blocks = self._num_kv_blocks()
+        self.num_kv_blocks = config.num_kv_blocks or size_kv_store(
+            config, info, self.model, self.attention, self.device, self.dtype
+        )
         # One block more than the scheduler is told of: a scratch block for CUDA-graph padding rows.
         self.kv_cache = PagedKVCache(
             num_layers, self.num_kv_blocks + 1, config.block_size, kv_heads, head_dim, self.dtype, self.device
@@ -111,86 +118,9 @@ class ModelRunner:
         self.staging = StagingRing(self.device, 32 * max_tokens + 8 * config.max_num_seqs * (table_width + 16) + 2**16)
         # Last sampled token of each mirror, on the device. A released slot may be reused at once: the
         # device runs steps in order, so the old owner's last write lands before the new owner's.
-        # Mirrors alive at once: the seated requests, plus as many whose last token is in flight (they
-        # gave their seat away and are released with the next plan), plus the warm-up's four requests.
-        num_slots = 2 * config.max_num_seqs + 4
+        num_slots = max(max_live_mirrors(config.max_num_seqs), WARM_UP_REQUESTS)
         self.last_tokens = torch.zeros(num_slots, dtype=torch.long, device=self.device)
         self._free_slots = list(range(num_slots - 1, -1, -1))
-        self.warm_up()
-
-    def _num_kv_blocks(self) -> int:
-        cfg = self.config
-        if cfg.num_kv_blocks:
-            return cfg.num_kv_blocks
-        num_layers, kv_heads, head_dim = self.model.kv_shape
-        per_block = PagedKVCache.bytes_per_block(num_layers, cfg.block_size, kv_heads, head_dim, self.dtype)
-        # Never more than every running request at full context could use.
-        useful = cfg.max_num_seqs * -(-self.info.max_model_len // cfg.block_size)
-        if self.device.type == "cuda":
-            budget = self._cuda_kv_budget_bytes()
-        else:
-            budget = int(cfg.cpu_kv_cache_gib * 2**30)
-        blocks = min(useful, budget // per_block)
-        if blocks < 1:
-            raise RuntimeError(
-                "no memory left for the KV store; lower --max-num-batched-tokens or raise --gpu-memory-utilization"
-            )
-        return blocks
-
-    def _cuda_kv_budget_bytes(self) -> int:
-        """Free memory after a forward at the largest step size, times --gpu-memory-utilization."""
-        torch.cuda.empty_cache()
-        torch.cuda.reset_peak_memory_stats(self.device)
-        tokens = min(self.config.max_num_batched_tokens, self.info.max_model_len)
-        num_layers, kv_heads, head_dim = self.model.kv_shape
-        blocks = -(-tokens // self.block_size)
-        probe_cache = PagedKVCache(num_layers, blocks, self.block_size, kv_heads, head_dim, self.dtype, self.device)
-        layout = BatchLayout.build([tokens], [tokens], [list(range(blocks))], self.block_size)
-        slots = torch.arange(tokens)
-        staging = StagingRing(self.device, 64 * tokens + 2**16, depth=1)
-        staging.next_step()
-        ctx = ForwardContext(self.attention, self.attention.build_metadata(layout, slots.numpy(), staging), probe_cache)
-        ids = torch.zeros(tokens, dtype=torch.long, device=self.device)
-        hidden = self.model(ids, slots.to(self.device), ctx)
-        self.model.compute_logits(hidden[-min(tokens, self.config.max_num_seqs) :])
-        torch.cuda.synchronize(self.device)
-        peak = torch.cuda.max_memory_allocated(self.device)
-        del probe_cache, ctx, hidden
-        torch.cuda.empty_cache()
-        total = torch.cuda.get_device_properties(self.device).total_memory
-        return int(total * self.config.gpu_memory_utilization) - peak
-
-    def warm_up(self) -> None:
-        """Run every kind of step once so that no request pays for a kernel compile: prefill, graph
-        decode, and mixed steps whose decodes take both attention paths (a long context is split, short
-        ones are not). Uses blocks from 0 up, before any request has one."""
-        greedy = SamplingParams(temperature=0.0, seed=0)
-        bs = self.block_size
-        room = (self.num_kv_blocks // 4) * bs - 2  # tokens each of the four requests may use
-        short = min(16, self.info.max_model_len - 2, room)
-        if short < 1:
-            return  # a pool this small is a test's; nothing worth warming
-        long = min(1024, self.info.max_model_len - 2, room) if self.device.type == "cuda" else short
-        a, b, c, d = -1, -2, -3, -4
-        lengths = {a: short, b: long, c: short, d: short}
-        tables, first = {}, 0
-        for rid, n in lengths.items():  # room for the prompt and two decoded tokens, blocks side by side
-            used = -(-(n + 2) // bs)
-            tables[rid], first = list(range(first, first + used)), first + used
-        new = {rid: NewRequestSpec(rid, [1] * n, greedy, 0) for rid, n in lengths.items()}
-
-        def prefill(rid: int) -> ScheduledChunk:
-            return ScheduledChunk(rid, 0, lengths[rid], tables[rid], True)
-
-        steps = [
-            ([new[a], new[b]], [prefill(a), prefill(b)]),
-            ([], [ScheduledChunk(a, short, 1, [], True), ScheduledChunk(b, long, 1, [], True)]),  # decode
-            ([new[c]], [prefill(c), ScheduledChunk(b, long + 1, 1, [], True)]),  # mixed, long decode
-            ([new[d]], [prefill(d), ScheduledChunk(a, short + 1, 1, [], True)]),  # mixed, short decode
-        ]
-        for i, (specs, chunks) in enumerate(steps):
-            self.execute(StepPlan(-1 - i, specs, chunks, []))
-        self.execute(StepPlan(-9, [], [], list(lengths)))
 
     # ------------------------------------------------------------------ the step
 
@@ -249,7 +179,7 @@ class ModelRunner:
         tokens = copied = None
         if sampled:
             rows = [(m.temperature, m.top_k, m.top_p, m.seed, m.num_sampled) for m in sampled]
-            drawn = sample(logits, SamplingBatch.build(rows, logits.shape[1], staging))
+            drawn = sample(logits, SamplingBatch.build(rows, logits.shape[1], staging.upload))
             slots = staging.upload([m.slot for m in sampled], torch.long)
             self.last_tokens.index_copy_(0, slots, drawn)
             for m in sampled:
@@ -320,7 +250,7 @@ class ModelRunner:
     ) -> torch.Tensor:
         """Run the model op by op; returns the logits of the sampling rows."""
         ctx = ForwardContext(
-            self.attention, self.attention.build_metadata(layout, slot_mapping, self.staging), self.kv_cache
+            self.attention, self.attention.build_metadata(layout, slot_mapping, self.staging.upload), self.kv_cache
         )
         ids = self.staging.upload(input_ids, torch.long)
         if device_inputs is not None:

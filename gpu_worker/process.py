@@ -8,20 +8,17 @@ from __future__ import annotations
 import dataclasses
 import logging
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import zmq
 
 from common.config import EngineConfig
 from common.control import ControlServer
-from common.messages import StepPlan
+from common.messages import StepPlan, StepResult
 from common.model_info import ModelInfo
 from common.process import announce_ready, exit_child, init_child_process
 from common.profiling import ProcessProfiler, ProcessStats, ProfileConfig, TorchProfiler
 from common.transport import Endpoints, pull_socket, push_socket, recv, send
-
-if TYPE_CHECKING:
-    from gpu_worker.model_runner import LaunchedStep
+from gpu_worker.step_queue import StepQueue
 
 ROLE = "gpu_worker"
 CONTROL_POLL_MS = 100  # an idle worker wakes this often to answer control commands queued for its main thread
@@ -43,9 +40,12 @@ def main(
 
         runner = NullRunner(config, info)
     else:
-        from gpu_worker.model_runner import ModelRunner  # torch is imported here, in the child, never before spawn
+        # torch is imported here, in the child, never before spawn.
+        from gpu_worker.model_runner import ModelRunner
+        from gpu_worker.warm_up import warm_up
 
         runner = ModelRunner(config, info, progress=True)
+        warm_up(runner)
     log.info(
         "model on %s (%s), %d KV blocks of %d tokens",
         runner.device,
@@ -104,45 +104,37 @@ class WorkerLoop:
         the next one, so the device never waits for the host between steps."""
         poller = zmq.Poller()
         poller.register(self.plans, zmq.POLLIN)
-        in_flight: LaunchedStep | None = None
+        steps = StepQueue(self.runner)
         while True:
             for request in control.pending():
                 control.reply(request, self.profiler.answer(request.kind))
             # A step in flight: just look for the next plan; none: wait for one.
-            if not poller.poll(timeout=0 if in_flight is not None else CONTROL_POLL_MS):
-                if in_flight is not None:
+            if not poller.poll(timeout=0 if steps else CONTROL_POLL_MS):
+                if steps:
                     with self.activity.busy():
-                        self._finish(in_flight)
-                    in_flight = None
+                        self._send(steps.finish_oldest())
                 continue
             with self.activity.busy():
                 plan: StepPlan = recv(self.plans, stats=self.activity.sockets)
-                if in_flight is not None and in_flight.step_id == self.profile_last_step:
-                    self._finish(in_flight)  # closes the profile window before anything else runs
-                    in_flight = None
+                if steps and steps.oldest_step_id == self.profile_last_step:
+                    self._send(steps.finish_oldest())  # closes the profile window before anything else runs
                 if plan.profile_steps:
                     self.profiler.start()
                     self.profile_launches_left = plan.profile_steps
-                launched = self.runner.launch(plan)
                 if self.profile_launches_left:
                     self.profile_launches_left -= 1
                     if self.profile_launches_left == 0:
                         self.profile_last_step = plan.step_id
-                if in_flight is not None:
-                    self._finish(in_flight)
-                in_flight = launched
-                if not self.runner.launches_async:
-                    self._finish(in_flight)
-                    in_flight = None
+                for result in steps.launch(plan):
+                    self._send(result)
 
-    def _finish(self, step: LaunchedStep) -> None:
-        result = self.runner.finish(step)
+    def _send(self, result: StepResult) -> None:
         send(self.results, result, self.activity.sockets)
         self.totals.steps += 1
         self.totals.prepare_s += result.timings.prepare_s
         self.totals.forward_s += result.timings.forward_s
         self.totals.sample_s += result.timings.sample_s
-        if step.step_id == self.profile_last_step:
+        if result.step_id == self.profile_last_step:
             self.profile_last_step = None
             self.profiler.stop()  # after the result is sent: writing the trace delays no one
 

@@ -9,11 +9,11 @@ a seeded request gives the same output alone, batched, chunked or recomputed aft
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
-
-from gpu_worker.host_copy import StagingRing
 
 _MASK32 = 0xFFFFFFFF
 
@@ -33,17 +33,19 @@ class SamplingBatch:
 
     @classmethod
     def build(
-        cls, rows: list[tuple[float, int, float, int, int]], vocab_size: int, staging: StagingRing
+        cls,
+        rows: list[tuple[float, int, float, int, int]],
+        vocab_size: int,
+        upload: Callable[[Any, torch.dtype], torch.Tensor],
     ) -> SamplingBatch:
-        """rows: (temperature, top_k, top_p, seed, output_index) per sampled request."""
+        """rows: (temperature, top_k, top_p, seed, output_index) per sampled request; upload puts host
+        values on the device (the runner's staging ring)."""
         top_k = [r[1] if 0 < r[1] < vocab_size else vocab_size for r in rows]
         greedy = [r[0] == 0.0 or k == 1 for r, k in zip(rows, top_k)]
         if all(greedy):
             return cls(all_greedy=True)
-        floats = staging.upload(
-            [[0.0 if g else r[0] for g, r in zip(greedy, rows)], [r[2] for r in rows]], torch.float32
-        )
-        ints = staging.upload([top_k, [r[3] for r in rows], [r[4] for r in rows]], torch.long)
+        floats = upload([[0.0 if g else r[0] for g, r in zip(greedy, rows)], [r[2] for r in rows]], torch.float32)
+        ints = upload([top_k, [r[3] for r in rows], [r[4] for r in rows]], torch.long)
         return cls(
             all_greedy=False,
             temperature=floats[0],

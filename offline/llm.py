@@ -8,18 +8,18 @@ from __future__ import annotations
 
 import itertools
 import time
-from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, fields, replace
 
 from common.config import EngineConfig
-from common.messages import RequestRejected, RequestTokens, StageTimes, StepPlan, TokenizedRequest
+from common.messages import RequestRejected, RequestTokens, StageTimes, StepPlan, StepResult, TokenizedRequest
 from common.model_info import ModelInfo
 from common.model_source import resolve_model
 from common.sampling_params import InvalidParameter, SamplingParams
 from common.wire import decode, encode
-from gpu_worker.model_runner import LaunchedStep, ModelRunner
-from scheduler.process import PLANS_IN_FLIGHT
+from gpu_worker.model_runner import ModelRunner
+from gpu_worker.step_queue import StepQueue
+from gpu_worker.warm_up import warm_up
 from scheduler.scheduler import Scheduler
 
 
@@ -38,13 +38,14 @@ class LLM:
         self.config = EngineConfig(model=str(folder), **engine_args)
         self.info = ModelInfo.from_folder(folder, self.config.max_model_len)
         self.runner = ModelRunner(self.config, self.info)
+        warm_up(self.runner)
         self.scheduler = Scheduler(self.config, self.info, self.runner.num_kv_blocks)
         self._tokenizer = None
         self._rids = itertools.count()
         self.plans_executed: list[StepPlan] = []  # every plan run, for tests and inspection
         self.record_plans = False
-        # Plans outstanding before the oldest one's tokens are read, as the server runs (see generate).
-        self.plans_in_flight = PLANS_IN_FLIGHT if self.runner.launches_async else 1
+        # Steps launched before the oldest one's tokens are read; None: as the worker process runs (StepQueue).
+        self.plans_in_flight: int | None = None
 
     @classmethod
     def from_config(cls, config: EngineConfig) -> LLM:
@@ -65,7 +66,10 @@ class LLM:
     # ------------------------------------------------------------------ request level
 
     def add_request(self, prompt_token_ids: list[int], sampling: SamplingParams) -> int:
+        # What the server's frontend and tokenizer workers check; the scheduler checks the rest.
         sampling.validate()
+        if not prompt_token_ids:
+            raise InvalidParameter("prompt", "the prompt is empty")
         rid = next(self._rids)
         reply = self.scheduler.add_request(
             TokenizedRequest(rid, list(prompt_token_ids), replace(sampling), StageTimes(arrival=time.time()))
@@ -82,16 +86,17 @@ class LLM:
         plan = self.scheduler.schedule()
         if plan is None:
             return []
-        return self._finish(self._launch(plan))
+        return self._process(self.runner.execute(self._sent(plan)))
 
-    def _launch(self, plan: StepPlan) -> LaunchedStep:
+    def _sent(self, plan: StepPlan) -> StepPlan:
+        """The plan as the worker receives it (through the wire codec); recorded if asked."""
         plan = decode(encode(plan))
         if self.record_plans:
             self.plans_executed.append(plan)
-        return self.runner.launch(plan)
+        return plan
 
-    def _finish(self, step: LaunchedStep) -> list[RequestTokens]:
-        return self.scheduler.process_result(decode(encode(self.runner.finish(step))))
+    def _process(self, result: StepResult) -> list[RequestTokens]:
+        return self.scheduler.process_result(decode(encode(result)))
 
     # ------------------------------------------------------------------ batch level
 
@@ -116,30 +121,30 @@ class LLM:
             order.append(rid)
         pending = set(order)
         # As the server runs: the next step is planned and launched before the previous one's tokens are
-        # read back (see scheduler/process.py), at most self.plans_in_flight steps outstanding.
-        in_flight: deque[LaunchedStep] = deque()
-        depth = self.plans_in_flight
+        # read back (see scheduler/process.py and gpu_worker/step_queue.py).
+        steps = StepQueue(self.runner, self.plans_in_flight)
         while pending:
-            plan = self.scheduler.schedule() if len(in_flight) < depth else None
+            plan = self.scheduler.schedule()
             if plan is not None:
-                in_flight.append(self._launch(plan))
-            if not in_flight:
+                results = steps.launch(self._sent(plan))
+            elif steps:
+                results = [steps.finish_oldest()]
+            else:
                 raise RuntimeError("requests are unfinished but the scheduler planned nothing")
-            if plan is not None and len(in_flight) < depth:
-                continue
-            for tokens in self._finish(in_flight.popleft()):
-                if tokens.rid in outputs:
-                    out = outputs[tokens.rid]
-                    if not out.token_ids:
-                        out.first_token_time = time.time()
-                    out.token_ids.extend(tokens.token_ids)
-                    if tokens.finish_reason is not None:
-                        out.finish_reason = tokens.finish_reason
-                        pending.discard(tokens.rid)
-            if on_step is not None:
-                on_step()
-        while in_flight:  # steps planned before the last finish was seen: their tokens are discarded
-            self._finish(in_flight.popleft())
+            for result in results:
+                for tokens in self._process(result):
+                    if tokens.rid in outputs:
+                        out = outputs[tokens.rid]
+                        if not out.token_ids:
+                            out.first_token_time = time.time()
+                        out.token_ids.extend(tokens.token_ids)
+                        if tokens.finish_reason is not None:
+                            out.finish_reason = tokens.finish_reason
+                            pending.discard(tokens.rid)
+                if on_step is not None:
+                    on_step()
+        while steps:  # steps planned before the last finish was seen: their tokens are discarded
+            self._process(steps.finish_oldest())
         if any(isinstance(p, str) for p in prompts):
             for out in outputs.values():
                 out.text = self.tokenizer.decode(out.token_ids, skip_special_tokens=True)

@@ -122,12 +122,18 @@ class PrefixCache:
             self._remove(node)
             freed += 1
             parent = node.parent
-            if parent is not self.root and not parent.children and self.blocks.ref_counts[parent.block] == 1:
+            if (
+                parent is not None
+                and parent is not self.root
+                and not parent.children
+                and self.blocks.ref_counts[parent.block] == 1
+            ):
                 heapq.heappush(self._lru, (parent.last_access, next(self._tiebreak), parent))
         return freed
 
     def _remove(self, node: TrieNode) -> None:
         node.removed = True
+        assert node.parent is not None, "the root is never removed"
         del node.parent.children[node.key]
         del self.node_of_block[node.block]
         self.num_evictable -= 1

@@ -5,8 +5,9 @@
     [PUSH tokenizer-{i}-tokens] ──RequestAccepted/Rejected, TokenBatch──▶ tokenizer[rid % N]
 
 Overlap: plan N+1 is sent before result N is read, so the worker starts step N+1 the moment it finishes
-N, while the scheduler processes N's tokens and streams them. Hence at most PLANS_IN_FLIGHT plans are
-outstanding; the scheduler's request state is written so that this is safe (see scheduler.py).
+N, while the scheduler processes N's tokens and streams them. Hence at most PIPELINE_DEPTH plans are
+outstanding (common/pipeline.py); the scheduler's request state is written so that this is safe (see
+scheduler.py).
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from common.messages import (
     TokenizedRequest,
 )
 from common.model_info import ModelInfo
+from common.pipeline import PIPELINE_DEPTH
 from common.process import announce_ready, exit_child, init_child_process
 from common.profiling import ProcessProfiler, ProcessStats, ProfileConfig
 from common.request_ids import tokenizer_of
@@ -36,7 +38,6 @@ from common.transport import Endpoints, pull_socket, push_socket, recv, send
 from scheduler.scheduler import Scheduler
 
 ROLE = "scheduler"
-PLANS_IN_FLIGHT = 2
 IDLE_POLL_MS = 100
 log = logging.getLogger(ROLE)
 
@@ -80,7 +81,7 @@ class ProfileWindow:
     def __init__(self, steps: int, profiler: ProcessProfiler, endpoints: Endpoints, others: list[str]):
         self.steps = steps
         self.profiler = profiler
-        ctx = zmq.Context.instance()
+        ctx: zmq.Context = zmq.Context.instance()
         self.others = [push_socket(ctx, endpoints.control(role)) for role in others]
         self.results_left: int | None = None  # None: not opened yet; 0: closed
 
@@ -118,7 +119,7 @@ class SchedulerLoop:
     ):
         self.scheduler = scheduler
         self.endpoints = endpoints
-        ctx = zmq.Context.instance()
+        ctx: zmq.Context = zmq.Context.instance()
         self.requests = pull_socket(ctx, endpoints.scheduler_requests)
         self.results = pull_socket(ctx, endpoints.scheduler_results)
         self.plans = push_socket(ctx, endpoints.worker_plans)
@@ -165,7 +166,7 @@ class SchedulerLoop:
                 self.window.on_result()
 
     def _send_plans(self) -> None:
-        while self.in_flight < PLANS_IN_FLIGHT:
+        while self.in_flight < PIPELINE_DEPTH:
             plan = self.scheduler.schedule()
             if plan is None:
                 break
@@ -180,8 +181,8 @@ class SchedulerLoop:
                     s.last_step_prefill_tokens,
                     s.last_step_decode_tokens,
                     len(plan.new_requests),
-                    self._num_running(),
-                    self.scheduler.num_finishing,
+                    len(self.scheduler.running),
+                    len(self.scheduler.finishing),
                     len(self.scheduler.waiting),
                 )
             self.in_flight += 1
@@ -214,43 +215,18 @@ class SchedulerLoop:
             return
         self.last_log = now
         s = self.scheduler.stats
-        hit_rate = s.cache_hit_tokens / s.prompt_tokens_admitted if s.prompt_tokens_admitted else 0.0
         log.info(
             "running %d, waiting %d, KV blocks free %d/%d, last step %d prefill + %d decode tokens, "
             "prefix cache hit rate %.1f%%, preemptions %d",
-            self._num_running(),
+            len(self.scheduler.running),
             len(self.scheduler.waiting),
             self.scheduler.blocks.num_free,
             self.scheduler.blocks.num_blocks,
             s.last_step_prefill_tokens,
             s.last_step_decode_tokens,
-            100 * hit_rate,
+            100 * s.cache_hit_rate,
             s.preemptions,
         )
 
-    def _num_running(self) -> int:
-        """Seated requests (at most --max-num-seqs), not counting those only waiting for their last token."""
-        return len(self.scheduler.running) - self.scheduler.num_finishing
-
     def stats(self) -> dict:
-        s = self.scheduler.stats
-        blocks = self.scheduler.blocks
-        evictable = self.scheduler.cache.num_evictable if self.scheduler.cache is not None else 0
-        return {
-            **self.activity.summary(),
-            "num_running": self._num_running(),
-            "num_waiting": len(self.scheduler.waiting),
-            "kv_blocks_total": blocks.num_blocks,
-            "kv_blocks_free": blocks.num_free,
-            "kv_blocks_cached": evictable,  # held only by the prefix cache: reusable, and evictable on demand
-            "kv_blocks_used": blocks.num_blocks - blocks.num_free - evictable,
-            "steps": s.steps,
-            "prompt_tokens_computed": s.prompt_tokens_computed,
-            "decode_tokens_computed": s.decode_tokens_computed,
-            "generated_tokens": s.generated_tokens,
-            "prompt_tokens_admitted": s.prompt_tokens_admitted,
-            "cache_hit_tokens": s.cache_hit_tokens,
-            "preemptions": s.preemptions,
-            "last_step_prefill_tokens": s.last_step_prefill_tokens,
-            "last_step_decode_tokens": s.last_step_decode_tokens,
-        }
+        return {**self.activity.summary(), **self.scheduler.snapshot().to_payload()}

@@ -18,8 +18,18 @@ from scheduler.prefix_cache import InsertCursor
 
 
 class RequestStatus(Enum):
+    """Where a request is in its life:
+
+        WAITING ──admit──▶ RUNNING ──last sample planned──▶ FINISHING ──last token back──▶ FINISHED
+           ▲                  │
+           └────preempt───────┘           (EOS, a stop or an abort: from any state to FINISHED)
+
+    A FINISHING request has no seat and no blocks: it only waits for its last token, already in flight.
+    """
+
     WAITING = "waiting"
     RUNNING = "running"
+    FINISHING = "finishing"
     FINISHED = "finished"
 
 

@@ -1,20 +1,22 @@
 """Continuous batching: which requests compute which tokens in the next forward.
 
-One step, in order:
-  1. running requests, oldest first: a decode computes its one new token; a prompt being chunked takes
-     its next chunk from the prompt-token budget. Short of blocks, the prefix cache evicts, then the
-     newest running request is preempted (blocks freed, recomputed later with the tokens it had).
-  2. waiting requests, FIFO, while there is room (--max-num-seqs seats, --max-prefill-requests per
-     step, --max-num-batched-tokens prompt tokens): each reuses its longest cached prefix and computes
-     the rest (a chunk of it, if it does not fit the budget and chunking is on). The first request that
-     cannot be admitted stops admission: order is kept.
+One step (schedule), in order:
+  0. retire: running requests whose last sample is already planned become FINISHING: they give up their
+     seat and their blocks at once and only wait for that token (see below).
+  1. running (_schedule_running), oldest first: a decode computes its one new token; a prompt being
+     chunked takes its next chunk from the prompt-token budget. Short of blocks, the prefix cache evicts,
+     then the newest running request is preempted (blocks freed, recomputed later with the tokens it had).
+  2. admit (_admit), unless step 1 preempted: waiting requests, FIFO, while there is room (--max-num-seqs
+     seats, --max-prefill-requests per step, --max-num-batched-tokens prompt tokens): each reuses its
+     longest cached prefix and computes the rest (a chunk of it, if it does not fit the budget and
+     chunking is on). The first request that cannot be admitted stops admission: order is kept.
 All of a step's chunks go to the worker as one plan, computed in one forward.
 
-Results arrive one step late at worst (the next plan is made while the GPU runs this one), so a request
-that sampled EOS may be scheduled once more; that extra token is discarded here. A request whose last
-token is in flight because it reached max_tokens (known without the result) gives up its seat and its
-blocks at once: the next plan can admit a successor into both. (The worker runs plans in order, so the
-successor writes those blocks only after the step that last used them.)
+Results arrive PIPELINE_DEPTH - 1 steps late (the next plan is made while the GPU runs this one), so a
+request that sampled EOS may be scheduled once more; that extra token is discarded here. A request that
+reaches max_tokens is known to be done without the result: the next plan can admit a successor into its
+seat and blocks. (The worker runs plans in order, so the successor writes those blocks only after the
+step that last used them.)
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from __future__ import annotations
 import random
 import time
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 
 from common.config import EngineConfig
 from common.messages import (
@@ -37,24 +39,21 @@ from common.messages import (
 )
 from common.model_info import ModelInfo
 from common.sampling_params import SamplingParams
+from common.scheduler_stats import SchedulerStats
 from scheduler.block_manager import BlockManager
 from scheduler.prefix_cache import InsertCursor, PrefixCache
 from scheduler.request import Request, RequestStatus
 
 
 @dataclass(slots=True)
-class SchedulerStats:
-    """Cumulative counters (for /metrics and the log) and the last step's sizes."""
+class _StepDraft:
+    """A plan being built: what schedule()'s parts add to, and the prompt-token budget they share."""
 
-    steps: int = 0
-    prompt_tokens_computed: int = 0
-    decode_tokens_computed: int = 0
-    generated_tokens: int = 0
-    prompt_tokens_admitted: int = 0
-    cache_hit_tokens: int = 0  # prompt tokens served from the prefix cache at first admission
-    preemptions: int = 0
-    last_step_prefill_tokens: int = 0
-    last_step_decode_tokens: int = 0
+    budget: int
+    chunks: list[ScheduledChunk] = field(default_factory=list)
+    new_requests: list[NewRequestSpec] = field(default_factory=list)
+    decode_tokens: int = 0
+    preempted: bool = False  # a running request lost its blocks: admit nobody ahead of it this step
 
 
 class Scheduler:
@@ -68,9 +67,12 @@ class Scheduler:
         self.eos_token_ids = frozenset(info.eos_token_ids)
         self.requests: dict[int, Request] = {}
         self.waiting: deque[Request] = deque()
-        self.running: list[Request] = []
-        self.stats = SchedulerStats()
+        self.running: list[Request] = []  # the batch: at most max_num_seqs, oldest first
+        # Requests whose last token is in flight: no seat, no blocks; they finish when it arrives.
+        self.finishing: dict[int, Request] = {}
+        self.stats = SchedulerStats()  # counters and the last step's sizes; snapshot() adds the state
         self._released: list[int] = []  # rids whose worker mirror must be dropped, sent with the next plan
+        self._last_sampled: list[Request] = []  # planned their last sample in the latest plan
         self._step_id = 0
         self._seeds = random.Random()
 
@@ -96,8 +98,6 @@ class Scheduler:
     def _validate(self, rid: int, prompt: list[int], sampling: SamplingParams) -> RequestRejected | None:
         if rid in self.requests:
             return RequestRejected(rid, 400, f"request id {rid} is already in use")
-        if not prompt:
-            return RequestRejected(rid, 400, "the prompt is empty", "prompt")
         if len(prompt) >= self.max_model_len:
             return RequestRejected(
                 rid,
@@ -135,85 +135,98 @@ class Scheduler:
     def has_unfinished(self) -> bool:
         return bool(self.requests)
 
-    @property
-    def num_finishing(self) -> int:
-        """Running requests whose last token is in flight: seat and blocks already given away, they only
-        wait for that token. The others in `running` are the decode batch."""
-        return sum(1 for r in self.running if self._is_finishing(r))
-
-    def _is_finishing(self, request: Request) -> bool:
-        return not request.is_prefilling and not request.can_sample_more(self.max_model_len)
+    def snapshot(self) -> SchedulerStats:
+        """The counters, with the state as it is now."""
+        evictable = self.cache.num_evictable if self.cache is not None else 0
+        return replace(
+            self.stats,
+            num_running=len(self.running),
+            num_waiting=len(self.waiting),
+            kv_blocks_total=self.blocks.num_blocks,
+            kv_blocks_free=self.blocks.num_free,
+            kv_blocks_cached=evictable,
+            kv_blocks_used=self.blocks.num_blocks - self.blocks.num_free - evictable,
+        )
 
     def schedule(self) -> StepPlan | None:
         """The next step's plan, or None when nothing can run."""
-        budget = self.config.max_num_batched_tokens
-        chunks: list[ScheduledChunk] = []
-        new_specs: list[NewRequestSpec] = []
-        decode_tokens = 0
-        preempted = False
-        seats_taken = 0  # running requests with work left; the others only wait for their last token
+        self._retire_last_sampled()
+        step = _StepDraft(budget=self.config.max_num_batched_tokens)
+        self._schedule_running(step)
+        if not step.preempted:
+            self._admit(step)
+        return self._emit(step)
 
+    def _retire_last_sampled(self) -> None:
+        """Running requests whose last sample is planned (max_tokens or the context reached) only wait
+        for that token now: they leave the batch, giving their seat and their blocks away. Blocks whose
+        tokens are all known go to the prefix cache; the final token is never computed. Done at the start
+        of the next plan, not the one that samples it: that plan's forward still writes those blocks."""
+        for request in self._last_sampled:
+            if request.status is not RequestStatus.RUNNING:
+                continue  # its last token arrived already (or it stopped, or was aborted)
+            self._free_request_blocks(request)
+            self.running.remove(request)
+            request.status = RequestStatus.FINISHING
+            self.finishing[request.rid] = request
+        self._last_sampled = []
+
+    def _schedule_running(self, step: _StepDraft) -> None:
+        """Running requests, oldest first: a decode computes its one new token, a prompt being chunked its
+        next chunk from the budget. Short of blocks, the newest running requests are preempted."""
         bs = self.block_size
         for request in list(self.running):
             if request.status is not RequestStatus.RUNNING:
                 continue  # preempted earlier in this loop to make room
-            if not request.is_prefilling:
-                if self._is_finishing(request):
-                    # Its last token is in flight; it finishes when the result arrives. Blocks whose
-                    # tokens are all known go to the prefix cache now; the final token is never computed.
-                    self._free_request_blocks(request)
-                    continue
-                seats_taken += 1
-                if request.num_tokens_planned == request.num_computed:
-                    continue  # its next token is in flight
-                if request.num_computed < len(request.block_ids) * bs:
-                    # The common case, kept cheap: the next token fits in the request's last block.
-                    chunks.append(ScheduledChunk(request.rid, request.num_computed, 1, [], True))
-                    request.num_computed += 1
-                    request.num_samples_planned += 1
-                    if request.num_computed % bs == 0:
-                        self._cache_computed_blocks(request)
-                    decode_tokens += 1
-                    continue
-                n = 1
-            else:
-                seats_taken += 1
-                n = min(request.num_resume_tokens - request.num_computed, budget)
+            prefilling = request.is_prefilling
+            if prefilling:
+                n = min(request.num_resume_tokens - request.num_computed, step.budget)
                 if n == 0:
                     continue
-            prefilling = request.is_prefilling
-            before = self.stats.preemptions
-            if not self._reserve_blocks(request, request.num_computed + n):
-                preempted = True
+            elif request.num_tokens_planned == request.num_computed:
+                continue  # its next token is in flight
+            elif request.num_computed < len(request.block_ids) * bs:
+                # The common case, kept cheap: the next token fits in the request's last block.
+                step.chunks.append(ScheduledChunk(request.rid, request.num_computed, 1, [], True))
+                request.num_computed += 1
+                self._count_sample(request)
+                if request.num_computed % bs == 0:
+                    self._cache_computed_blocks(request)
+                step.decode_tokens += 1
                 continue
-            preempted |= self.stats.preemptions != before
-            chunks.append(self._plan_chunk(request, n, worker_has_blocks=len(request.block_ids)))
-            if prefilling:
-                budget -= n
             else:
-                decode_tokens += 1
+                n = 1
+            victims = self._reserve_blocks(request, request.num_computed + n)
+            step.preempted |= bool(victims)
+            if request in victims:
+                continue
+            step.chunks.append(self._plan_chunk(request, n, worker_has_blocks=len(request.block_ids)))
+            if prefilling:
+                step.budget -= n
+            else:
+                step.decode_tokens += 1
 
-        if not preempted:
-            budget = self._admit(budget, self.config.max_num_seqs - seats_taken, chunks, new_specs)
-
-        self.stats.last_step_prefill_tokens = self.config.max_num_batched_tokens - budget
-        self.stats.last_step_decode_tokens = decode_tokens
-        if not chunks and not self._released:
+    def _emit(self, step: _StepDraft) -> StepPlan | None:
+        """The draft as a plan, with the releases since the last one; the step's counters."""
+        self.stats.last_step_prefill_tokens = self.config.max_num_batched_tokens - step.budget
+        self.stats.last_step_decode_tokens = step.decode_tokens
+        if not step.chunks and not self._released:
             return None
-        self.stats.steps += bool(chunks)  # a plan that only releases requests runs no forward
+        self.stats.steps += bool(step.chunks)  # a plan that only releases requests runs no forward
         self.stats.prompt_tokens_computed += self.stats.last_step_prefill_tokens
-        self.stats.decode_tokens_computed += decode_tokens
+        self.stats.decode_tokens_computed += step.decode_tokens
         self._step_id += 1
         released, self._released = self._released, []
-        return StepPlan(self._step_id, new_specs, chunks, released)
+        return StepPlan(self._step_id, step.new_requests, step.chunks, released)
 
-    def _admit(
-        self, budget: int, free_seats: int, chunks: list[ScheduledChunk], new_specs: list[NewRequestSpec]
-    ) -> int:
+    def _admit(self, step: _StepDraft) -> None:
+        """Waiting requests, FIFO, into the seats, the per-step admission limit and the budget left. The
+        first that cannot be admitted stops admission: order is kept."""
         full_budget = self.config.max_num_batched_tokens
+        free_seats = self.config.max_num_seqs - len(self.running)
         limit = min(free_seats, self.config.max_prefill_requests or self.config.max_num_seqs)
         admitted = 0
-        while self.waiting and budget > 0 and admitted < limit:
+        while self.waiting and step.budget > 0 and admitted < limit:
             request = self.waiting[0]
             if request.num_samples_in_flight:
                 break  # preempted with a sample still on the GPU: resume once it has arrived
@@ -226,12 +239,12 @@ class Scheduler:
                 cached, cursor = self.cache.match(tokens, (len(tokens) - 1) // self.block_size)
             num_cached = len(cached) * self.block_size
             n = len(tokens) - num_cached
-            if n > budget:
-                oversized_and_first = n > full_budget and budget == full_budget
+            if n > step.budget:
+                oversized_and_first = n > full_budget and step.budget == full_budget
                 if not (self.config.enable_chunked_prefill or oversized_and_first):
                     self._release_blocks(cached)
                     break  # waits for the next step, keeping its place
-                n = budget
+                n = step.budget
             needed = self.blocks.blocks_for_tokens(num_cached + n) - len(cached)
             if not self._make_free(needed):
                 self._release_blocks(cached)
@@ -249,11 +262,10 @@ class Scheduler:
                 self.stats.cache_hit_tokens += num_cached
                 self.stats.prompt_tokens_admitted += len(tokens)
             self.running.append(request)
-            new_specs.append(NewRequestSpec(request.rid, tokens, request.sampling, len(request.output_ids)))
-            chunks.append(self._plan_chunk(request, n, worker_has_blocks=0))
-            budget -= n
+            step.new_requests.append(NewRequestSpec(request.rid, tokens, request.sampling, len(request.output_ids)))
+            step.chunks.append(self._plan_chunk(request, n, worker_has_blocks=0))
+            step.budget -= n
             admitted += 1
-        return budget
 
     def _plan_chunk(self, request: Request, n: int, worker_has_blocks: int) -> ScheduledChunk:
         """Advance the request by n tokens (room already made) and describe it for the worker, whose
@@ -264,14 +276,19 @@ class Scheduler:
         request.num_computed += n
         sample = request.num_computed == request.num_tokens_planned
         if sample:
-            request.num_samples_planned += 1
+            self._count_sample(request)
         self._cache_computed_blocks(request)
         return ScheduledChunk(request.rid, start, n, request.block_ids[worker_has_blocks:], sample)
 
+    def _count_sample(self, request: Request) -> None:
+        request.num_samples_planned += 1
+        if not request.can_sample_more(self.max_model_len):
+            self._last_sampled.append(request)
+
     def _cache_computed_blocks(self, request: Request) -> None:
         """Offer the prefix cache every newly completed block whose tokens are all known."""
-        if self.cache is None or request.cache_cursor.stopped or not request.block_ids:
-            return  # (no blocks: already given back, by a request that only waits for its last token)
+        if self.cache is None or request.cache_cursor.stopped:
+            return
         known = len(request.prompt_ids) + len(request.output_ids)
         full = min(request.num_computed, known) // self.block_size
         if full > request.cache_cursor.next_block:
@@ -280,17 +297,18 @@ class Scheduler:
 
     # ------------------------------------------------------------------ blocks
 
-    def _reserve_blocks(self, request: Request, num_tokens: int) -> bool:
-        """Make room for `request` to reach num_tokens, preempting the newest others if needed.
-        False if `request` itself had to be preempted."""
+    def _reserve_blocks(self, request: Request, num_tokens: int) -> list[Request]:
+        """Make room for `request` to reach num_tokens, preempting the newest running requests (perhaps
+        `request` itself, last) until there is. Returns the requests preempted."""
         needed = self.blocks.blocks_for_tokens(num_tokens) - len(request.block_ids)
+        victims: list[Request] = []
         while not self._make_free(needed):
-            # The newest request that holds blocks: a finishing one holds none, and loses nothing anyway.
-            victim = next(r for r in reversed(self.running) if not self._is_finishing(r))
+            victim = self.running[-1]
             self._preempt(victim)
+            victims.append(victim)
             if victim is request:
-                return False
-        return True
+                break
+        return victims
 
     def _make_free(self, needed: int) -> bool:
         short = needed - self.blocks.num_free
@@ -325,6 +343,9 @@ class Scheduler:
         if request.status is RequestStatus.RUNNING:
             self._free_request_blocks(request)
             self.running.remove(request)
+            self._released.append(request.rid)
+        elif request.status is RequestStatus.FINISHING:
+            del self.finishing[request.rid]
             self._released.append(request.rid)
         elif request.status is RequestStatus.WAITING:
             self.waiting.remove(request)
@@ -367,14 +388,18 @@ class Scheduler:
     # ------------------------------------------------------------------ checks
 
     def check_integrity(self) -> None:
-        """free + evictable + in use == total, and every block's count equals its holders."""
+        """free + evictable + in use == total, and every block's count equals its holders; a running request
+        with no sample left to plan is about to retire."""
         self.blocks.check_integrity()
         holders = [0] * self.blocks.num_blocks
         for request in self.running:
             for block in request.block_ids:
                 holders[block] += 1
-        for request in self.waiting:
-            assert not request.block_ids, f"waiting request {request.rid} holds blocks"
+        for request in [*self.waiting, *self.finishing.values()]:
+            assert not request.block_ids, f"{request.status.value} request {request.rid} holds blocks"
+        for request in self.running:
+            if not request.is_prefilling and not request.can_sample_more(self.max_model_len):
+                assert request in self._last_sampled, f"request {request.rid} runs with no sample left to plan"
         evictable = 0
         if self.cache is not None:
             self.cache.check_integrity()

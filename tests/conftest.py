@@ -9,6 +9,10 @@ import pytest
 # Tests must never reach the network; transformers and the hub client are told so up front.
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+# One compute thread per process (this one and every server child, which inherit it): a test often runs
+# several torch processes at once, and on a small machine threads that wait on each other's cores at
+# every parallel op make a CPU forward several times slower. Set before torch is imported.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 from tests.tiny_models import build_model  # noqa: E402
 

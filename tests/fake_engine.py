@@ -18,6 +18,7 @@ import threading
 from dataclasses import dataclass, field
 
 from common.messages import ControlReply, GenerateRequest, RequestAccepted, RequestOutput, RequestRejected, StageTimes
+from common.scheduler_stats import SchedulerStats
 from frontend.engine_client import EngineClient, EngineLimits, RequestStream
 
 TOKENIZED_AFTER = 0.010
@@ -27,23 +28,23 @@ OUTPUT_EVERY = 0.1
 DETOKENIZED_AFTER_SAMPLED = 0.001
 STREAMED_AFTER_SAMPLED = 0.002
 
-SCHEDULER_STATS = {
-    "num_running": 3,
-    "num_waiting": 2,
-    "kv_blocks_total": 64,
-    "kv_blocks_free": 40,
-    "kv_blocks_cached": 5,
-    "kv_blocks_used": 19,
-    "steps": 100,
-    "prompt_tokens_computed": 300,
-    "decode_tokens_computed": 200,
-    "generated_tokens": 210,
-    "prompt_tokens_admitted": 400,
-    "cache_hit_tokens": 100,
-    "preemptions": 1,
-    "last_step_prefill_tokens": 7,
-    "last_step_decode_tokens": 3,
-}
+SCHEDULER_STATS = SchedulerStats(
+    num_running=3,
+    num_waiting=2,
+    kv_blocks_total=64,
+    kv_blocks_free=40,
+    kv_blocks_cached=5,
+    kv_blocks_used=19,
+    steps=100,
+    prompt_tokens_computed=300,
+    decode_tokens_computed=200,
+    generated_tokens=210,
+    prompt_tokens_admitted=400,
+    cache_hit_tokens=100,
+    preemptions=1,
+    last_step_prefill_tokens=7,
+    last_step_decode_tokens=3,
+).to_payload()
 
 
 @dataclass

@@ -11,7 +11,7 @@ VOCAB = 50
 
 
 def batch(rows):
-    return SamplingBatch.build(rows, VOCAB, StagingRing(torch.device("cpu"), 0))
+    return SamplingBatch.build(rows, VOCAB, StagingRing(torch.device("cpu"), 0).upload)
 
 
 def random_logits(rows: int, seed: int = 0) -> torch.Tensor:

@@ -27,14 +27,6 @@ def run(llm: LLM, prompts, params=GREEDY) -> list[list[int]]:
     return [o.token_ids for o in llm.generate(prompts, params, on_step=llm.scheduler.check_integrity)]
 
 
-def prefill_plans(llm: LLM):
-    return [
-        p
-        for p in llm.plans_executed
-        if any(c.num_tokens > 1 or c.rid in {s.rid for s in p.new_requests} for c in p.chunks)
-    ]
-
-
 def test_one_admission_round_of_hits_misses_and_duplicates_is_one_forward(tiny_llama):
     llm = make_llm(tiny_llama, block_size=16)
     shared, other, dup = random_prompts(3, [40, 37, 50], vocab=512, seed=3)
@@ -167,7 +159,7 @@ def test_a_request_whose_last_token_is_in_flight_hands_its_seat_over_at_once():
     assert [s.rid for s in first.new_requests] == [0]
     assert [s.rid for s in second.new_requests] == [1], "the seat is not left idle for a step"
     assert [c.rid for c in second.chunks] == [1], "request 0 computes nothing more"
-    assert scheduler.num_finishing == 1 and len(scheduler.running) - scheduler.num_finishing == 1, (
+    assert len(scheduler.finishing) == 1 and len(scheduler.running) == 1, (
         "request 0 only waits for its last token; request 1 holds the one seat"
     )
     scheduler.check_integrity()

@@ -276,9 +276,11 @@ def test_queue_limit_gives_503_and_a_killed_gpu_worker_stops_everything(tiny_lla
         srv.stop()
 
 
-@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
-def test_a_signal_shuts_everything_down_cleanly(tiny_gpt2, tmp_path, sig):
-    srv = ServerProcess(tiny_gpt2, log_path=tmp_path / "server.log")
+# Last in the module: each case ends one of the module's shared servers (after all the traffic above), so
+# that no server is started only to be stopped.
+@pytest.mark.parametrize(("shared", "sig"), [("server", signal.SIGTERM), ("scripted_server", signal.SIGINT)])
+def test_a_signal_shuts_everything_down_cleanly(request, shared, sig):
+    srv: ServerProcess = request.getfixturevalue(shared)
     pids = srv.child_pids()
     assert srv.stop(sig) == 0
     wait_until(lambda: not any(pid_alive(p) for p in pids.values()), timeout=10, what="every child to exit")

@@ -155,10 +155,26 @@ def hf_greedy(folder: Path, prompts: list[list[int]], max_new_tokens: int) -> li
     return outputs
 
 
+def hf_greedy_choices(folder: Path, prompts: list[list[int]], continuations: list[list[int]]) -> list[list[int]]:
+    """Reference, teacher-forced: Hugging Face's argmax after each prefix prompt + continuation[:i], from one
+    forward per prompt (float32 on CPU). It equals `continuation` exactly when greedy generation from the
+    prompt produces `continuation`: the same check as hf_greedy, without a forward per generated token."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+    choices = []
+    with torch.inference_mode():
+        for prompt, continuation in zip(prompts, continuations):
+            ids = torch.tensor([prompt + continuation[:-1]])
+            logits = model(ids, attention_mask=torch.ones_like(ids)).logits[0]
+            choices.append(logits[len(prompt) - 1 :].argmax(dim=-1).tolist())
+    return choices
+
+
 def random_prompts(count: int, lengths: list[int], vocab: int, seed: int = 0) -> list[list[int]]:
     gen = torch.Generator().manual_seed(seed)
     # Token 0 is EOS in the tiny models: keep it out of prompts.
     return [torch.randint(1, vocab, (lengths[i % len(lengths)],), generator=gen).tolist() for i in range(count)]
 
 
-__all__ = ["build_model", "build_tokenizer", "hf_greedy", "random_prompts"]
+__all__ = ["build_model", "build_tokenizer", "hf_greedy", "hf_greedy_choices", "random_prompts"]

@@ -48,8 +48,7 @@ class TokenizerWorker:
         if request.rid in self.requests:
             # Refused here: the scheduler's own refusal would come back and drop the live request's state.
             return RequestRejected(request.rid, 400, f"request id {request.rid} is already in use")
-        try:
-            request.sampling.validate()
+        try:  # sampling parameters were validated by the frontend; the prompt is checked as it is tokenized
             ids = self.tokenizer.tokenize(request)
         except InvalidParameter as exc:
             return RequestRejected(request.rid, 400, str(exc), exc.field)

@@ -15,13 +15,16 @@ that another request of the same forward is computing.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import torch
 
-from gpu_worker.host_copy import StagingRing
+# Puts host values (an array or nested lists) on the step's device as the given dtype, the copy queued, not
+# waited for. The runner passes its staging ring's; whoever calls a backend or the sampler decides how.
+Upload = Callable[[Any, torch.dtype], torch.Tensor]
 
 
 @dataclass(slots=True)
@@ -44,10 +47,6 @@ class BatchLayout:
         for row, blocks, n in zip(table, block_tables, used):
             row[:n] = blocks[:n]
         return cls(query_lens, context_lens, table, sum(1 for n in query_lens if n > 1))
-
-    @property
-    def num_tokens(self) -> int:
-        return sum(self.query_lens)
 
     def slot_mapping(self, positions: np.ndarray, block_size: int) -> np.ndarray:
         """Flat KV-store slot of every computed token: its block (from its sequence's row) times block
@@ -75,8 +74,8 @@ class AttentionBackend(ABC):
         raise NotImplementedError(f"{type(self).__name__} cannot be captured in CUDA graphs")
 
     @abstractmethod
-    def build_metadata(self, layout: BatchLayout, slot_mapping: np.ndarray, staging: StagingRing) -> Any:
-        """Everything the layers need, on the staging ring's device; called once per forward."""
+    def build_metadata(self, layout: BatchLayout, slot_mapping: np.ndarray, upload: Upload) -> Any:
+        """Everything the layers need, on the device `upload` copies to; called once per forward."""
 
     @abstractmethod
     def forward(

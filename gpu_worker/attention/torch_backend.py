@@ -14,8 +14,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from gpu_worker.attention.base import AttentionBackend, BatchLayout
-from gpu_worker.host_copy import StagingRing
+from gpu_worker.attention.base import AttentionBackend, BatchLayout, Upload
 
 
 @dataclass(slots=True)
@@ -38,10 +37,9 @@ class TorchAttentionMetadata:
 
 
 class TorchAttention(AttentionBackend):
-    def build_metadata(
-        self, layout: BatchLayout, slot_mapping: np.ndarray, staging: StagingRing
-    ) -> TorchAttentionMetadata:
-        device = staging.device
+    def build_metadata(self, layout: BatchLayout, slot_mapping: np.ndarray, upload: Upload) -> TorchAttentionMetadata:
+        slots = upload(slot_mapping, torch.long)
+        device = slots.device
         n_pre = layout.num_prefill_seqs
         n_tok_pre = sum(layout.query_lens[:n_pre])
         prefill = decode = None
@@ -49,7 +47,7 @@ class TorchAttention(AttentionBackend):
             prefill = self._group(layout, 0, n_pre, 0, device)
         if n_pre < len(layout.query_lens):
             decode = self._group(layout, n_pre, len(layout.query_lens), n_tok_pre, device)
-        return TorchAttentionMetadata(staging.upload(slot_mapping, torch.long), prefill, decode)
+        return TorchAttentionMetadata(slots, prefill, decode)
 
     def _group(self, layout: BatchLayout, first: int, last: int, token_start: int, device: torch.device) -> _Group:
         q_lens = torch.tensor(layout.query_lens[first:last], dtype=torch.long)

@@ -1,17 +1,16 @@
 """Attention in Triton kernels (gpu_worker/attention/triton_kernels.py): the CUDA backend.
 
 build_metadata packs everything the kernels read into one int32 array (each field 16-byte aligned) and
-moves it to the device in a single copy through the staging ring; every field is a view into it:
+moves it to the device in a single copy (the runner's staging ring); every field is a view into it:
 
     | slots [T] | context lens [S] | query starts [P+1] | tiles [2, num tiles] | block tables [S, W] |
 
 forward then costs a fixed handful of launches per layer, whatever the batch: store K/V, prefill (the
 first P sequences) and decode (the rest, plus a merge when the context is split).
 
-Towards capturing the decode step in a CUDA graph: decode reads only per-sequence rows (its slice of
-the context lens and block tables), and the block table width is a power of two, so shapes change
-rarely from step to step. What a capture would still have to pin down: the split count (it follows the
-longest context) and the split partials, allocated per call.
+Decode-only steps are captured in CUDA graphs (gpu_worker/cuda_graphs.py) through
+static_decode_metadata: the caller's static buffers stand in for the packed array, and every launch shape
+(the split count included) follows only the batch size and the longest context the server allows.
 """
 
 from __future__ import annotations
@@ -23,8 +22,7 @@ import numpy as np
 import torch
 
 from gpu_worker.attention import triton_kernels as kernels
-from gpu_worker.attention.base import AttentionBackend, BatchLayout
-from gpu_worker.host_copy import StagingRing
+from gpu_worker.attention.base import AttentionBackend, BatchLayout, Upload
 
 # The Triton interpreter (CPU, tests) has no SMs; pretending to be an H100 makes it take the same
 # split-KV decisions the GPU would.
@@ -68,9 +66,7 @@ class TritonAttention(AttentionBackend):
             num_sms=_num_sms(device),
         )
 
-    def build_metadata(
-        self, layout: BatchLayout, slot_mapping: np.ndarray, staging: StagingRing
-    ) -> TritonAttentionMetadata:
+    def build_metadata(self, layout: BatchLayout, slot_mapping: np.ndarray, upload: Upload) -> TritonAttentionMetadata:
         num_pre = layout.num_prefill_seqs
         query_lens = np.asarray(layout.query_lens, dtype=np.int32)
         context_lens = np.asarray(layout.context_lens, dtype=np.int32)
@@ -84,7 +80,7 @@ class TritonAttention(AttentionBackend):
         offsets = np.concatenate([[0], np.cumsum(sizes)[:-1]])
         for part, offset in zip(parts, offsets):
             packed[offset : offset + part.size] = part.ravel()
-        flat = staging.upload(packed, torch.int32)
+        flat = upload(packed, torch.int32)
         slots, ctx, starts, tile_t, table_t = (flat[o : o + p.size].view(p.shape) for p, o in zip(parts, offsets))
         return TritonAttentionMetadata(
             slot_mapping=slots,
@@ -95,7 +91,7 @@ class TritonAttention(AttentionBackend):
             num_prefill_seqs=num_pre,
             num_prefill_tokens=int(query_starts[-1]),
             max_decode_context=int(context_lens[num_pre:].max(initial=0)),
-            num_sms=_num_sms(staging.device),
+            num_sms=_num_sms(flat.device),
         )
 
     def forward(

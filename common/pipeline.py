@@ -1,0 +1,28 @@
+"""How many steps are in flight at once: one number, from which every ring and limit that depends on it
+is derived.
+
+    scheduler:  plan N+1 is sent while step N runs           at most PIPELINE_DEPTH plans without a result
+    worker:     launch N+1, then finish N                    at most PIPELINE_DEPTH launched, unfinished steps
+    host rings: a pinned buffer per step in flight, plus the one being filled       PIPELINE_DEPTH + 1
+    mirrors:    a request whose last sample is planned gives its seat away at once, but the worker keeps its
+                mirror until the plan that releases it: that plan is made after the result, PIPELINE_DEPTH
+                plans later, so each step in flight may hold up to a seat's worth of such mirrors
+
+Raising the depth raises all of them together; nothing else assumes a value.
+"""
+
+from __future__ import annotations
+
+PIPELINE_DEPTH = 2
+
+
+def host_ring_size() -> int:
+    """Pinned host buffers a per-step copy cycles through: one per step in flight, plus the one being
+    filled, so a buffer whose copy is still queued on the device is never rewritten."""
+    return PIPELINE_DEPTH + 1
+
+
+def max_live_mirrors(max_num_seqs: int) -> int:
+    """Requests the worker mirrors at once: the seated ones, plus those whose last token is in flight
+    (seat already given away, mirror released with a plan up to PIPELINE_DEPTH - 1 steps later)."""
+    return PIPELINE_DEPTH * max_num_seqs

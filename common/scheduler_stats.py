@@ -1,0 +1,73 @@
+"""The scheduler's stats: one typed definition for the scheduler that counts them, the control reply that
+carries them (flat JSON: `/stats` shows these keys as they are) and the frontend's /metrics.
+
+Each field names its Prometheus metric; gauges are the scheduler's state at the moment of the snapshot,
+counters only grow.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field, fields
+from typing import Any, Literal
+
+
+def _metric(kind: Literal["gauge", "counter"], name: str, doc: str) -> Any:
+    return field(default=0, metadata={"kind": kind, "name": name, "doc": doc})
+
+
+@dataclass(slots=True)
+class SchedulerStats:
+    # State, filled in by Scheduler.snapshot().
+    num_running: int = _metric("gauge", "clearserve_num_requests_running", "Requests in the running batch")
+    num_waiting: int = _metric("gauge", "clearserve_num_requests_waiting", "Requests waiting for admission")
+    kv_blocks_total: int = _metric("gauge", "clearserve_kv_blocks_total", "KV cache blocks in the pool")
+    kv_blocks_free: int = _metric("gauge", "clearserve_kv_blocks_free", "KV cache blocks on the free list")
+    kv_blocks_cached: int = _metric(
+        "gauge",
+        "clearserve_kv_blocks_cached",
+        "KV cache blocks held only by the prefix cache: reusable by a matching prompt, evicted when needed",
+    )
+    kv_blocks_used: int = _metric("gauge", "clearserve_kv_blocks_used", "KV cache blocks held by running requests")
+    # The last step's sizes and the cumulative counters, kept up to date by the scheduler as it plans.
+    last_step_prefill_tokens: int = _metric(
+        "gauge", "clearserve_last_step_prefill_tokens", "Prompt tokens computed by the last step"
+    )
+    last_step_decode_tokens: int = _metric(
+        "gauge", "clearserve_last_step_decode_tokens", "Decode tokens computed by the last step"
+    )
+    steps: int = _metric("counter", "clearserve_scheduler_steps", "Step plans sent to the GPU worker")
+    prompt_tokens_computed: int = _metric(
+        "counter", "clearserve_prompt_tokens_computed", "Prompt tokens run through the model"
+    )
+    decode_tokens_computed: int = _metric(
+        "counter", "clearserve_decode_tokens_computed", "Decode tokens run through the model"
+    )
+    generated_tokens: int = _metric(
+        "counter", "clearserve_scheduler_generated_tokens", "Tokens sampled, as the scheduler counts them"
+    )
+    prompt_tokens_admitted: int = _metric(
+        "counter", "clearserve_prompt_tokens_admitted", "Prompt tokens of admitted requests"
+    )
+    # Prompt tokens served from the prefix cache at first admission.
+    cache_hit_tokens: int = _metric(
+        "counter", "clearserve_prefix_cache_hit_tokens", "Prompt tokens served from the prefix cache"
+    )
+    preemptions: int = _metric("counter", "clearserve_preemptions", "Requests preempted to free KV blocks")
+
+    @property
+    def cache_hit_rate(self) -> float:
+        """Share of admitted prompt tokens served from the prefix cache."""
+        return self.cache_hit_tokens / self.prompt_tokens_admitted if self.prompt_tokens_admitted else 0.0
+
+    def to_payload(self) -> dict[str, int]:
+        return asdict(self)
+
+    @classmethod
+    def from_payload(cls, payload: dict[str, Any]) -> SchedulerStats:
+        """The stats in a control reply, which also carries the process's own activity keys."""
+        return cls(**{f.name: payload[f.name] for f in fields(cls) if f.name in payload})
+
+    @classmethod
+    def metrics(cls) -> list[tuple[str, str, str, str]]:
+        """(field, kind, metric name, help) of every field."""
+        return [(f.name, f.metadata["kind"], f.metadata["name"], f.metadata["doc"]) for f in fields(cls)]

@@ -1,0 +1,72 @@
+"""How many KV blocks the worker allocates when --num-kv-blocks does not say.
+
+CUDA:  (total memory x --gpu-memory-utilization - peak of a forward at the largest step) / block bytes
+CPU:   --cpu-kv-cache-gib / block bytes
+and never more than every seat at full context could use.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from common.config import EngineConfig
+from common.model_info import ModelInfo
+from gpu_worker.attention import AttentionBackend, BatchLayout
+from gpu_worker.host_copy import StagingRing
+from gpu_worker.kv_cache import PagedKVCache
+from gpu_worker.models.forward_context import ForwardContext
+
+
+def size_kv_store(
+    config: EngineConfig,
+    info: ModelInfo,
+    model: torch.nn.Module,
+    attention: AttentionBackend,
+    device: torch.device,
+    dtype: torch.dtype,
+) -> int:
+    num_layers, kv_heads, head_dim = model.kv_shape
+    per_block = PagedKVCache.bytes_per_block(num_layers, config.block_size, kv_heads, head_dim, dtype)
+    useful = config.max_num_seqs * -(-info.max_model_len // config.block_size)
+    if device.type == "cuda":
+        budget = _cuda_budget_bytes(config, info, model, attention, dtype, device)
+    else:
+        budget = int(config.cpu_kv_cache_gib * 2**30)
+    blocks = min(useful, budget // per_block)
+    if blocks < 1:
+        raise RuntimeError(
+            "no memory left for the KV store; lower --max-num-batched-tokens or raise --gpu-memory-utilization"
+        )
+    return blocks
+
+
+def _cuda_budget_bytes(
+    config: EngineConfig,
+    info: ModelInfo,
+    model: torch.nn.Module,
+    attention: AttentionBackend,
+    dtype: torch.dtype,
+    device: torch.device,
+) -> int:
+    """Free memory after a forward at the largest step size, times --gpu-memory-utilization."""
+    torch.cuda.empty_cache()
+    torch.cuda.reset_peak_memory_stats(device)
+    block_size = config.block_size
+    tokens = min(config.max_num_batched_tokens, info.max_model_len)
+    num_layers, kv_heads, head_dim = model.kv_shape
+    blocks = -(-tokens // block_size)
+    probe_cache = PagedKVCache(num_layers, blocks, block_size, kv_heads, head_dim, dtype, device)
+    layout = BatchLayout.build([tokens], [tokens], [list(range(blocks))], block_size)
+    slots = torch.arange(tokens)
+    staging = StagingRing(device, 64 * tokens + 2**16, depth=1)
+    staging.next_step()
+    ctx = ForwardContext(attention, attention.build_metadata(layout, slots.numpy(), staging.upload), probe_cache)
+    ids = torch.zeros(tokens, dtype=torch.long, device=device)
+    hidden = model(ids, slots.to(device), ctx)
+    model.compute_logits(hidden[-min(tokens, config.max_num_seqs) :])
+    torch.cuda.synchronize(device)
+    peak = torch.cuda.max_memory_allocated(device)
+    del probe_cache, ctx, hidden
+    torch.cuda.empty_cache()
+    total = torch.cuda.get_device_properties(device).total_memory
+    return int(total * config.gpu_memory_utilization) - peak
