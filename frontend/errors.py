@@ -40,9 +40,15 @@ def error_type(status: int) -> str:
     return "server_error"
 
 
+# A 503 (the waiting queue is full, the server is stopping) says when to come back: clients and proxies back
+# off instead of retrying at once.
+RETRY_AFTER_S = 1
+
+
 def error_response(error: ApiError) -> JSONResponse:
     body = {"message": error.message, "type": error.type, "param": error.param, "code": error.code}
-    return JSONResponse({"error": body}, status_code=error.status)
+    headers = {"Retry-After": str(RETRY_AFTER_S)} if error.status == 503 else None
+    return JSONResponse({"error": body}, status_code=error.status, headers=headers)
 
 
 def install_error_handlers(app: FastAPI) -> None:

@@ -297,6 +297,7 @@ def test_engine_rejection_503_is_relayed_before_any_stream(http, engine, stream)
     response = http.post("/v1/completions", json={"prompt": "x", "stream": stream})
     error = assert_error(response, 503, None, type="service_unavailable")
     assert error["message"] == "waiting queue is full"
+    assert int(response.headers["retry-after"]) >= 1  # when to come back
 
 
 def test_engine_rejection_400_keeps_its_param(http, engine):
