@@ -187,7 +187,7 @@ class ProcessReady:
 @message(21)
 @dataclass(slots=True)
 class ControlRequest:
-    kind: str  # "ping" | "start_profile" | "stop_profile" | "stats" | "shutdown"
+    kind: str  # "ping" | "stats" (answered by the control thread) | "start_profile" | "stop_profile"
     seq: int = 0
     args: dict = field(default_factory=dict)
     reply_to: str = ""  # the asker whose control-replies-{asker} gets the answer; "": no answer wanted

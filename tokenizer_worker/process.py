@@ -95,9 +95,6 @@ class TokenizerProcess:
                 if self.from_frontend in ready:
                     self._drain(self.from_frontend, self._on_frontend_message)
                 for command in self.control.pending():
-                    if command.kind == "shutdown":
-                        self.control.reply(command)
-                        return
                     self.control.reply(command, self.profiler.answer(command.kind))
 
     def close(self) -> None:
