@@ -13,7 +13,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, fields, replace
 
 from common.config import EngineConfig
-from common.messages import RequestRejected, RequestTokens, StageTimes, StepPlan, TokenizedRequest
+from common.messages import Logprobs, RequestRejected, RequestTokens, StageTimes, StepPlan, TokenizedRequest
 from common.model_info import ModelInfo
 from common.model_source import resolve_model
 from common.sampling_params import InvalidParameter, SamplingParams
@@ -29,6 +29,8 @@ class CompletionOutput:
     token_ids: list[int] = field(default_factory=list)
     finish_reason: str | None = None
     text: str = ""
+    logprobs: Logprobs | None = None  # when asked for (SamplingParams.logprobs)
+    prompt_logprobs: Logprobs | None = None  # when asked for (SamplingParams.prompt_logprobs)
 
 
 class LLM:
@@ -130,6 +132,13 @@ class LLM:
                 if tokens.rid in outputs:
                     out = outputs[tokens.rid]
                     out.token_ids.extend(tokens.token_ids)
+                    if tokens.prompt_logprobs is not None:
+                        out.prompt_logprobs = tokens.prompt_logprobs
+                    if tokens.logprobs is not None:
+                        if out.logprobs is None:
+                            out.logprobs = tokens.logprobs
+                        else:
+                            out.logprobs.extend(tokens.logprobs)
                     if tokens.finish_reason is not None:
                         out.finish_reason = tokens.finish_reason
                         pending.discard(tokens.rid)

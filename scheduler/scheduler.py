@@ -220,7 +220,8 @@ class Scheduler:
             tokens = request.known_token_ids()
             cached: list[int] = []
             cursor = InsertCursor()
-            if self.cache is not None:
+            if self.cache is not None and request.sampling.prompt_logprobs is None:
+                # (Prompt logprobs need every prompt position computed: no prefix is reused for them.)
                 # Leave the last token uncached: it must be computed to sample from it, into a block
                 # this request holds alone (shared blocks are never written).
                 cached, cursor = self.cache.match(tokens, (len(tokens) - 1) // self.block_size)
@@ -336,6 +337,15 @@ class Scheduler:
 
     def process_result(self, result: StepResult) -> list[RequestTokens]:
         outputs: list[RequestTokens] = []
+        for item in result.prompt_logprobs:
+            request = self.requests.get(item.rid)
+            if request is None:
+                continue
+            if request.prompt_logprobs is None:
+                request.prompt_logprobs = item.logprobs
+            else:
+                request.prompt_logprobs.extend(item.logprobs)
+        logprobs = {item.rid: item.logprobs for item in result.logprobs}
         for rid, token in zip(result.rids, result.token_ids):
             request = self.requests.get(rid)
             if request is None:
@@ -343,11 +353,12 @@ class Scheduler:
             request.output_ids.append(token)
             self.stats.generated_tokens += 1
             reason = self._finish_reason(request, token)
-            out = RequestTokens(rid, [token], result.sampled_time, reason)
+            out = RequestTokens(rid, [token], result.sampled_time, reason, logprobs=logprobs.get(rid))
             if not request.first_tokens_sent:
                 request.first_tokens_sent = True
                 out.first_scheduled = request.times.first_scheduled
                 out.num_cached_tokens = request.num_cached_tokens
+                out.prompt_logprobs = request.prompt_logprobs
             if reason is not None:
                 self._finish(request, reason)
             outputs.append(out)
