@@ -19,6 +19,7 @@ successor writes those blocks only after the step that last used them.)
 
 from __future__ import annotations
 
+import math
 import random
 import time
 from collections import deque
@@ -26,6 +27,7 @@ from dataclasses import dataclass
 
 from common.config import EngineConfig
 from common.messages import (
+    Logprobs,
     NewRequestSpec,
     RequestAccepted,
     RequestRejected,
@@ -358,11 +360,20 @@ class Scheduler:
                 request.first_tokens_sent = True
                 out.first_scheduled = request.times.first_scheduled
                 out.num_cached_tokens = request.num_cached_tokens
-                out.prompt_logprobs = request.prompt_logprobs
+                if request.sampling.prompt_logprobs is not None:
+                    out.prompt_logprobs = self._whole_prompt_logprobs(request)
             if reason is not None:
                 self._finish(request, reason)
             outputs.append(out)
         return outputs
+
+    @staticmethod
+    def _whole_prompt_logprobs(request: Request) -> Logprobs:
+        """Every prompt position: the first token has no logprob (NaN, null in the API), then the worker's."""
+        whole = Logprobs(0, request.prompt_ids[:1], [math.nan], [[]], [[]])
+        if request.prompt_logprobs is not None:
+            whole.extend(request.prompt_logprobs)
+        return whole
 
     def _finish_reason(self, request: Request, token: int) -> str | None:
         s = request.sampling

@@ -5,6 +5,8 @@ min-p gives the same tokens alone, batched, chunked and preempted."""
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 
@@ -44,11 +46,12 @@ def test_logprobs_and_prompt_logprobs_are_the_models_log_softmax(tiny_llama, hf_
         ids = prompt + out.token_ids
         ref = torch.log_softmax(hf_logits(hf_model, ids), dim=-1)
         scored = out.prompt_logprobs
-        assert scored.start == 1 and scored.token_ids == prompt[1:]
+        assert scored.start == 0 and scored.token_ids == prompt
+        assert math.isnan(scored.logprobs[0]) and scored.top_ids[0] == [], "the first token has no logprob"
         expected = [ref[i - 1, prompt[i]].item() for i in range(1, len(prompt))]
-        assert scored.logprobs == pytest.approx(expected, abs=TOLERANCE)
-        assert [len(top) for top in scored.top_ids] == [2] * (len(prompt) - 1)
-        assert scored.top_ids[0] == ref[0].topk(2).indices.tolist()
+        assert scored.logprobs[1:] == pytest.approx(expected, abs=TOLERANCE)
+        assert [len(top) for top in scored.top_ids[1:]] == [2] * (len(prompt) - 1)
+        assert scored.top_ids[1] == ref[0].topk(2).indices.tolist()
         generated = out.logprobs
         assert generated.token_ids == out.token_ids
         rows = [len(prompt) - 1 + i for i in range(len(out.token_ids))]

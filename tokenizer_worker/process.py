@@ -19,7 +19,16 @@ from typing import Any
 import zmq
 
 from common.control import ControlServer
-from common.messages import AbortRequest, GenerateRequest, OutputBatch, RequestAccepted, RequestRejected, TokenBatch
+from common.messages import (
+    AbortRequest,
+    DetokenizeRequest,
+    GenerateRequest,
+    OutputBatch,
+    RequestAccepted,
+    RequestRejected,
+    TokenBatch,
+    TokenizeRequest,
+)
 from common.process import announce_ready, init_child_process
 from common.profiling import ProcessProfiler, ProcessStats, ProfileConfig
 from common.transport import Endpoints, pull_socket, push_socket, send
@@ -104,6 +113,8 @@ class TokenizerProcess:
             else:
                 self.stats.requests += 1
                 self._send(self.to_scheduler, reply)
+        elif isinstance(message, (TokenizeRequest, DetokenizeRequest)):
+            self._send(self.to_frontend, self.worker.answer_text_request(message))
         elif isinstance(message, AbortRequest):
             if self.worker.drop(message.rid):  # untracked: it already ended, the scheduler has let it go
                 self.stats.aborted += 1

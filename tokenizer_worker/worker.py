@@ -1,7 +1,9 @@
 """What a tokenizer worker does with each message, sockets aside: the requests it owns and their text.
 
     GenerateRequest ──tokenize──▶ TokenizedRequest (to the scheduler)  or  RequestRejected (to the frontend)
-    TokenBatch ──detokenize, stop strings──▶ RequestOutput per request (+ AbortRequest "stop" to the scheduler)
+    TokenBatch ──detokenize, stop strings, logprobs' token texts──▶ RequestOutput per request
+                                                               (+ AbortRequest "stop" to the scheduler)
+    TokenizeRequest / DetokenizeRequest ──▶ TextReply  or  RequestRejected (to the frontend; nothing kept)
 
 A request is tracked from its tokenization until its last output, its rejection or its abort; tokens
 that arrive for an untracked request (aborted, or stopped by a stop string while the scheduler was
@@ -16,12 +18,16 @@ from dataclasses import dataclass
 
 from common.messages import (
     AbortRequest,
+    DetokenizeRequest,
     GenerateRequest,
+    Logprobs,
     RequestOutput,
     RequestRejected,
     StageTimes,
+    TextReply,
     TokenBatch,
     TokenizedRequest,
+    TokenizeRequest,
 )
 from common.sampling_params import InvalidParameter
 from tokenizer_worker.detokenizer import IncrementalDetokenizer
@@ -50,6 +56,7 @@ class TokenizerWorker:
             return RequestRejected(request.rid, 400, f"request id {request.rid} is already in use")
         try:
             request.sampling.validate()
+            request.sampling.check_token_ids(self.tokenizer.vocab_size)
             ids = self.tokenizer.tokenize(request)
         except InvalidParameter as exc:
             return RequestRejected(request.rid, 400, str(exc), exc.field)
@@ -59,6 +66,22 @@ class TokenizerWorker:
         return TokenizedRequest(
             request.rid, ids, sampling, StageTimes(arrival=request.arrival_time, tokenized=time.time())
         )
+
+    def answer_text_request(self, request: TokenizeRequest | DetokenizeRequest) -> TextReply | RequestRejected:
+        """/tokenize and /detokenize: answered at once, nothing is kept."""
+        try:
+            if isinstance(request, DetokenizeRequest):
+                ids = self.tokenizer.check_token_ids(request.token_ids) if request.token_ids else []
+                return TextReply(request.rid, ids, self.tokenizer.decode(ids))
+            if (request.prompt is None) == (request.chat_messages is None):
+                raise InvalidParameter("prompt", "give exactly one of 'prompt' and 'messages'")
+            if request.prompt is not None:
+                ids = self.tokenizer.hf.encode(request.prompt, add_special_tokens=request.add_special_tokens)
+            else:
+                ids = self.tokenizer.render_chat(request.chat_messages, request.add_generation_prompt)
+        except InvalidParameter as exc:
+            return RequestRejected(request.rid, 400, str(exc), exc.field)
+        return TextReply(request.rid, list(ids), "")
 
     def drop(self, rid: int) -> bool:
         """Forget a request (aborted by the client, or rejected by the scheduler); False if untracked."""
@@ -97,6 +120,15 @@ class TokenizerWorker:
                     finish_reason,
                     item.first_scheduled,
                     item.num_cached_tokens,
+                    logprobs=self._with_texts(item.logprobs),
+                    prompt_logprobs=self._with_texts(item.prompt_logprobs),
                 )
             )
         return outputs, aborts
+
+    def _with_texts(self, logprobs: Logprobs | None) -> Logprobs | None:
+        if logprobs is not None:
+            texts = self.tokenizer.token_texts
+            logprobs.token_texts = texts(logprobs.token_ids)
+            logprobs.top_texts = [texts(ids) for ids in logprobs.top_ids]
+        return logprobs
