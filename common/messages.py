@@ -208,6 +208,8 @@ class ScheduledChunk:
     num_tokens: int
     new_block_ids: list[int]  # appended to the worker's mirror of the block table
     sample: bool  # True when this chunk reaches the end of the known tokens
+    # Structured output: the tokens its sample may take, int32 words (bit j of word i: token 32 i + j).
+    token_bitmask: bytes | None = None
 
 
 @message(10)

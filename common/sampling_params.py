@@ -21,6 +21,18 @@ class InvalidParameter(ValueError):
 
 
 @dataclass(slots=True)
+class StructuredOutput:
+    """A grammar the output must follow, compiled by the scheduler (scheduler/structured_output.py)."""
+
+    kind: str  # "json" (spec: a JSON schema) | "json_object" | "regex" (spec: the pattern) | "choice" (spec: JSON list)
+    spec: str = ""
+    field: str = "response_format"  # the request field it came from, named in errors
+
+
+STRUCTURED_KINDS = ("json", "json_object", "regex", "choice")
+
+
+@dataclass(slots=True)
 class SamplingParams:
     max_tokens: int | None = 16  # None: up to the context length
     temperature: float = 1.0
@@ -41,6 +53,7 @@ class SamplingParams:
     logit_bias: dict[int, float] = field(default_factory=dict)  # token id -> added to its logit
     logprobs: int | None = None  # None: none; k: each output token's logprob and the k most likely
     prompt_logprobs: int | None = None  # None: none; k: each prompt token's logprob and the k most likely
+    structured: StructuredOutput | None = None
 
     @property
     def greedy(self) -> bool:
@@ -83,6 +96,8 @@ class SamplingParams:
                 raise InvalidParameter(
                     "logit_bias", f"logit_bias maps token ids >= 0 to values in [-100, 100], got {token}: {bias}"
                 )
+        if self.structured is not None and self.structured.kind not in STRUCTURED_KINDS:
+            raise InvalidParameter(self.structured.field, f"unknown structured output kind {self.structured.kind!r}")
         for name in ("logprobs", "prompt_logprobs"):
             value = getattr(self, name)
             if value is not None and not 0 <= value <= MAX_LOGPROBS:

@@ -8,12 +8,13 @@ schemas is declared: honoured, or refused with a 400 naming it when set to anyth
 
 from __future__ import annotations
 
+import json
 from typing import Any, Literal, TypeVar
 
 from fastapi import Request
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from common.sampling_params import MAX_LOGPROBS, InvalidParameter, SamplingParams
+from common.sampling_params import MAX_LOGPROBS, InvalidParameter, SamplingParams, StructuredOutput
 from frontend.engine_client import EngineLimits
 from frontend.errors import ApiError
 
@@ -77,6 +78,9 @@ class SamplingFields(RequestBody):
         """(logprobs, prompt_logprobs) as the engine takes them; none on the native endpoint."""
         return None, None
 
+    def _structured_output(self) -> StructuredOutput | None:
+        return None
+
     def sampling_params(self, max_tokens: int | None, max_tokens_field: str, limits: EngineLimits) -> SamplingParams:
         defaults = SamplingParams()
         params = SamplingParams(
@@ -99,6 +103,7 @@ class SamplingFields(RequestBody):
             logit_bias=self._logit_bias(),
         )
         params.logprobs, params.prompt_logprobs = self._logprobs()
+        params.structured = self._structured_output()
         try:
             params.validate()
         except InvalidParameter as exc:
@@ -128,10 +133,46 @@ class OpenAIFields(SamplingFields):
     stream: bool | None = False
     stream_options: StreamOptions | None = None
     user: str | None = None  # an end-user id for the client's own records: accepted, used for nothing
+    # Structured output: OpenAI's response_format, or vLLM's guided_json / guided_regex / guided_choice.
+    response_format: dict | None = None
+    guided_json: dict | str | None = None
+    guided_regex: str | None = None
+    guided_choice: list[str] | None = None
 
     @property
     def num_choices(self) -> int:
         return 1 if self.n is None else self.n
+
+    def _structured_output(self) -> StructuredOutput | None:
+        asked = []
+        fmt = self.response_format
+        if fmt is not None and fmt != {"type": "text"}:
+            kind = fmt.get("type")
+            if kind == "json_object":
+                asked.append(StructuredOutput("json_object"))
+            elif kind == "json_schema":
+                schema = (fmt.get("json_schema") or {}).get("schema")
+                if not isinstance(schema, dict):
+                    raise ApiError(
+                        400, "response_format json_schema needs json_schema.schema, an object", "response_format"
+                    )
+                asked.append(StructuredOutput("json", json.dumps(schema)))
+            else:
+                raise ApiError(
+                    400, "response_format type must be 'text', 'json_object' or 'json_schema'", param="response_format"
+                )
+        if self.guided_json is not None:
+            schema = self.guided_json if isinstance(self.guided_json, str) else json.dumps(self.guided_json)
+            asked.append(StructuredOutput("json", schema, "guided_json"))
+        if self.guided_regex is not None:
+            asked.append(StructuredOutput("regex", self.guided_regex, "guided_regex"))
+        if self.guided_choice is not None:
+            if not self.guided_choice or not all(self.guided_choice):
+                raise ApiError(400, "guided_choice must be a list of non-empty strings", param="guided_choice")
+            asked.append(StructuredOutput("choice", json.dumps(self.guided_choice), "guided_choice"))
+        if len(asked) > 1:
+            raise ApiError(400, "ask for one structured output at most", param=asked[1].field)
+        return asked[0] if asked else None
 
     @property
     def include_usage(self) -> bool:
@@ -222,7 +263,6 @@ class ChatCompletionRequest(OpenAIFields):
     prompt_cache_key: str | None = None
     safety_identifier: str | None = None
     # OpenAI fields refused unless they hold their no-op value (check_unsupported).
-    response_format: dict | None = None
     tools: list | None = None
     tool_choice: str | dict | None = None
     parallel_tool_calls: bool | None = None
@@ -277,7 +317,6 @@ class ChatCompletionRequest(OpenAIFields):
         refuse_unless(self.service_tier, (None, "auto", "default"), "service_tier", "one tier only")
         refuse_unless(self.store, (None, False), "store", "completions are not stored")
         refuse_unless(self.metadata, (None, {}), "metadata", "completions are not stored")
-        refuse_unless(self.response_format, (None, {"type": "text"}), "response_format", "no structured output yet")
 
 
 class NativeSampling(SamplingFields):

@@ -121,7 +121,8 @@ class ModelRunner:
         max_tokens = config.max_num_batched_tokens + config.max_num_seqs
         table_width = -(-info.max_model_len // config.block_size)
         # Sampling rows add their parameters and logit_bias entries (up to MAX_LOGIT_BIAS each, 20 bytes apiece).
-        sampling_bytes = config.max_num_seqs * (20 * MAX_LOGIT_BIAS + 128)
+        # Structured output adds a bitmask of the vocabulary per row.
+        sampling_bytes = config.max_num_seqs * (20 * MAX_LOGIT_BIAS + 128 + info.vocab_size // 8 + 16)
         self.staging = StagingRing(
             self.device, 32 * max_tokens + 8 * config.max_num_seqs * (table_width + 16) + sampling_bytes + 2**16
         )
@@ -274,7 +275,8 @@ class ModelRunner:
         to_host: list[torch.Tensor] = []
         logprobs = None
         if sampled:
-            drawn, sampled_lp = self._sample(logits, sampled, staging)
+            bitmasks = [chunks[i].token_bitmask for i in sampling_rows]
+            drawn, sampled_lp = self._sample(logits, sampled, bitmasks, staging)
             to_host.append(drawn)
             if sampled_lp is not None:
                 to_host += [sampled_lp.sampled, sampled_lp.top_ids, sampled_lp.top_logprobs]
@@ -307,13 +309,20 @@ class ModelRunner:
         )
 
     def _sample(
-        self, logits: torch.Tensor, sampled: list[RequestMirror], staging: StagingRing
+        self, logits: torch.Tensor, sampled: list[RequestMirror], bitmasks: list[bytes | None], staging: StagingRing
     ) -> tuple[torch.Tensor, SampledLogprobs | None]:
         params = [m.sampling for m in sampled]
         slots = [m.slot for m in sampled]
         counts = self.token_counts
         batch = SamplingBatch.build(
-            params, [m.num_sampled for m in sampled], logits.shape[1], staging, slots, counts, self.info.eos_token_ids
+            params,
+            [m.num_sampled for m in sampled],
+            logits.shape[1],
+            staging,
+            slots,
+            counts,
+            self.info.eos_token_ids,
+            bitmasks,
         )
         logits = process_logits(logits, batch)
         drawn = sample(logits, batch)

@@ -1,6 +1,7 @@
 """Sampling on the device: one batched call for every request of the step.
 
-    logits ─▶ process: logit_bias and min_tokens masks, then presence/frequency/repetition penalties
+    logits ─▶ process: structured output's allowed tokens, logit_bias and min_tokens masks, then
+              presence/frequency/repetition penalties
            ─▶ greedy rows: argmax
            ─▶ random rows: temperature, min-p, top-k, top-p, then one draw
     logprobs: log_softmax of the processed logits divided by the temperature (1 for greedy rows), i.e.
@@ -18,6 +19,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from common.sampling_params import SamplingParams
@@ -54,6 +56,8 @@ class SamplingBatch:
     bias: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
     penalties: Penalties | None = None
     counts: TokenCounts | None = None
+    # Structured output: (rows, [R, ceil(V / 32)] int32 words); bit j of word i allows token 32 i + j.
+    bitmask: tuple[torch.Tensor, torch.Tensor] | None = None
     num_top_logprobs: int = -1  # -1: no row asks for logprobs; else the largest k asked in the batch
     logprob_rows: torch.Tensor | None = None  # [L] rows that ask for logprobs
     logprob_row_list: list[int] | None = None  # the same, on the host
@@ -68,10 +72,15 @@ class SamplingBatch:
         slots: list[int] | None = None,
         counts: TokenCounts | None = None,
         eos_token_ids: list[int] = (),
+        bitmasks: list[bytes | None] | None = None,
     ) -> SamplingBatch:
         """One row per sampled request: its parameters, the index of the token it samples in its output,
-        and (for penalties) its row in `counts`."""
+        (for penalties) its row in `counts`, and (for structured output) its allowed tokens."""
         batch = cls(all_greedy=True)
+        masked = [row for row, mask in enumerate(bitmasks or []) if mask is not None]
+        if masked:
+            words = np.stack([np.frombuffer(bitmasks[row], dtype=np.int32) for row in masked])
+            batch.bitmask = (staging.upload(masked, torch.long), staging.upload(words, torch.int32))
         bias_rows, bias_ids, bias_values = [], [], []
         for row, (p, index) in enumerate(zip(params, output_index)):
             for token, value in p.logit_bias.items():
@@ -144,9 +153,14 @@ class SampledLogprobs:
 
 def process_logits(logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
     """The logits every row samples from (greedy ones included): bias and min_tokens masks, penalties."""
-    if batch.bias is None and batch.penalties is None:
+    if batch.bias is None and batch.penalties is None and batch.bitmask is None:
         return logits
     logits = logits.clone()
+    if batch.bitmask is not None:
+        rows, words = batch.bitmask
+        shifts = torch.arange(32, device=words.device, dtype=torch.int32)
+        allowed = ((words[:, :, None] >> shifts) & 1).reshape(len(words), -1)[:, : logits.shape[1]].bool()
+        logits[rows] = logits[rows].masked_fill(~allowed, float("-inf"))
     if batch.bias is not None:
         rows, ids, values = batch.bias
         logits.index_put_((rows, ids), values, accumulate=True)

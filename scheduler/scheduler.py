@@ -38,10 +38,11 @@ from common.messages import (
     TokenizedRequest,
 )
 from common.model_info import ModelInfo
-from common.sampling_params import SamplingParams
+from common.sampling_params import InvalidParameter, SamplingParams
 from scheduler.block_manager import BlockManager
 from scheduler.prefix_cache import InsertCursor, PrefixCache
 from scheduler.request import Request, RequestStatus
+from scheduler.structured_output import GrammarCompiler
 
 
 @dataclass(slots=True)
@@ -68,6 +69,8 @@ class Scheduler:
         # A request must fit the KV store alone, or it could never finish.
         self.max_model_len = min(info.max_model_len, num_kv_blocks * config.block_size)
         self.eos_token_ids = frozenset(info.eos_token_ids)
+        self.info = info
+        self._grammars: GrammarCompiler | None = None  # made on the first structured request
         self.requests: dict[int, Request] = {}
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
@@ -84,16 +87,27 @@ class Scheduler:
         if rejection is not None:
             return rejection
         sampling = msg.sampling
+        grammar = None
+        if sampling.structured is not None:
+            try:
+                grammar = self._grammar_compiler().matcher_for(sampling.structured)
+            except InvalidParameter as exc:
+                return RequestRejected(msg.rid, 400, str(exc), exc.field)
         if sampling.seed is None:
             sampling.seed = self._seeds.getrandbits(63)
         max_tokens = self.max_model_len - len(prompt)
         if sampling.max_tokens is not None:
             max_tokens = min(max_tokens, sampling.max_tokens)
         msg.times.queued = time.time()
-        request = Request(msg.rid, list(prompt), sampling, max_tokens, msg.times)
+        request = Request(msg.rid, list(prompt), sampling, max_tokens, msg.times, grammar=grammar)
         self.requests[msg.rid] = request
         self.waiting.append(request)
         return RequestAccepted(msg.rid, len(prompt), msg.times)
+
+    def _grammar_compiler(self) -> GrammarCompiler:
+        if self._grammars is None:
+            self._grammars = GrammarCompiler(self.config.model, self.info.vocab_size, self.info.eos_token_ids)
+        return self._grammars
 
     def _validate(self, rid: int, prompt: list[int], sampling: SamplingParams) -> RequestRejected | None:
         if rid in self.requests:
@@ -168,9 +182,13 @@ class Scheduler:
                 seats_taken += 1
                 if request.num_tokens_planned == request.num_computed:
                     continue  # its next token is in flight
+                if request.grammar is not None and request.num_samples_in_flight:
+                    continue  # its mask needs the token in flight
                 if request.num_computed < len(request.block_ids) * bs:
                     # The common case, kept cheap: the next token fits in the request's last block.
-                    chunks.append(ScheduledChunk(request.rid, request.num_computed, 1, [], True))
+                    chunks.append(
+                        ScheduledChunk(request.rid, request.num_computed, 1, [], True, self._bitmask(request))
+                    )
                     request.num_computed += 1
                     request.num_samples_planned += 1
                     if request.num_computed % bs == 0:
@@ -269,7 +287,12 @@ class Scheduler:
         if sample:
             request.num_samples_planned += 1
         self._cache_computed_blocks(request)
-        return ScheduledChunk(request.rid, start, n, request.block_ids[worker_has_blocks:], sample)
+        bitmask = self._bitmask(request) if sample else None
+        return ScheduledChunk(request.rid, start, n, request.block_ids[worker_has_blocks:], sample, bitmask)
+
+    @staticmethod
+    def _bitmask(request: Request) -> bytes | None:
+        return None if request.grammar is None else request.grammar.next_bitmask()
 
     def _cache_computed_blocks(self, request: Request) -> None:
         """Offer the prefix cache every newly completed block whose tokens are all known."""
@@ -355,6 +378,8 @@ class Scheduler:
             request.output_ids.append(token)
             self.stats.generated_tokens += 1
             reason = self._finish_reason(request, token)
+            if request.grammar is not None and (not request.grammar.accept(token) or request.grammar.terminated):
+                reason = "stop"  # the grammar is complete (and EOS sampled), or (never, under its mask) broken
             out = RequestTokens(rid, [token], result.sampled_time, reason, logprobs=logprobs.get(rid))
             if not request.first_tokens_sent:
                 request.first_tokens_sent = True
