@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 # OpenAI's limits: top_logprobs at most 20, penalties in [-2, 2], logit_bias values in [-100, 100] (for at
 # most MAX_LOGIT_BIAS tokens: their entries travel in the worker's fixed per-step staging buffer).
 MAX_LOGIT_BIAS = 300
+MAX_STOP_TOKEN_IDS = 64  # likewise: masked (as -inf biases) until min_tokens
 MAX_LOGPROBS = 20
 MAX_ABS_PENALTY = 2.0
 MAX_ABS_LOGIT_BIAS = 100.0
@@ -78,6 +79,8 @@ class SamplingParams:
             raise InvalidParameter("seed", f"seed must be in [0, 2**63), got {self.seed}")
         if any(not s for s in self.stop):
             raise InvalidParameter("stop", "stop strings must be non-empty")
+        if len(self.stop_token_ids) > MAX_STOP_TOKEN_IDS:
+            raise InvalidParameter("stop_token_ids", f"at most {MAX_STOP_TOKEN_IDS} stop token ids")
         if any(t < 0 for t in self.stop_token_ids):
             raise InvalidParameter("stop_token_ids", "stop token ids must be non-negative")
         if self.min_tokens < 0 or (self.max_tokens is not None and self.min_tokens > self.max_tokens):

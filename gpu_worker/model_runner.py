@@ -32,7 +32,7 @@ from common.messages import (
     StepTimings,
 )
 from common.model_info import ModelInfo
-from common.sampling_params import MAX_LOGIT_BIAS, SamplingParams
+from common.sampling_params import MAX_LOGIT_BIAS, MAX_STOP_TOKEN_IDS, SamplingParams
 from gpu_worker.attention import BatchLayout, make_attention_backend, resolve_attention_backend
 from gpu_worker.cuda_graphs import DecodeGraphs
 from gpu_worker.host_copy import StagingRing
@@ -120,9 +120,11 @@ class ModelRunner:
         # Per-step inputs: ids and positions (8 bytes each per token), metadata (block tables dominate).
         max_tokens = config.max_num_batched_tokens + config.max_num_seqs
         table_width = -(-info.max_model_len // config.block_size)
-        # Sampling rows add their parameters and logit_bias entries (up to MAX_LOGIT_BIAS each, 20 bytes apiece).
-        # Structured output adds a bitmask of the vocabulary per row.
-        sampling_bytes = config.max_num_seqs * (20 * MAX_LOGIT_BIAS + 128 + info.vocab_size // 8 + 16)
+        # Sampling rows add their parameters and bias entries (logit_bias, and min_tokens' masked EOS and stop
+        # ids: 20 bytes each), and for structured output a bitmask of the vocabulary. Prompt logprobs add
+        # two int64 per prompt token (rows and scored ids).
+        num_bias = MAX_LOGIT_BIAS + MAX_STOP_TOKEN_IDS + len(info.eos_token_ids)
+        sampling_bytes = config.max_num_seqs * (20 * num_bias + 128 + info.vocab_size // 8 + 16) + 16 * max_tokens
         self.staging = StagingRing(
             self.device, 32 * max_tokens + 8 * config.max_num_seqs * (table_width + 16) + sampling_bytes + 2**16
         )

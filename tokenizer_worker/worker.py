@@ -43,6 +43,7 @@ class RequestState:
     stop: StopStringMatcher
     num_prompt_tokens: int
     num_output_tokens: int = 0
+    min_tokens: int = 0  # stop strings are not looked for before this many output tokens (as vLLM)
 
 
 class TokenizerWorker:
@@ -62,7 +63,9 @@ class TokenizerWorker:
             return RequestRejected(request.rid, 400, str(exc), exc.field)
         sampling = request.sampling
         stop = StopStringMatcher(sampling.stop, sampling.include_stop_str_in_output)
-        self.requests[request.rid] = RequestState(IncrementalDetokenizer(self.tokenizer), stop, len(ids))
+        self.requests[request.rid] = RequestState(
+            IncrementalDetokenizer(self.tokenizer), stop, len(ids), min_tokens=sampling.min_tokens
+        )
         return TokenizedRequest(
             request.rid, ids, sampling, StageTimes(arrival=request.arrival_time, tokenized=time.time())
         )
@@ -97,7 +100,11 @@ class TokenizerWorker:
                 continue
             state.num_output_tokens += len(item.token_ids)
             final = item.finish_reason is not None
-            text, stopped = state.stop.feed(state.detokenizer.step(item.token_ids, final), final)
+            delta = state.detokenizer.step(item.token_ids, final)
+            if state.num_output_tokens < state.min_tokens:
+                text, stopped = delta, False
+            else:
+                text, stopped = state.stop.feed(delta, final)
             finish_reason = "stop" if stopped else item.finish_reason
             if stopped and not final:
                 aborts.append(AbortRequest(item.rid, "stop"))  # the scheduler would go on generating
