@@ -166,3 +166,15 @@ def test_unknown_and_unsupported_fields_are_refused_by_name(client):
         client.chat.completions.create(
             model=MODEL, messages=USER, tools=[{"type": "function", "function": {"name": "f", "parameters": {}}}]
         )
+
+
+def test_streamed_echo_and_logprobs_equal_the_whole_answer(client):
+    kwargs = dict(model=MODEL, prompt="The capital of France is", echo=True, logprobs=2, max_tokens=5, temperature=0)
+    whole = client.completions.create(**kwargs).choices[0]
+    chunks = [c.choices[0] for c in client.completions.create(**kwargs, stream=True) if c.choices]
+    assert "".join(c.text for c in chunks) == whole.text
+    streamed = [c.logprobs for c in chunks if c.logprobs is not None]
+    assert [t for lp in streamed for t in lp.tokens] == whole.logprobs.tokens
+    assert [v for lp in streamed for v in lp.token_logprobs] == whole.logprobs.token_logprobs
+    assert [v for lp in streamed for v in lp.text_offset] == whole.logprobs.text_offset
+    assert whole.text.startswith("The capital of France is")
