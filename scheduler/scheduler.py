@@ -90,7 +90,7 @@ class Scheduler:
         grammar = None
         if sampling.structured is not None:
             try:
-                grammar = self._grammar_compiler().matcher_for(sampling.structured)
+                grammar = self.grammars.matcher_for(sampling.structured)
             except InvalidParameter as exc:
                 return RequestRejected(msg.rid, 400, str(exc), exc.field)
         if sampling.seed is None:
@@ -104,7 +104,9 @@ class Scheduler:
         self.waiting.append(request)
         return RequestAccepted(msg.rid, len(prompt), msg.times)
 
-    def _grammar_compiler(self) -> GrammarCompiler:
+    @property
+    def grammars(self) -> GrammarCompiler:
+        """The structured-output compiler (loads the tokenizer's vocabulary on first use)."""
         if self._grammars is None:
             self._grammars = GrammarCompiler(self.config.model, self.info.vocab_size, self.info.eos_token_ids)
         return self._grammars

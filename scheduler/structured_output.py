@@ -23,6 +23,10 @@ import numpy as np
 
 from common.sampling_params import InvalidParameter, StructuredOutput
 
+# Compiled grammars are cached by the compiler, keyed by their source; bounded, so that many distinct
+# schemas cannot grow the scheduler without limit (least recently used ones are dropped).
+GRAMMAR_CACHE_BYTES = 256 * 2**20
+
 
 @dataclass(slots=True)
 class RequestGrammar:
@@ -54,8 +58,12 @@ class GrammarCompiler:
 
         tokenizer = AutoTokenizer.from_pretrained(model_folder)
         info = xgrammar.TokenizerInfo.from_huggingface(tokenizer, vocab_size=vocab_size, stop_token_ids=eos_token_ids)
-        self.compiler = xgrammar.GrammarCompiler(info)
+        self.compiler = xgrammar.GrammarCompiler(info, cache_limit_bytes=GRAMMAR_CACHE_BYTES)
         self.vocab_size = vocab_size
+
+    @property
+    def cache_bytes(self) -> int:
+        return self.compiler.get_cache_size_bytes()
 
     def matcher_for(self, spec: StructuredOutput) -> RequestGrammar:
         import xgrammar

@@ -66,3 +66,14 @@ def test_a_grammar_that_does_not_compile_is_refused_naming_its_field(llm):
     with pytest.raises(InvalidParameter) as refused:
         llm.add_request([5, 6], SamplingParams(structured=StructuredOutput("regex", "(unclosed", "guided_regex")))
     assert refused.value.field == "guided_regex"
+
+
+def test_a_repeated_grammar_is_compiled_once(llm):
+    schema = StructuredOutput("json", json.dumps({"type": "object", "properties": {"n": {"type": "number"}}}))
+    grammars = llm.scheduler.grammars
+    grammars.matcher_for(schema)
+    cached = grammars.cache_bytes
+    grammars.matcher_for(StructuredOutput("json", schema.spec))
+    assert grammars.cache_bytes == cached, "served from the cache"
+    grammars.matcher_for(StructuredOutput("regex", "[0-9]{4}"))
+    assert grammars.cache_bytes > cached
