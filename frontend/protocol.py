@@ -241,8 +241,17 @@ class ChatMessage(RequestBody):
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[TextPart] | None = None  # null: an assistant turn that only called tools
     name: str | None = None  # passed to the chat template
+    # What an assistant message returned by an OpenAI client carries when sent back: accepted while empty.
+    refusal: str | None = None
+    tool_calls: list | None = None
+    tool_call_id: str | None = None
+    function_call: dict | None = None
+    audio: dict | None = None
+    annotations: list | None = None
 
     def text(self) -> str:
+        if self.tool_calls or self.tool_call_id or self.function_call or self.audio or self.refusal:
+            raise ApiError(400, "messages with tool calls, audio or refusals are not supported", param="messages")
         if self.content is None or isinstance(self.content, str):
             return self.content or ""
         if any(part.type != "text" or part.text is None for part in self.content):

@@ -24,7 +24,7 @@ import numpy as np
 from common.sampling_params import InvalidParameter, StructuredOutput
 
 # Compiled grammars are cached by the compiler, keyed by their source; bounded, so that many distinct
-# schemas cannot grow the scheduler without limit (least recently used ones are dropped).
+# schemas cannot grow the scheduler without limit (past it, the compiler evicts old entries).
 GRAMMAR_CACHE_BYTES = 256 * 2**20
 
 

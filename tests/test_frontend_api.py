@@ -493,3 +493,12 @@ def test_tokenize_and_detokenize_refuse_bad_input(http, path, body, param):
 
 def test_version_answers(http):
     assert isinstance(http.get("/version").json()["version"], str)
+
+
+def test_an_assistant_message_sent_back_as_the_client_returned_it_is_accepted(http, engine):
+    returned = {"role": "assistant", "content": "Hi!", "refusal": None, "tool_calls": None, "annotations": None}
+    body = {"messages": [*USER, returned, {"role": "user", "content": "More"}]}
+    assert http.post("/v1/chat/completions", json=body).status_code == 200
+    assert engine.submitted[0].chat_messages[1] == {"role": "assistant", "content": "Hi!"}
+    with_calls = {**returned, "tool_calls": [{"id": "1", "type": "function"}]}
+    assert_error(http.post("/v1/chat/completions", json={"messages": [*USER, with_calls]}), 400, "messages")
