@@ -42,6 +42,8 @@ from gpu_worker.models.forward_context import ForwardContext
 from gpu_worker.sampler import SampledLogprobs, SamplingBatch, process_logits, sample, sampled_logprobs
 from gpu_worker.token_counts import TokenCounts
 
+PROMPT_LOGPROBS_ROWS = 256  # prompt positions whose logits are made at once (bounds that memory)
+
 
 @dataclass(slots=True)
 class RequestMirror:
@@ -267,11 +269,11 @@ class ModelRunner:
             if len(sampling_rows) < len(chunks):
                 logits = logits[staging.upload(sampling_rows, torch.long)]
         else:
-            logits, prompt_logits = self._forward_eager(
+            logits, prompt_hidden = self._forward_eager(
                 input_ids, positions, slot_mapping, layout, sampling_rows, device_inputs, prompt_rows
             )
             if prompt_rows:
-                prompt_logprobs = self._prompt_logprobs(prompt_logits, prompt_targets)
+                prompt_logprobs = self._prompt_logprobs(prompt_hidden, prompt_targets)
         sampled = [mirrors[i] for i in sampling_rows]
         rids = [chunks[i].rid for i in sampling_rows]
         to_host: list[torch.Tensor] = []
@@ -354,14 +356,20 @@ class ModelRunner:
         return rows, targets
 
     def _prompt_logprobs(
-        self, logits: torch.Tensor, targets: list[tuple[int, int, int, list[int]]]
+        self, hidden: torch.Tensor, targets: list[tuple[int, int, int, list[int]]]
     ) -> list[torch.Tensor]:
-        """[rows] logprob of each scored token, [rows, k] top ids and logprobs (k: the step's largest)."""
-        logprobs = torch.log_softmax(logits.float(), dim=-1)
+        """[rows] logprob of each scored token, [rows, k] top ids and logprobs (k: the step's largest).
+        Logits are made PROMPT_LOGPROBS_ROWS rows at a time: a whole prefill's [tokens, vocab] logits
+        would need memory the KV store was sized without."""
         ids = self.staging.upload([t for target in targets for t in target[3]], torch.long)
         k = max(target[2] for target in targets)
-        top = logprobs.topk(k, dim=-1)
-        return [logprobs.gather(1, ids[:, None])[:, 0], top.indices, top.values]
+        parts: list[list[torch.Tensor]] = []
+        for start in range(0, len(hidden), PROMPT_LOGPROBS_ROWS):
+            end = start + PROMPT_LOGPROBS_ROWS
+            logprobs = torch.log_softmax(self.model.compute_logits(hidden[start:end]).float(), dim=-1)
+            top = logprobs.topk(k, dim=-1)
+            parts.append([logprobs.gather(1, ids[start:end, None])[:, 0], top.indices, top.values])
+        return [torch.cat(column) for column in zip(*parts)]
 
     @staticmethod
     def _split_prompt_logprobs(targets, host: list[torch.Tensor]) -> list[tuple[int, int, int, list[int], list]]:
@@ -460,8 +468,8 @@ class ModelRunner:
         device_inputs: tuple[torch.Tensor, torch.Tensor] | None,
         prompt_rows: list[int],
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """Run the model op by op; returns the logits of the sampling rows, and of `prompt_rows` (flat
-        token rows) when given."""
+        """Run the model op by op; returns the logits of the sampling rows, and the hidden states of
+        `prompt_rows` (flat token rows) when given."""
         ctx = ForwardContext(
             self.attention, self.attention.build_metadata(layout, slot_mapping, self.staging), self.kv_cache
         )
@@ -469,13 +477,11 @@ class ModelRunner:
         if device_inputs is not None:
             ids[device_inputs[0]] = device_inputs[1]
         hidden = self.model(ids, self.staging.upload(positions, torch.long), ctx)
-        prompt_logits = None
-        if prompt_rows:
-            prompt_logits = self.model.compute_logits(hidden[self.staging.upload(prompt_rows, torch.long)])
+        prompt_hidden = hidden[self.staging.upload(prompt_rows, torch.long)] if prompt_rows else None
         if not sampling_rows:
-            return hidden.new_empty(0, 0), prompt_logits
+            return hidden.new_empty(0, 0), prompt_hidden
         ends = np.cumsum(layout.query_lens) - 1
-        return self.model.compute_logits(hidden[self.staging.upload(ends[sampling_rows], torch.long)]), prompt_logits
+        return self.model.compute_logits(hidden[self.staging.upload(ends[sampling_rows], torch.long)]), prompt_hidden
 
     def _mirror_for(self, spec: NewRequestSpec) -> RequestMirror:
         s = spec.sampling
