@@ -27,6 +27,38 @@ class StageTimes:
     first_scheduled: float = 0.0  # scheduler first put it in a step plan
 
 
+@dataclass(slots=True)
+class Logprobs:
+    """Log-probabilities of consecutive positions of one request: for each, the token there, its
+    logprob, and the most likely tokens with theirs. The GPU worker fills the numbers; the tokenizer
+    worker adds the texts (each token decoded alone, as OpenAI shows them)."""
+
+    start: int  # position of the first token in the request's sequence (prompt, then outputs)
+    token_ids: list[int]
+    logprobs: list[float]
+    top_ids: list[list[int]]
+    top_logprobs: list[list[float]]
+    token_texts: list[str] = field(default_factory=list)
+    top_texts: list[list[str]] = field(default_factory=list)
+
+    def extend(self, other: Logprobs) -> None:
+        """Append the positions of `other` past this one's end (a chunk recomputed after a preemption
+        repeats positions already here)."""
+        skip = self.start + len(self.token_ids) - other.start
+        if skip < 0:
+            raise ValueError(f"logprobs of positions from {other.start} follow a gap after {self.start}")
+        self.token_ids.extend(other.token_ids[skip:])
+        self.logprobs.extend(other.logprobs[skip:])
+        self.top_ids.extend(other.top_ids[skip:])
+        self.top_logprobs.extend(other.top_logprobs[skip:])
+
+
+@dataclass(slots=True)
+class RequestLogprobs:
+    rid: int
+    logprobs: Logprobs
+
+
 # ---------------------------------------------------------------- frontend -> tokenizer worker -> scheduler
 
 
@@ -91,6 +123,8 @@ class RequestTokens:
     finish_reason: str | None = None  # "stop" | "length" | "abort"
     first_scheduled: float = 0.0  # set on the request's first tokens
     num_cached_tokens: int = 0  # prompt tokens served from the prefix cache (set on the first tokens)
+    logprobs: Logprobs | None = None  # those of token_ids, when the request asked for logprobs
+    prompt_logprobs: Logprobs | None = None  # on the first tokens, when it asked for prompt logprobs
 
 
 @message(6)
@@ -112,12 +146,44 @@ class RequestOutput:
     first_scheduled: float = 0.0
     num_cached_tokens: int = 0
     streamed_time: float = 0.0  # set by the frontend when it hands the output to the client's stream
+    logprobs: Logprobs | None = None
+    prompt_logprobs: Logprobs | None = None
 
 
 @message(7)
 @dataclass(slots=True)
 class OutputBatch:
     items: list[RequestOutput]
+
+
+# ---------------------------------------------------------------- frontend <-> tokenizer worker: /tokenize, /detokenize
+
+
+@message(8)
+@dataclass(slots=True)
+class TokenizeRequest:
+    """Text (or chat messages) to token ids, answered with a TextReply or a RequestRejected."""
+
+    rid: int
+    prompt: str | None = None
+    chat_messages: list[dict] | None = None
+    add_special_tokens: bool = True  # for a prompt: the tokenizer's BOS and the like
+    add_generation_prompt: bool = True  # for messages: open the assistant's turn
+
+
+@message(9)
+@dataclass(slots=True)
+class DetokenizeRequest:
+    rid: int
+    token_ids: list[int]
+
+
+@message(12)
+@dataclass(slots=True)
+class TextReply:
+    rid: int
+    token_ids: list[int]
+    text: str
 
 
 # ---------------------------------------------------------------- scheduler <-> gpu worker
@@ -142,6 +208,8 @@ class ScheduledChunk:
     num_tokens: int
     new_block_ids: list[int]  # appended to the worker's mirror of the block table
     sample: bool  # True when this chunk reaches the end of the known tokens
+    # Structured output: the tokens its sample may take, int32 words (bit j of word i: token 32 i + j).
+    token_bitmask: bytes | None = None
 
 
 @message(10)
@@ -171,6 +239,9 @@ class StepResult:
     token_ids: list[int]
     sampled_time: float
     timings: StepTimings
+    # Only for requests that asked: logprobs of this step's samples, and of the prompt positions computed.
+    logprobs: list[RequestLogprobs] = field(default_factory=list)
+    prompt_logprobs: list[RequestLogprobs] = field(default_factory=list)
 
 
 # ---------------------------------------------------------------- control

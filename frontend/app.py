@@ -1,4 +1,5 @@
-"""The HTTP application: OpenAI endpoints, the native /generate, health, metrics and control stubs.
+"""The HTTP application: OpenAI endpoints, the native /generate, /tokenize and /detokenize, health, metrics
+and control stubs.
 
     build_app(client, api_key) -> FastAPI
 
@@ -24,6 +25,7 @@ from frontend.metrics import FrontendMetrics
 from frontend.native_api import native_router
 from frontend.openai_api import openai_router
 from frontend.streaming import ClientDisconnected
+from frontend.tokenizer_api import tokenizer_router
 
 HEALTH_TIMEOUT_S = 2.0
 STATS_TIMEOUT_S = 2.0
@@ -40,6 +42,7 @@ def build_app(client: EngineClient, api_key: str | None = None, profiler: Proces
     keyed = [Depends(api_key_check(api_key))]
     app.include_router(openai_router(client, metrics), dependencies=keyed)
     app.include_router(native_router(client, metrics), dependencies=keyed)
+    app.include_router(tokenizer_router(client), dependencies=keyed)
 
     @app.get("/v1/models", dependencies=keyed)
     async def list_models() -> dict:

@@ -3,6 +3,7 @@
     app ── submit(GenerateRequest) ──▶ RequestStream ── events ──▶ app
            first event:  RequestAccepted  (then 200 and stream)   or  RequestRejected (then 4xx/503)
            then:         RequestOutput ... until one has finish_reason set
+    app ── submit(TokenizeRequest / DetokenizeRequest) ──▶ one event: TextReply or RequestRejected
 
 The HTTP layer knows nothing of sockets, and tests can give it a fake client.
 """
@@ -23,11 +24,14 @@ from common.messages import (
     AbortRequest,
     ControlReply,
     ControlRequest,
+    DetokenizeRequest,
     GenerateRequest,
     OutputBatch,
     RequestAccepted,
     RequestOutput,
     RequestRejected,
+    TextReply,
+    TokenizeRequest,
 )
 from common.profiling import NOT_ENABLED, EventLoopStats, ProcessProfiler
 from common.request_ids import request_ids, tokenizer_of
@@ -36,7 +40,14 @@ from common.wire import decode, encode
 
 log = logging.getLogger(__name__)
 
-Event = RequestAccepted | RequestRejected | RequestOutput
+Event = RequestAccepted | RequestRejected | RequestOutput | TextReply
+EngineRequest = GenerateRequest | TokenizeRequest | DetokenizeRequest
+
+
+def is_final(event: Event) -> bool:
+    return isinstance(event, (RequestRejected, TextReply)) or (
+        isinstance(event, RequestOutput) and event.finish_reason is not None
+    )
 
 
 @dataclass(slots=True)
@@ -63,7 +74,7 @@ class RequestStream:
 
     async def next_event(self) -> Event:
         event = await self._queue.get()
-        if isinstance(event, RequestRejected) or (isinstance(event, RequestOutput) and event.finish_reason):
+        if is_final(event):
             self.finished = True
         return event
 
@@ -72,7 +83,7 @@ class RequestStream:
         events = []
         while not self.finished and not self._queue.empty():
             event = self._queue.get_nowait()
-            if isinstance(event, RequestRejected) or (isinstance(event, RequestOutput) and event.finish_reason):
+            if is_final(event):
                 self.finished = True
             events.append(event)
         return events
@@ -96,8 +107,12 @@ class EngineClient(ABC):
     role: str = "frontend"  # this process's role: its own answers appear under it in /stats and profiling
 
     @abstractmethod
-    async def submit(self, request: GenerateRequest) -> RequestStream:
+    async def submit(self, request: EngineRequest) -> RequestStream:
         """Send a request (its rid is set here) and return the stream of its events."""
+
+    async def ask_tokenizer(self, request: TokenizeRequest | DetokenizeRequest) -> TextReply | RequestRejected:
+        """/tokenize, /detokenize: a tokenizer worker answers (the frontend has no tokenizer of its own)."""
+        return await (await self.submit(request)).next_event()
 
     @abstractmethod
     async def abort(self, rid: int) -> None: ...
@@ -170,7 +185,7 @@ class ZmqEngineClient(EngineClient):
     def stats(self) -> dict:
         return self.activity.summary()
 
-    async def submit(self, request: GenerateRequest) -> RequestStream:
+    async def submit(self, request: EngineRequest) -> RequestStream:
         request.rid = next(self._rids)
         stream = RequestStream(request.rid, self)
         self._streams[request.rid] = stream
@@ -193,7 +208,7 @@ class ZmqEngineClient(EngineClient):
                 for item in message.items:
                     self._deliver(item.rid, item, final=item.finish_reason is not None)
             else:
-                self._deliver(message.rid, message, final=isinstance(message, RequestRejected))
+                self._deliver(message.rid, message, final=is_final(message))
 
     def _deliver(self, rid: int, event: Event, final: bool) -> None:
         stream = self._streams.pop(rid, None) if final else self._streams.get(rid)

@@ -1,20 +1,24 @@
 """POST /v1/completions and /v1/chat/completions: OpenAI's protocol over the engine client.
 
-Each endpoint: stamp arrival, check the body, submit, wait for the verdict (headers are sent only
-after the engine accepted, so a rejection gets its own status), then stream SSE or answer once.
+Each endpoint: stamp arrival, check the body, submit one engine request per choice (prompts times n),
+wait for the verdicts (headers are sent only after the engine accepted, so a rejection gets its own
+status), then stream SSE or answer once.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import AsyncGenerator
+from dataclasses import replace
 
 from fastapi import APIRouter, Request, Response
 from fastapi.responses import JSONResponse
 
-from common.messages import GenerateRequest
+from common.messages import DetokenizeRequest, GenerateRequest, Logprobs, RequestOutput, RequestRejected
+from common.sampling_params import SamplingParams
+from frontend.choices import Choices
 from frontend.engine_client import EngineClient
-from frontend.generation import Generation
+from frontend.errors import ApiError
 from frontend.metrics import FrontendMetrics
 from frontend.openai_format import ChatFormat, CompletionFormat, ResponseFormat
 from frontend.protocol import ChatCompletionRequest, CompletionRequest, OpenAIFields, parse_body
@@ -30,10 +34,18 @@ def openai_router(client: EngineClient, metrics: FrontendMetrics) -> APIRouter:
         body = await parse_body(request, CompletionRequest)
         body.check_common(client.limits)
         body.check_unsupported()
-        prompt, prompt_ids = body.engine_prompt()
+        prompts = body.engine_prompts()
         sampling = body.sampling_params(body.max_tokens, "max_tokens", client.limits)
-        engine_request = GenerateRequest(0, sampling, arrival, prompt=prompt, prompt_token_ids=prompt_ids)
-        return await _respond(request, body, engine_request, "cmpl", CompletionFormat)
+        requests = [
+            GenerateRequest(0, sample_params(sampling, j), arrival, prompt=text, prompt_token_ids=ids)
+            for text, ids in prompts
+            for j in range(body.num_choices)
+        ]
+        echoes = None
+        if body.echo:
+            texts = [text if text is not None else await _detokenize(client, ids) for text, ids in prompts]
+            echoes = [text for text in texts for _ in range(body.num_choices)]
+        return await _respond(request, body, requests, "cmpl", CompletionFormat, echoes)
 
     @router.post("/v1/chat/completions")
     async def chat_completions(request: Request) -> Response:
@@ -43,41 +55,89 @@ def openai_router(client: EngineClient, metrics: FrontendMetrics) -> APIRouter:
         body.check_unsupported()
         messages = body.engine_messages()
         sampling = body.sampling_params(body.requested_max_tokens(), body.max_tokens_field(), client.limits)
-        engine_request = GenerateRequest(0, sampling, arrival, chat_messages=messages)
-        return await _respond(request, body, engine_request, "chatcmpl", ChatFormat)
+        requests = [
+            GenerateRequest(0, sample_params(sampling, j), arrival, chat_messages=messages)
+            for j in range(body.num_choices)
+        ]
+        return await _respond(request, body, requests, "chatcmpl", ChatFormat, None)
 
     async def _respond(
         request: Request,
         body: OpenAIFields,
-        engine_request: GenerateRequest,
+        requests: list[GenerateRequest],
         id_prefix: str,
         format_type: type[ResponseFormat],
+        echoes: list[str] | None,
     ) -> Response:
-        generation = await Generation.start(client, engine_request, metrics, request.receive)
-        fmt = format_type(
-            f"{id_prefix}-{generation.rid}", int(engine_request.arrival_time), client.limits.served_model_name
-        )
+        choices = await Choices.start(client, requests, body.num_choices, metrics, request.receive)
+        fmt = format_type(f"{id_prefix}-{choices.rid}", int(requests[0].arrival_time), client.limits.served_model_name)
+        with_logprobs = requests[0].sampling.logprobs is not None
         if body.stream:
-            chunks = _sse_chunks(generation, fmt, body.include_usage)
-            return StreamingEvents(chunks, "text/event-stream", generation.close)
-        outputs = await generation.collect(request.receive)
-        text = "".join(output.text for output in outputs)
-        return JSONResponse(fmt.whole(text, generation.finish_reason, generation.usage()))
+            chunks = _sse_chunks(choices, fmt, body.include_usage, with_logprobs, echoes)
+            return StreamingEvents(chunks, "text/event-stream", choices.close)
+        outputs = await choices.collect(request.receive)
+        whole = [
+            _whole_choice(fmt, i, outs, with_logprobs, None if echoes is None else echoes[i])
+            for i, outs in enumerate(outputs)
+        ]
+        return JSONResponse(fmt.whole(whole, choices.usage()))
 
     return router
 
 
-async def _sse_chunks(generation: Generation, fmt: ResponseFormat, include_usage: bool) -> AsyncGenerator[bytes, None]:
+def sample_params(sampling: SamplingParams, index: int) -> SamplingParams:
+    """The parameters of a prompt's `index`-th sample: a seeded request's samples differ by their seeds."""
+    if index == 0 or sampling.seed is None:
+        return replace(sampling)
+    return replace(sampling, seed=(sampling.seed + index) % 2**63)
+
+
+async def _detokenize(client: EngineClient, ids: list[int]) -> str:
+    reply = await client.ask_tokenizer(DetokenizeRequest(0, ids))
+    if isinstance(reply, RequestRejected):
+        raise ApiError(reply.status, reply.message, param="prompt")
+    return reply.text
+
+
+def _logprob_parts(outputs: list[RequestOutput], echo: bool) -> list[Logprobs]:
+    parts = [outputs[0].prompt_logprobs] if echo and outputs and outputs[0].prompt_logprobs is not None else []
+    return parts + [o.logprobs for o in outputs if o.logprobs is not None]
+
+
+def _whole_choice(
+    fmt: ResponseFormat, index: int, outputs: list[RequestOutput], with_logprobs: bool, echo: str | None
+) -> dict:
+    text = (echo or "") + "".join(o.text for o in outputs)
+    logprobs = fmt.logprobs(_logprob_parts(outputs, echo is not None), 0) if with_logprobs else None
+    return fmt.choice(index, text, outputs[-1].finish_reason if outputs else None, logprobs)
+
+
+async def _sse_chunks(
+    choices: Choices, fmt: ResponseFormat, include_usage: bool, with_logprobs: bool, echoes: list[str] | None
+) -> AsyncGenerator[bytes, None]:
     # With include_usage, OpenAI sends "usage": null on every chunk but the last one.
     extra = {"usage": None} if include_usage else {}
-    opening = fmt.opening_chunk()
-    if opening is not None:
-        yield sse_event({**opening, **extra})
-    async for batch in generation.output_batches():
+    for index in range(len(choices.generations)):
+        opening = fmt.opening_chunk(index)
+        if opening is not None:
+            yield sse_event({**opening, **extra})
+    offsets = [0] * len(choices.generations)  # completions' text_offset: characters of tokens sent so far
+    echoed = [echoes is None] * len(choices.generations)
+    async for index, batch in choices.batches():
         text = "".join(output.text for output in batch)
+        parts = _logprob_parts(batch, not echoed[index])
+        if not echoed[index]:
+            text = echoes[index] + text
+            echoed[index] = True
+        logprobs = None
+        if with_logprobs and parts:
+            logprobs = fmt.logprobs(parts, offsets[index])
+            offsets[index] += sum(len(t) for part in parts for t in part.token_texts)
         finish_reason = batch[-1].finish_reason
-        if text or finish_reason:  # tokens still held back by the detokenizer make no chunk
-            yield fmt.chunk_event(text, finish_reason, usage_null=include_usage)
+        if logprobs is not None:
+            yield sse_event({**fmt.chunk(index, text, finish_reason, logprobs), **extra})
+        elif text or finish_reason:  # tokens still held back by the detokenizer make no chunk
+            yield fmt.chunk_event(index, text, finish_reason, usage_null=include_usage)
     if include_usage:
-        yield sse_event(fmt.usage_chunk(generation.usage()))
+        yield sse_event(fmt.usage_chunk(choices.usage()))
     yield SSE_DONE

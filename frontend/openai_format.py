@@ -1,14 +1,23 @@
 """The JSON shapes of OpenAI's completion and chat completion responses, whole and streamed.
 
-stream:  [opening chunk (chat: the role)]  content chunks ...  last chunk with finish_reason
-         [usage chunk with no choices, when stream_options.include_usage]  data: [DONE]
+stream:  [opening chunk per choice (chat: the role)]  content chunks ...  a chunk with each choice's
+         finish_reason  [usage chunk with no choices, when stream_options.include_usage]  data: [DONE]
+
+Logprobs, per token (texts are each token decoded alone):
+  completions  {"tokens": [str], "token_logprobs": [float], "top_logprobs": [{str: float}],
+                "text_offset": [int]}   (echo: the prompt's tokens first, the very first one null)
+  chat         {"content": [{"token", "logprob", "bytes", "top_logprobs": [{"token", "logprob", "bytes"}]}]}
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
+from common.messages import Logprobs
 from frontend.streaming import json_string, sse_event
+
+_MARKER = "\x00text\x00"  # no real chunk text is this
 
 
 def _split_at_text(event: bytes, marker: str) -> tuple[bytes, bytes]:
@@ -18,16 +27,20 @@ def _split_at_text(event: bytes, marker: str) -> tuple[bytes, bytes]:
     return prefix, suffix
 
 
-_MARKER = "\x00text\x00"  # no real chunk text is this
-
-
-def _from_template(fmt: CompletionFormat | ChatFormat, text: str, finish_reason: str | None, usage_null: bool) -> bytes:
-    key = (finish_reason, usage_null)
+def _from_template(
+    fmt: CompletionFormat | ChatFormat, index: int, text: str, finish_reason: str | None, usage_null: bool
+) -> bytes:
+    key = (index, finish_reason, usage_null)
     template = fmt._templates.get(key)
     if template is None:
-        chunk = {**fmt.chunk(_MARKER, finish_reason), **({"usage": None} if usage_null else {})}
+        chunk = {**fmt.chunk(index, _MARKER, finish_reason), **({"usage": None} if usage_null else {})}
         template = fmt._templates[key] = _split_at_text(sse_event(chunk), _MARKER)
     return template[0] + json_string(text).encode() + template[1]
+
+
+def _finite(value: float) -> float | None:
+    """JSON has no NaN: the first prompt token's logprob (it has none) is null, as OpenAI answers."""
+    return value if math.isfinite(value) else None
 
 
 @dataclass(slots=True)
@@ -39,28 +52,49 @@ class CompletionFormat:
         default_factory=dict, init=False, repr=False
     )  # (finish_reason, usage_null) -> (prefix, suffix)
 
-    def chunk_event(self, text: str, finish_reason: str | None, usage_null: bool = False) -> bytes:
-        """The SSE event of chunk(text, finish_reason) (with "usage": null added when `usage_null`), byte for
-        byte as sse_event writes it, from a template: one per stream and finish reason."""
-        return _from_template(self, text, finish_reason, usage_null)
+    def chunk_event(self, index: int, text: str, finish_reason: str | None, usage_null: bool = False) -> bytes:
+        """The SSE event of chunk(index, text, finish_reason) without logprobs (with "usage": null added when
+        `usage_null`), byte for byte as sse_event writes it, from a template: one per choice and finish reason."""
+        return _from_template(self, index, text, finish_reason, usage_null)
 
     def _head(self) -> dict:
         return {"id": self.id, "object": "text_completion", "created": self.created, "model": self.model}
 
-    def opening_chunk(self) -> dict | None:
+    def opening_chunk(self, index: int) -> dict | None:
         return None
 
-    def chunk(self, text: str, finish_reason: str | None) -> dict:
-        return {
-            **self._head(),
-            "choices": [{"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason}],
-        }
+    def choice(self, index: int, text: str, finish_reason: str | None, logprobs: dict | None = None) -> dict:
+        return {"index": index, "text": text, "logprobs": logprobs, "finish_reason": finish_reason}
+
+    def chunk(self, index: int, text: str, finish_reason: str | None, logprobs: dict | None = None) -> dict:
+        return {**self._head(), "choices": [self.choice(index, text, finish_reason, logprobs)]}
 
     def usage_chunk(self, usage: dict) -> dict:
         return {**self._head(), "choices": [], "usage": usage}
 
-    def whole(self, text: str, finish_reason: str | None, usage: dict) -> dict:
-        return {**self.chunk(text, finish_reason), "usage": usage}
+    def whole(self, choices: list[dict], usage: dict) -> dict:
+        return {**self._head(), "choices": choices, "usage": usage}
+
+    @staticmethod
+    def logprobs(parts: list[Logprobs], text_offset: int) -> dict:
+        """The legacy completions shape for consecutive token runs; offsets count from `text_offset`."""
+        tokens, token_logprobs, top_logprobs, offsets = [], [], [], []
+        for part in parts:
+            for text, value, top_texts, top_values in zip(
+                part.token_texts, part.logprobs, part.top_texts, part.top_logprobs
+            ):
+                tokens.append(text)
+                token_logprobs.append(_finite(value))
+                first = _finite(value) is None and not top_texts
+                top_logprobs.append(None if first else dict(zip(top_texts, top_values)))
+                offsets.append(text_offset)
+                text_offset += len(text)
+        return {
+            "tokens": tokens,
+            "token_logprobs": token_logprobs,
+            "top_logprobs": top_logprobs,
+            "text_offset": offsets,
+        }
 
 
 @dataclass(slots=True)
@@ -72,37 +106,55 @@ class ChatFormat:
         default_factory=dict, init=False, repr=False
     )  # (finish_reason, usage_null) -> (prefix, suffix)
 
-    def chunk_event(self, text: str, finish_reason: str | None, usage_null: bool = False) -> bytes:
+    def chunk_event(self, index: int, text: str, finish_reason: str | None, usage_null: bool = False) -> bytes:
         """As CompletionFormat.chunk_event."""
         if not text:  # a chunk without text has no content field: no template
-            return sse_event({**self.chunk(text, finish_reason), **({"usage": None} if usage_null else {})})
-        return _from_template(self, text, finish_reason, usage_null)
+            return sse_event({**self.chunk(index, text, finish_reason), **({"usage": None} if usage_null else {})})
+        return _from_template(self, index, text, finish_reason, usage_null)
 
     def _head(self, object: str) -> dict:
         return {"id": self.id, "object": object, "created": self.created, "model": self.model}
 
-    def _delta_chunk(self, delta: dict, finish_reason: str | None) -> dict:
+    def opening_chunk(self, index: int) -> dict | None:
+        return self._delta_chunk(index, {"role": "assistant", "content": ""}, None, None)
+
+    def _delta_chunk(self, index: int, delta: dict, finish_reason: str | None, logprobs: dict | None) -> dict:
         return {
             **self._head("chat.completion.chunk"),
-            "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}],
+            "choices": [{"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish_reason}],
         }
 
-    def opening_chunk(self) -> dict | None:
-        return self._delta_chunk({"role": "assistant", "content": ""}, None)
+    def chunk(self, index: int, text: str, finish_reason: str | None, logprobs: dict | None = None) -> dict:
+        return self._delta_chunk(index, {"content": text} if text else {}, finish_reason, logprobs)
 
-    def chunk(self, text: str, finish_reason: str | None) -> dict:
-        return self._delta_chunk({"content": text} if text else {}, finish_reason)
+    def choice(self, index: int, text: str, finish_reason: str | None, logprobs: dict | None = None) -> dict:
+        message = {"role": "assistant", "content": text}
+        return {"index": index, "message": message, "logprobs": logprobs, "finish_reason": finish_reason}
 
     def usage_chunk(self, usage: dict) -> dict:
         return {**self._head("chat.completion.chunk"), "choices": [], "usage": usage}
 
-    def whole(self, text: str, finish_reason: str | None, usage: dict) -> dict:
-        message = {"role": "assistant", "content": text}
-        return {
-            **self._head("chat.completion"),
-            "choices": [{"index": 0, "message": message, "logprobs": None, "finish_reason": finish_reason}],
-            "usage": usage,
-        }
+    def whole(self, choices: list[dict], usage: dict) -> dict:
+        return {**self._head("chat.completion"), "choices": choices, "usage": usage}
+
+    @staticmethod
+    def logprobs(parts: list[Logprobs], text_offset: int = 0) -> dict:
+        content = []
+        for part in parts:
+            for text, value, top_texts, top_values in zip(
+                part.token_texts, part.logprobs, part.top_texts, part.top_logprobs
+            ):
+                content.append(
+                    {
+                        "token": text,
+                        "logprob": value,
+                        "bytes": list(text.encode()),
+                        "top_logprobs": [
+                            {"token": t, "logprob": v, "bytes": list(t.encode())} for t, v in zip(top_texts, top_values)
+                        ],
+                    }
+                )
+        return {"content": content, "refusal": None}
 
 
 ResponseFormat = CompletionFormat | ChatFormat

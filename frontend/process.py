@@ -27,7 +27,7 @@ from common.transport import Endpoints
 from frontend.engine_client import EngineLimits
 
 log = logging.getLogger(__name__)
-GRACEFUL_SHUTDOWN_S = 5
+GRACEFUL_SHUTDOWN_S = 3  # open streams get this long to end; the launcher kills what is left after 5 s
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,17 +1,20 @@
-"""Request bodies the HTTP layer accepts, and how each becomes engine inputs (prompt and SamplingParams).
+"""Request bodies the HTTP layer accepts, and how each becomes engine inputs (prompts and SamplingParams).
 
-Models are strict (a string is not a number) and ignore unknown fields (OpenAI clients send some we
-do not use). Every refusal is an ApiError(400) naming the field at fault.
+Models are strict (a string is not a number) and refuse unknown fields, as OpenAI's API does: a misspelled
+`max_token` is a 400 naming it, never a request served without it. Every field of OpenAI's two request
+schemas is declared: honoured, or refused with a 400 naming it when set to anything but its no-op value
+(README.md, "API", lists which). Every refusal is an ApiError(400) naming the field at fault.
 """
 
 from __future__ import annotations
 
-from typing import Literal, TypeVar
+import json
+from typing import Any, Literal, TypeVar
 
 from fastapi import Request
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from common.sampling_params import InvalidParameter, SamplingParams
+from common.sampling_params import MAX_LOGPROBS, InvalidParameter, SamplingParams, StructuredOutput
 from frontend.engine_client import EngineLimits
 from frontend.errors import ApiError
 
@@ -19,7 +22,7 @@ Body = TypeVar("Body", bound=BaseModel)
 
 
 class RequestBody(BaseModel):
-    model_config = ConfigDict(extra="ignore", strict=True)
+    model_config = ConfigDict(extra="forbid", strict=True)
 
 
 async def parse_body(request: Request, model: type[Body]) -> Body:
@@ -37,22 +40,46 @@ def _invalid_body(exc: ValidationError) -> ApiError:
         return ApiError(400, f"the request body must be a JSON object: {first['msg']}")
     # `param` is the top-level field: nested locations carry pydantic's union tags ("prompt.list[int].0").
     param = str(first["loc"][0])
+    if first["type"] == "extra_forbidden" and len(first["loc"]) == 1:
+        return ApiError(400, f"unrecognized request argument supplied: '{param}'", param=param)
     where = f" (at {'.'.join(map(str, first['loc']))})" if len(first["loc"]) > 1 else ""
     return ApiError(400, f"invalid '{param}'{where}: {first['msg']}", param=param)
 
 
 class SamplingFields(RequestBody):
-    """The sampling knobs that every generation endpoint shares (top_k, stop_token_ids and ignore_eos
-    are vLLM-style extensions)."""
+    """The sampling knobs that every generation endpoint shares (top_k, min_p, min_tokens,
+    repetition_penalty, stop_token_ids, ignore_eos and include_stop_str_in_output are vLLM's extensions)."""
 
     temperature: float | None = None
     top_p: float | None = None
     top_k: int | None = None
+    min_p: float | None = None
     seed: int | None = None
     stop: str | list[str] | None = None
     stop_token_ids: list[int] | None = None
     ignore_eos: bool = False
     include_stop_str_in_output: bool = False
+    min_tokens: int = 0
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    repetition_penalty: float | None = None
+    logit_bias: dict[str, float] | None = None  # JSON keys are strings: token ids written as text
+
+    def _logit_bias(self) -> dict[int, float]:
+        bias = {}
+        for key, value in (self.logit_bias or {}).items():
+            try:
+                bias[int(key)] = value
+            except ValueError:
+                raise ApiError(400, f"logit_bias keys must be token ids, got {key!r}", param="logit_bias") from None
+        return bias
+
+    def _logprobs(self) -> tuple[int | None, int | None]:
+        """(logprobs, prompt_logprobs) as the engine takes them; none on the native endpoint."""
+        return None, None
+
+    def _structured_output(self) -> StructuredOutput | None:
+        return None
 
     def sampling_params(self, max_tokens: int | None, max_tokens_field: str, limits: EngineLimits) -> SamplingParams:
         defaults = SamplingParams()
@@ -66,7 +93,17 @@ class SamplingFields(RequestBody):
             stop_token_ids=list(self.stop_token_ids or []),
             ignore_eos=self.ignore_eos,
             include_stop_str_in_output=self.include_stop_str_in_output,
+            min_p=defaults.min_p if self.min_p is None else self.min_p,
+            min_tokens=self.min_tokens,
+            presence_penalty=self.presence_penalty or 0.0,
+            frequency_penalty=self.frequency_penalty or 0.0,
+            repetition_penalty=defaults.repetition_penalty
+            if self.repetition_penalty is None
+            else self.repetition_penalty,
+            logit_bias=self._logit_bias(),
         )
+        params.logprobs, params.prompt_logprobs = self._logprobs()
+        params.structured = self._structured_output()
         try:
             params.validate()
         except InvalidParameter as exc:
@@ -85,6 +122,9 @@ class StreamOptions(RequestBody):
     include_usage: bool = False
 
 
+MAX_N = 128  # choices per request (n times the prompts of a completion)
+
+
 class OpenAIFields(SamplingFields):
     """Fields both OpenAI endpoints share, and the checks the engine cannot make."""
 
@@ -92,6 +132,47 @@ class OpenAIFields(SamplingFields):
     n: int | None = 1
     stream: bool | None = False
     stream_options: StreamOptions | None = None
+    user: str | None = None  # an end-user id for the client's own records: accepted, used for nothing
+    # Structured output: OpenAI's response_format, or vLLM's guided_json / guided_regex / guided_choice.
+    response_format: dict | None = None
+    guided_json: dict | str | None = None
+    guided_regex: str | None = None
+    guided_choice: list[str] | None = None
+
+    @property
+    def num_choices(self) -> int:
+        return 1 if self.n is None else self.n
+
+    def _structured_output(self) -> StructuredOutput | None:
+        asked = []
+        fmt = self.response_format
+        if fmt is not None and fmt != {"type": "text"}:
+            kind = fmt.get("type")
+            if kind == "json_object":
+                asked.append(StructuredOutput("json_object"))
+            elif kind == "json_schema":
+                schema = (fmt.get("json_schema") or {}).get("schema")
+                if not isinstance(schema, dict):
+                    raise ApiError(
+                        400, "response_format json_schema needs json_schema.schema, an object", "response_format"
+                    )
+                asked.append(StructuredOutput("json", json.dumps(schema)))
+            else:
+                raise ApiError(
+                    400, "response_format type must be 'text', 'json_object' or 'json_schema'", param="response_format"
+                )
+        if self.guided_json is not None:
+            schema = self.guided_json if isinstance(self.guided_json, str) else json.dumps(self.guided_json)
+            asked.append(StructuredOutput("json", schema, "guided_json"))
+        if self.guided_regex is not None:
+            asked.append(StructuredOutput("regex", self.guided_regex, "guided_regex"))
+        if self.guided_choice is not None:
+            if not self.guided_choice or not all(self.guided_choice):
+                raise ApiError(400, "guided_choice must be a list of non-empty strings", param="guided_choice")
+            asked.append(StructuredOutput("choice", json.dumps(self.guided_choice), "guided_choice"))
+        if len(asked) > 1:
+            raise ApiError(400, "ask for one structured output at most", param=asked[1].field)
+        return asked[0] if asked else None
 
     @property
     def include_usage(self) -> bool:
@@ -105,8 +186,14 @@ class OpenAIFields(SamplingFields):
                 param="model",
                 code="model_not_found",
             )
-        if self.n not in (None, 1):
-            raise ApiError(400, f"only n=1 is supported, got n={self.n}", param="n")
+        if not 1 <= self.num_choices <= MAX_N:
+            raise ApiError(400, f"n must be in [1, {MAX_N}], got n={self.n}", param="n")
+
+
+def refuse_unless(value: Any, allowed: tuple, field: str, why: str) -> None:
+    """A 400 naming `field` unless it holds one of its no-op values."""
+    if value not in allowed:
+        raise ApiError(400, f"'{field}' is not supported: {why}", param=field)
 
 
 class CompletionRequest(OpenAIFields):
@@ -114,31 +201,35 @@ class CompletionRequest(OpenAIFields):
     max_tokens: int | None = 16  # OpenAI's default for completions; null: up to the context
     echo: bool | None = False
     logprobs: int | None = None
+    best_of: int | None = None
+    suffix: str | None = None
 
-    def engine_prompt(self) -> tuple[str | None, list[int] | None]:
-        """The prompt as text or as token ids; batches of one are unwrapped, larger ones refused."""
+    def engine_prompts(self) -> list[tuple[str | None, list[int] | None]]:
+        """Each prompt as text or as token ids (a list of prompts gives one choice per prompt and sample)."""
         prompt = self.prompt
-        if isinstance(prompt, list) and prompt and isinstance(prompt[0], (str, list)):
-            if len(prompt) != 1:
-                raise ApiError(
-                    400,
-                    f"a batch of {len(prompt)} prompts is not supported; send one prompt per request",
-                    param="prompt",
-                )
-            prompt = prompt[0]
-        if not prompt:
-            raise ApiError(400, "the prompt is empty", param="prompt")
-        if isinstance(prompt, str):
-            return prompt, None
-        if any(t < 0 for t in prompt):
-            raise ApiError(400, "prompt token ids must be non-negative", param="prompt")
-        return None, list(prompt)
+        prompts = prompt if isinstance(prompt, list) and prompt and isinstance(prompt[0], (str, list)) else [prompt]
+        if len(prompts) * self.num_choices > MAX_N:
+            raise ApiError(400, f"at most {MAX_N} choices (prompts times n) per request", param="prompt")
+        out: list[tuple[str | None, list[int] | None]] = []
+        for one in prompts:
+            if not one:
+                raise ApiError(400, "the prompt is empty", param="prompt")
+            if isinstance(one, str):
+                out.append((one, None))
+            elif any(t < 0 for t in one):
+                raise ApiError(400, "prompt token ids must be non-negative", param="prompt")
+            else:
+                out.append((None, list(one)))
+        return out
+
+    def _logprobs(self) -> tuple[int | None, int | None]:
+        if self.logprobs is not None and not 0 <= self.logprobs <= MAX_LOGPROBS:
+            raise ApiError(400, f"logprobs must be in [0, {MAX_LOGPROBS}], got {self.logprobs}", param="logprobs")
+        return self.logprobs, self.logprobs if self.echo else None
 
     def check_unsupported(self) -> None:
-        if self.echo:
-            raise ApiError(400, "echo is not supported", param="echo")
-        if self.logprobs:
-            raise ApiError(400, "logprobs are not supported", param="logprobs")
+        refuse_unless(self.best_of, (None, self.num_choices), "best_of", "only best_of equal to n (or absent)")
+        refuse_unless(self.suffix, (None, ""), "suffix", "this server does not insert text (no fill-in-the-middle)")
 
 
 class TextPart(RequestBody):
@@ -149,8 +240,18 @@ class TextPart(RequestBody):
 class ChatMessage(RequestBody):
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[TextPart] | None = None  # null: an assistant turn that only called tools
+    name: str | None = None  # passed to the chat template
+    # What an assistant message returned by an OpenAI client carries when sent back: accepted while empty.
+    refusal: str | None = None
+    tool_calls: list | None = None
+    tool_call_id: str | None = None
+    function_call: dict | None = None
+    audio: dict | None = None
+    annotations: list | None = None
 
     def text(self) -> str:
+        if self.tool_calls or self.tool_call_id or self.function_call or self.audio or self.refusal:
+            raise ApiError(400, "messages with tool calls, audio or refusals are not supported", param="messages")
         if self.content is None or isinstance(self.content, str):
             return self.content or ""
         if any(part.type != "text" or part.text is None for part in self.content):
@@ -165,11 +266,43 @@ class ChatCompletionRequest(OpenAIFields):
     max_tokens: int | None = None  # absent: up to the context
     max_completion_tokens: int | None = None  # OpenAI's newer name for max_tokens; wins when both are set
     logprobs: bool | None = False
+    top_logprobs: int | None = None
+    # Identifiers and hints with no effect to ask for: prompt_cache_key (the prefix cache is automatic),
+    # safety_identifier (like user).
+    prompt_cache_key: str | None = None
+    safety_identifier: str | None = None
+    # OpenAI fields refused unless they hold their no-op value (check_unsupported).
+    tools: list | None = None
+    tool_choice: str | dict | None = None
+    parallel_tool_calls: bool | None = None
+    functions: list | None = None
+    function_call: str | dict | None = None
+    audio: dict | None = None
+    modalities: list[str] | None = None
+    prediction: dict | None = None
+    reasoning_effort: str | None = None
+    verbosity: str | None = None
+    web_search_options: dict | None = None
+    service_tier: str | None = None
+    store: bool | None = None
+    metadata: dict | None = None
 
     def engine_messages(self) -> list[dict]:
         if not self.messages:
             raise ApiError(400, "messages must not be empty", param="messages")
-        return [{"role": m.role, "content": m.text()} for m in self.messages]
+        return [
+            {"role": m.role, "content": m.text(), **({"name": m.name} if m.name is not None else {})}
+            for m in self.messages
+        ]
+
+    def _logprobs(self) -> tuple[int | None, int | None]:
+        if self.top_logprobs is not None and not self.logprobs:
+            raise ApiError(400, "top_logprobs needs logprobs set to true", param="top_logprobs")
+        if self.top_logprobs is not None and not 0 <= self.top_logprobs <= MAX_LOGPROBS:
+            raise ApiError(
+                400, f"top_logprobs must be in [0, {MAX_LOGPROBS}], got {self.top_logprobs}", param="top_logprobs"
+            )
+        return (self.top_logprobs or 0) if self.logprobs else None, None
 
     def max_tokens_field(self) -> str:
         return "max_completion_tokens" if self.max_completion_tokens is not None else "max_tokens"
@@ -178,8 +311,21 @@ class ChatCompletionRequest(OpenAIFields):
         return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
 
     def check_unsupported(self) -> None:
-        if self.logprobs:
-            raise ApiError(400, "logprobs are not supported", param="logprobs")
+        no_tools = "this server does not call tools"
+        refuse_unless(self.tools, (None, []), "tools", no_tools)
+        refuse_unless(self.tool_choice, (None, "none"), "tool_choice", no_tools)
+        refuse_unless(self.parallel_tool_calls, (None,), "parallel_tool_calls", no_tools)
+        refuse_unless(self.functions, (None, []), "functions", no_tools)
+        refuse_unless(self.function_call, (None, "none"), "function_call", no_tools)
+        refuse_unless(self.audio, (None,), "audio", "text only")
+        refuse_unless(self.modalities, (None, ["text"]), "modalities", "text only")
+        refuse_unless(self.prediction, (None,), "prediction", "no predicted outputs")
+        refuse_unless(self.reasoning_effort, (None,), "reasoning_effort", "not a reasoning model")
+        refuse_unless(self.verbosity, (None,), "verbosity", "not a reasoning model")
+        refuse_unless(self.web_search_options, (None,), "web_search_options", "no web search")
+        refuse_unless(self.service_tier, (None, "auto", "default"), "service_tier", "one tier only")
+        refuse_unless(self.store, (None, False), "store", "completions are not stored")
+        refuse_unless(self.metadata, (None, {}), "metadata", "completions are not stored")
 
 
 class NativeSampling(SamplingFields):

@@ -22,9 +22,18 @@ import numpy as np
 import torch
 
 from common.config import EngineConfig
-from common.messages import NewRequestSpec, StepPlan, StepResult, StepTimings
+from common.messages import (
+    Logprobs,
+    NewRequestSpec,
+    RequestLogprobs,
+    ScheduledChunk,
+    StepPlan,
+    StepResult,
+    StepTimings,
+)
 from common.model_info import ModelInfo
 from common.pipeline import max_live_mirrors
+from common.sampling_params import MAX_LOGIT_BIAS, MAX_STOP_TOKEN_IDS, SamplingParams
 from gpu_worker.attention import BatchLayout, make_attention_backend, resolve_attention_backend
 from gpu_worker.cuda_graphs import DecodeGraphs
 from gpu_worker.host_copy import StagingRing
@@ -32,8 +41,11 @@ from gpu_worker.kv_cache import PagedKVCache
 from gpu_worker.kv_sizing import size_kv_store
 from gpu_worker.model_loader import load_model, resolve_dtype
 from gpu_worker.models.forward_context import ForwardContext
-from gpu_worker.sampler import SamplingBatch, sample
+from gpu_worker.sampler import SampledLogprobs, SamplingBatch, process_logits, sample, sampled_logprobs
+from gpu_worker.token_counts import TokenCounts
 from gpu_worker.warm_up import WARM_UP_REQUESTS
+
+PROMPT_LOGPROBS_ROWS = 256  # prompt positions whose logits are made at once (bounds that memory)
 
 
 @dataclass(slots=True)
@@ -42,12 +54,12 @@ class RequestMirror:
 
     token_ids: list[int]  # prompt and the sampled tokens read back so far
     block_table: list[int]
-    temperature: float
-    top_k: int
-    top_p: float
-    seed: int
+    sampling: SamplingParams
     num_sampled: int  # samples launched, including one whose token may not be read back yet
-    slot: int  # its row in ModelRunner.last_tokens
+    slot: int  # its row in ModelRunner.last_tokens (and in the token counts, for penalties)
+    # Prompt positions [1, prompt_logprobs_end) still get their logprobs computed: the prompt's length
+    # when the request asked for them and arrives fresh (a resumed one has sent them already), else 0.
+    prompt_logprobs_end: int = 0
 
 
 @dataclass(slots=True)
@@ -62,6 +74,9 @@ class LaunchedStep:
     copied: torch.cuda.Event | None
     prepare_s: float
     forward_s: float
+    # Logprobs on their way to the host, for requests that asked: (rid, start, k, tensors) per entry.
+    logprobs: list[tuple[int, int, int, list[int], list[torch.Tensor]]] | None = None
+    prompt_logprobs: list[tuple[int, int, int, list[int], list[torch.Tensor]]] | None = None
 
 
 def resolve_device(name: str) -> torch.device:
@@ -115,12 +130,20 @@ class ModelRunner:
         # Per-step inputs: ids and positions (8 bytes each per token), metadata (block tables dominate).
         max_tokens = config.max_num_batched_tokens + config.max_num_seqs
         table_width = -(-info.max_model_len // config.block_size)
-        self.staging = StagingRing(self.device, 32 * max_tokens + 8 * config.max_num_seqs * (table_width + 16) + 2**16)
+        # Sampling rows add their parameters and bias entries (logit_bias, and min_tokens' masked EOS and stop
+        # ids: 20 bytes each), and for structured output a bitmask of the vocabulary. Prompt logprobs add
+        # two int64 per prompt token (rows and scored ids).
+        num_bias = MAX_LOGIT_BIAS + MAX_STOP_TOKEN_IDS + len(info.eos_token_ids)
+        sampling_bytes = config.max_num_seqs * (20 * num_bias + 128 + info.vocab_size // 8 + 16) + 16 * max_tokens
+        self.staging = StagingRing(
+            self.device, 32 * max_tokens + 8 * config.max_num_seqs * (table_width + 16) + sampling_bytes + 2**16
+        )
         # Last sampled token of each mirror, on the device. A released slot may be reused at once: the
         # device runs steps in order, so the old owner's last write lands before the new owner's.
         num_slots = max(max_live_mirrors(config.max_num_seqs), WARM_UP_REQUESTS)
         self.last_tokens = torch.zeros(num_slots, dtype=torch.long, device=self.device)
         self._free_slots = list(range(num_slots - 1, -1, -1))
+        self.token_counts: TokenCounts | None = None  # made when a request first asks for a penalty
 
     # ------------------------------------------------------------------ the step
 
@@ -159,6 +182,7 @@ class ModelRunner:
         )
         slot_mapping = layout.slot_mapping(positions, self.block_size)
         sampling_rows = [i for i, c in enumerate(chunks) if c.sample]
+        prompt_rows, prompt_targets = self._prompt_logprob_rows(chunks, mirrors)
         staging = self.staging
         staging.next_step()
         # (rows, token ids) of the inputs only the device knows: gathered from the last-token slots.
@@ -169,34 +193,130 @@ class ModelRunner:
         )
         t1 = time.perf_counter()
 
-        if len(input_ids) == len(chunks) and self.graphs is not None and self.graphs.bucket_for(len(chunks)):
+        graph = len(input_ids) == len(chunks) and self.graphs is not None and self.graphs.bucket_for(len(chunks))
+        prompt_logprobs = None
+        if graph and not prompt_rows:
             logits = self.graphs.run(input_ids, positions, slot_mapping, layout, device_inputs)
             if len(sampling_rows) < len(chunks):
                 logits = logits[staging.upload(sampling_rows, torch.long)]
         else:
-            logits = self._forward_eager(input_ids, positions, slot_mapping, layout, sampling_rows, device_inputs)
+            logits, prompt_hidden = self._forward_eager(
+                input_ids, positions, slot_mapping, layout, sampling_rows, device_inputs, prompt_rows
+            )
+            if prompt_rows:
+                prompt_logprobs = self._prompt_logprobs(prompt_hidden, prompt_targets)
         sampled = [mirrors[i] for i in sampling_rows]
-        tokens = copied = None
-        if sampled:
-            rows = [(m.temperature, m.top_k, m.top_p, m.seed, m.num_sampled) for m in sampled]
-            drawn = sample(logits, SamplingBatch.build(rows, logits.shape[1], staging.upload))
-            slots = staging.upload([m.slot for m in sampled], torch.long)
-            self.last_tokens.index_copy_(0, slots, drawn)
-            for m in sampled:
-                m.num_sampled += 1
-            tokens, copied = self._copy_to_host(drawn)
         rids = [chunks[i].rid for i in sampling_rows]
+        to_host: list[torch.Tensor] = []
+        logprobs = None
+        if sampled:
+            bitmasks = [chunks[i].token_bitmask for i in sampling_rows]
+            drawn, sampled_lp = self._sample(logits, sampled, bitmasks, staging)
+            to_host.append(drawn)
+            if sampled_lp is not None:
+                to_host += [sampled_lp.sampled, sampled_lp.top_ids, sampled_lp.top_logprobs]
+                logprobs = [
+                    (rids[row], sampled[row].num_sampled - 1, sampled[row].sampling.logprobs, [], [])
+                    for row in sampled_lp.rows
+                ]
+        if prompt_logprobs is not None:
+            to_host += prompt_logprobs
+        host, copied = self._copy_to_host(to_host)
+        tokens = host[0] if sampled else None
+        if logprobs is not None:
+            for k, entry in enumerate(logprobs):
+                entry[4].extend(t[k] for t in host[1:4])
+        if prompt_logprobs is not None:
+            prompt_logprobs = self._split_prompt_logprobs(prompt_targets, host[-3:])
         index = {rid: k for k, rid in enumerate(rids)}
         plan_order = [index[c.rid] for c in plan.chunks if c.rid in index]
-        return LaunchedStep(plan.step_id, rids, sampled, plan_order, tokens, copied, t1 - t0, time.perf_counter() - t1)
+        return LaunchedStep(
+            plan.step_id,
+            rids,
+            sampled,
+            plan_order,
+            tokens,
+            copied,
+            t1 - t0,
+            time.perf_counter() - t1,
+            logprobs,
+            prompt_logprobs,
+        )
+
+    def _sample(
+        self, logits: torch.Tensor, sampled: list[RequestMirror], bitmasks: list[bytes | None], staging: StagingRing
+    ) -> tuple[torch.Tensor, SampledLogprobs | None]:
+        params = [m.sampling for m in sampled]
+        slots = [m.slot for m in sampled]
+        counts = self.token_counts
+        batch = SamplingBatch.build(
+            params,
+            [m.num_sampled for m in sampled],
+            logits.shape[1],
+            staging.upload,
+            slots,
+            counts,
+            self.info.eos_token_ids,
+            bitmasks,
+        )
+        logits = process_logits(logits, batch)
+        drawn = sample(logits, batch)
+        lp = sampled_logprobs(logits, batch, drawn)
+        self.last_tokens.index_copy_(0, staging.upload(slots, torch.long), drawn)
+        if batch.penalties is not None:
+            counts.add(batch.penalties.slots, drawn[batch.penalties.rows])
+        for m in sampled:
+            m.num_sampled += 1
+        return drawn, lp
+
+    def _prompt_logprob_rows(
+        self, chunks: list[ScheduledChunk], mirrors: list[RequestMirror]
+    ) -> tuple[list[int], list[tuple[int, int, int, list[int]]]]:
+        """Flat token rows whose logits give prompt logprobs (position p's logits score token p + 1),
+        and per request (rid, first scored position, k, the scored token ids)."""
+        rows: list[int] = []
+        targets: list[tuple[int, int, int, list[int]]] = []
+        row = 0
+        for chunk, mirror in zip(chunks, mirrors):
+            end = min(chunk.start + chunk.num_tokens, mirror.prompt_logprobs_end - 1)
+            if end > chunk.start:
+                rows.extend(range(row, row + end - chunk.start))
+                ids = mirror.token_ids[chunk.start + 1 : end + 1]
+                targets.append((chunk.rid, chunk.start + 1, mirror.sampling.prompt_logprobs, ids))
+            row += chunk.num_tokens
+        return rows, targets
+
+    def _prompt_logprobs(
+        self, hidden: torch.Tensor, targets: list[tuple[int, int, int, list[int]]]
+    ) -> list[torch.Tensor]:
+        """[rows] logprob of each scored token, [rows, k] top ids and logprobs (k: the step's largest).
+        Logits are made PROMPT_LOGPROBS_ROWS rows at a time: a whole prefill's [tokens, vocab] logits
+        would need memory the KV store was sized without."""
+        ids = self.staging.upload([t for target in targets for t in target[3]], torch.long)
+        k = max(target[2] for target in targets)
+        parts: list[list[torch.Tensor]] = []
+        for start in range(0, len(hidden), PROMPT_LOGPROBS_ROWS):
+            end = start + PROMPT_LOGPROBS_ROWS
+            logprobs = torch.log_softmax(self.model.compute_logits(hidden[start:end]).float(), dim=-1)
+            top = logprobs.topk(k, dim=-1)
+            parts.append([logprobs.gather(1, ids[start:end, None])[:, 0], top.indices, top.values])
+        return [torch.cat(column) for column in zip(*parts)]
+
+    @staticmethod
+    def _split_prompt_logprobs(targets, host: list[torch.Tensor]) -> list[tuple[int, int, int, list[int], list]]:
+        entries, row = [], 0
+        for rid, start, k, ids in targets:
+            entries.append((rid, start, k, ids, [t[row : row + len(ids)] for t in host]))
+            row += len(ids)
+        return entries
 
     def finish(self, step: LaunchedStep) -> StepResult:
         """Wait for a launched step's tokens and record them."""
         t0 = time.perf_counter()
         token_ids: list[int] = []
+        if step.copied is not None:
+            step.copied.synchronize()
         if step.tokens is not None:
-            if step.copied is not None:
-                step.copied.synchronize()
             token_ids = step.tokens.tolist()
             for mirror, token in zip(step.mirrors, token_ids):
                 mirror.token_ids.append(token)
@@ -208,7 +328,33 @@ class ModelRunner:
             [token_ids[k] for k in step.plan_order],
             sampled_time,
             StepTimings(prepare_s=step.prepare_s, forward_s=step.forward_s, sample_s=time.perf_counter() - t0),
+            self._logprobs_of(step.logprobs, token_ids, step.rids),
+            self._logprobs_of(step.prompt_logprobs),
         )
+
+    @staticmethod
+    def _logprobs_of(entries, token_ids: list[int] | None = None, rids: list[int] | None = None) -> list:
+        """Host tensors to messages: (rid, start, k, scored ids, [logprob, top ids, top logprobs]) each;
+        sampled entries score the token the step drew (looked up by rid)."""
+        if not entries:
+            return []
+        drawn = dict(zip(rids, token_ids)) if rids is not None else {}
+        out = []
+        for rid, start, k, ids, (chosen, top_ids, top_logprobs) in entries:
+            ids = ids or [drawn[rid]]
+            out.append(
+                RequestLogprobs(
+                    rid,
+                    Logprobs(
+                        start,
+                        list(ids),
+                        [float(x) for x in chosen.reshape(-1).tolist()],
+                        top_ids.reshape(len(ids), -1)[:, :k].tolist(),
+                        top_logprobs.reshape(len(ids), -1)[:, :k].tolist(),
+                    ),
+                )
+            )
+        return out
 
     def _input_ids(self, chunks, mirrors, num_tokens: int) -> tuple[np.ndarray, list[int], list[int]]:
         """Token ids of every computed position. A position the host does not know yet is the token the
@@ -230,14 +376,18 @@ class ModelRunner:
             row += chunk.num_tokens
         return ids, pending_rows, pending_slots
 
-    def _copy_to_host(self, tokens: torch.Tensor) -> tuple[torch.Tensor, torch.cuda.Event | None]:
-        if self.device.type != "cuda":
-            return tokens, None
-        host = torch.empty(tokens.shape, dtype=tokens.dtype, pin_memory=True)
-        host.copy_(tokens, non_blocking=True)
+    def _copy_to_host(self, tensors: list[torch.Tensor]) -> tuple[list[torch.Tensor], torch.cuda.Event | None]:
+        """Queue the copies of a step's results to pinned host memory; one event says they all landed."""
+        if self.device.type != "cuda" or not tensors:
+            return tensors, None
+        hosts = []
+        for tensor in tensors:
+            host = torch.empty(tensor.shape, dtype=tensor.dtype, pin_memory=True)
+            host.copy_(tensor, non_blocking=True)
+            hosts.append(host)
         event = torch.cuda.Event()
         event.record()
-        return host, event
+        return hosts, event
 
     def _forward_eager(
         self,
@@ -247,8 +397,10 @@ class ModelRunner:
         layout: BatchLayout,
         sampling_rows: list[int],
         device_inputs: tuple[torch.Tensor, torch.Tensor] | None,
-    ) -> torch.Tensor:
-        """Run the model op by op; returns the logits of the sampling rows."""
+        prompt_rows: list[int],
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Run the model op by op; returns the logits of the sampling rows, and the hidden states of
+        `prompt_rows` (flat token rows) when given."""
         ctx = ForwardContext(
             self.attention, self.attention.build_metadata(layout, slot_mapping, self.staging.upload), self.kv_cache
         )
@@ -256,10 +408,11 @@ class ModelRunner:
         if device_inputs is not None:
             ids[device_inputs[0]] = device_inputs[1]
         hidden = self.model(ids, self.staging.upload(positions, torch.long), ctx)
+        prompt_hidden = hidden[self.staging.upload(prompt_rows, torch.long)] if prompt_rows else None
         if not sampling_rows:
-            return hidden.new_empty(0, 0)
+            return hidden.new_empty(0, 0), prompt_hidden
         ends = np.cumsum(layout.query_lens) - 1
-        return self.model.compute_logits(hidden[self.staging.upload(ends[sampling_rows], torch.long)])
+        return self.model.compute_logits(hidden[self.staging.upload(ends[sampling_rows], torch.long)]), prompt_hidden
 
     def _mirror_for(self, spec: NewRequestSpec) -> RequestMirror:
         s = spec.sampling
@@ -267,6 +420,11 @@ class ModelRunner:
             raise ValueError(f"request {spec.rid} arrived without a seed; the scheduler assigns one")
         if not self._free_slots:
             raise RuntimeError("more live requests than --max-num-seqs allows (seated plus finishing)")
-        return RequestMirror(
-            list(spec.token_ids), [], s.temperature, s.top_k, s.top_p, s.seed, spec.num_sampled, self._free_slots.pop()
-        )
+        slot = self._free_slots.pop()
+        prompt_len = len(spec.token_ids) - spec.num_sampled
+        if s.has_penalties:
+            if self.token_counts is None:
+                self.token_counts = TokenCounts(len(self.last_tokens), self.model.vocab_size, self.device)
+            self.token_counts.reset(slot, spec.token_ids[:prompt_len], spec.token_ids[prompt_len:])
+        fresh = spec.num_sampled == 0 and s.prompt_logprobs is not None
+        return RequestMirror(list(spec.token_ids), [], s, spec.num_sampled, slot, prompt_len if fresh else 0)

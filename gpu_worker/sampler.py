@@ -1,10 +1,18 @@
 """Sampling on the device: one batched call for every request of the step.
 
-Greedy rows take the argmax. Random rows apply temperature, top-k and top-p, then draw with the
-exponential-race trick (argmax of p_i / E_i with E_i ~ Exp(1) picks i with probability p_i). The E_i come
-from a counter-based hash of (request seed, output index, token id): a request's draws depend only on
-its own seed and how many tokens it has produced, never on which other requests share the batch, so
-a seeded request gives the same output alone, batched, chunked or recomputed after preemption.
+    logits ─▶ process: structured output's allowed tokens, logit_bias and min_tokens masks, then
+              presence/frequency/repetition penalties
+           ─▶ greedy rows: argmax
+           ─▶ random rows: temperature, min-p, top-k, top-p, then one draw
+    logprobs: log_softmax of the processed logits divided by the temperature (1 for greedy rows), i.e.
+    the distribution the draw is made from, before its truncations (min-p, top-k, top-p).
+
+Random rows draw with the exponential-race trick (argmax of p_i / E_i with E_i ~ Exp(1) picks i with
+probability p_i). The E_i come from a counter-based hash of (request seed, output index, token id): a
+request's draws depend only on its own seed and how many tokens it has produced, never on which other
+requests share the batch, so a seeded request gives the same output alone, batched, chunked or
+recomputed after preemption. Penalties read per-request token counts kept on the device (TokenCounts),
+which depend on the request's own tokens only, so the same holds for them.
 """
 
 from __future__ import annotations
@@ -13,64 +21,200 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import torch
+
+from common.sampling_params import SamplingParams
+from gpu_worker.token_counts import TokenCounts
 
 _MASK32 = 0xFFFFFFFF
 
 
 @dataclass(slots=True)
+class Penalties:
+    rows: torch.Tensor  # [P] rows of the batch with a penalty
+    slots: torch.Tensor  # [P] their rows in TokenCounts
+    presence: torch.Tensor  # [P, 1] float32
+    frequency: torch.Tensor  # [P, 1]
+    repetition: torch.Tensor  # [P, 1]
+
+
+@dataclass(slots=True)
 class SamplingBatch:
-    """Per-row parameters on the device; all None when every row is greedy (nothing to copy then)."""
+    """Per-row parameters on the device; the random-draw ones are None when every row is greedy."""
 
     all_greedy: bool
     temperature: torch.Tensor | None = None  # [S] float32; 0 for greedy rows
     top_p: torch.Tensor | None = None  # [S] float32; 1 where disabled
     top_k: torch.Tensor | None = None  # [S] int64; vocab size where disabled
+    min_p: torch.Tensor | None = None  # [S] float32; 0 where disabled
     seed: torch.Tensor | None = None  # [S] int64
     output_index: torch.Tensor | None = None  # [S] int64: index of the token being sampled in its output
     any_top_k: bool = False
     any_top_p: bool = False
+    any_min_p: bool = False
+    # (rows, token ids, values) added to the logits: logit_bias, and -inf on stop tokens before min_tokens.
+    bias: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
+    penalties: Penalties | None = None
+    counts: TokenCounts | None = None
+    # Structured output: (rows, [R, ceil(V / 32)] int32 words); bit j of word i allows token 32 i + j.
+    bitmask: tuple[torch.Tensor, torch.Tensor] | None = None
+    num_top_logprobs: int = -1  # -1: no row asks for logprobs; else the largest k asked in the batch
+    logprob_rows: torch.Tensor | None = None  # [L] rows that ask for logprobs
+    logprob_row_list: list[int] | None = None  # the same, on the host
 
     @classmethod
     def build(
         cls,
-        rows: list[tuple[float, int, float, int, int]],
+        params: list[SamplingParams],
+        output_index: list[int],
         vocab_size: int,
         upload: Callable[[Any, torch.dtype], torch.Tensor],
+        slots: list[int] | None = None,
+        counts: TokenCounts | None = None,
+        eos_token_ids: list[int] = (),
+        bitmasks: list[bytes | None] | None = None,
     ) -> SamplingBatch:
-        """rows: (temperature, top_k, top_p, seed, output_index) per sampled request; upload puts host
-        values on the device (the runner's staging ring)."""
-        top_k = [r[1] if 0 < r[1] < vocab_size else vocab_size for r in rows]
-        greedy = [r[0] == 0.0 or k == 1 for r, k in zip(rows, top_k)]
+        """One row per sampled request: its parameters, the index of the token it samples in its output,
+        (for penalties) its row in `counts`, and (for structured output) its allowed tokens."""
+        batch = cls(all_greedy=True)
+        masked = [row for row, mask in enumerate(bitmasks or []) if mask is not None]
+        if masked:
+            words = np.stack([np.frombuffer(bitmasks[row], dtype=np.int32) for row in masked])
+            batch.bitmask = (upload(masked, torch.long), upload(words, torch.int32))
+        bias_rows, bias_ids, bias_values = [], [], []
+        for row, (p, index) in enumerate(zip(params, output_index)):
+            for token, value in p.logit_bias.items():
+                if token < vocab_size:
+                    bias_rows.append(row), bias_ids.append(token), bias_values.append(value)
+            if index < p.min_tokens:
+                for token in {*p.stop_token_ids, *([] if p.ignore_eos else eos_token_ids)}:
+                    bias_rows.append(row), bias_ids.append(token), bias_values.append(float("-inf"))
+        if bias_rows:
+            batch.bias = (
+                upload(bias_rows, torch.long),
+                upload(bias_ids, torch.long),
+                upload(bias_values, torch.float32),
+            )
+        penalized = [row for row, p in enumerate(params) if p.has_penalties]
+        if penalized:
+            assert counts is not None and slots is not None, "penalties read the token counts"
+            values = upload(
+                [
+                    [params[r].presence_penalty, params[r].frequency_penalty, params[r].repetition_penalty]
+                    for r in penalized
+                ],
+                torch.float32,
+            )
+            batch.penalties = Penalties(
+                upload(penalized, torch.long),
+                upload([slots[r] for r in penalized], torch.long),
+                values[:, 0:1],
+                values[:, 1:2],
+                values[:, 2:3],
+            )
+            batch.counts = counts
+        wanting = [row for row, p in enumerate(params) if p.logprobs is not None]
+        if wanting:
+            batch.num_top_logprobs = max(params[r].logprobs for r in wanting)
+            batch.logprob_rows = upload(wanting, torch.long)
+            batch.logprob_row_list = wanting
+
+        top_k = [p.top_k if 0 < p.top_k < vocab_size else vocab_size for p in params]
+        greedy = [p.temperature == 0.0 or k == 1 for p, k in zip(params, top_k)]
         if all(greedy):
-            return cls(all_greedy=True)
-        floats = upload([[0.0 if g else r[0] for g, r in zip(greedy, rows)], [r[2] for r in rows]], torch.float32)
-        ints = upload([top_k, [r[3] for r in rows], [r[4] for r in rows]], torch.long)
-        return cls(
-            all_greedy=False,
-            temperature=floats[0],
-            top_p=floats[1],
-            top_k=ints[0],
-            seed=ints[1],
-            output_index=ints[2],
-            any_top_k=any(not g and k < vocab_size for g, k in zip(greedy, top_k)),
-            any_top_p=any(not g and r[2] < 1.0 for g, r in zip(greedy, rows)),
+            return batch
+        floats = upload(
+            [
+                [0.0 if g else p.temperature for g, p in zip(greedy, params)],
+                [p.top_p for p in params],
+                [p.min_p for p in params],
+            ],
+            torch.float32,
         )
+        ints = upload([top_k, [p.seed or 0 for p in params], output_index], torch.long)
+        batch.all_greedy = False
+        batch.temperature, batch.top_p, batch.min_p = floats[0], floats[1], floats[2]
+        batch.top_k, batch.seed, batch.output_index = ints[0], ints[1], ints[2]
+        batch.any_top_k = any(not g and k < vocab_size for g, k in zip(greedy, top_k))
+        batch.any_top_p = any(not g and p.top_p < 1.0 for g, p in zip(greedy, params))
+        batch.any_min_p = any(not g and p.min_p > 0.0 for g, p in zip(greedy, params))
+        return batch
+
+
+@dataclass(slots=True)
+class SampledLogprobs:
+    """Device tensors for the rows that asked: the sampled token's logprob and the top-k."""
+
+    rows: list[int]  # [L] rows of the batch
+    sampled: torch.Tensor  # [L] float32
+    top_ids: torch.Tensor  # [L, k] int64
+    top_logprobs: torch.Tensor  # [L, k] float32
+
+
+def process_logits(logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
+    """The logits every row samples from (greedy ones included): bias and min_tokens masks, penalties."""
+    if batch.bias is None and batch.penalties is None and batch.bitmask is None:
+        return logits
+    logits = logits.clone()
+    if batch.bitmask is not None:
+        rows, words = batch.bitmask
+        shifts = torch.arange(32, device=words.device, dtype=torch.int32)
+        allowed = ((words[:, :, None] >> shifts) & 1).reshape(len(words), -1)[:, : logits.shape[1]].bool()
+        logits[rows] = logits[rows].masked_fill(~allowed, float("-inf"))
+    if batch.bias is not None:
+        rows, ids, values = batch.bias
+        logits.index_put_((rows, ids), values, accumulate=True)
+    if batch.penalties is not None:
+        logits[batch.penalties.rows] = apply_penalties(logits[batch.penalties.rows], batch.penalties, batch.counts)
+    return logits
+
+
+def apply_penalties(logits: torch.Tensor, penalties: Penalties, counts: TokenCounts) -> torch.Tensor:
+    """OpenAI's: logit[j] -= frequency * count[j] + presence * (count[j] > 0), counts over the output;
+    then the repetition penalty on every token of the prompt or the output: a positive logit is divided
+    by it, a negative one multiplied (CTRL, as Hugging Face and vLLM apply it)."""
+    output_counts = counts.output[penalties.slots].to(logits.dtype)  # [P, V]
+    in_output = output_counts > 0
+    seen = in_output | counts.in_prompt[penalties.slots]
+    repetition = penalties.repetition
+    repeated = torch.where(logits > 0, logits / repetition, logits * repetition)
+    logits = torch.where(seen, repeated, logits)
+    return logits - penalties.frequency * output_counts - penalties.presence * in_output.to(logits.dtype)
 
 
 def sample(logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
-    """logits: [S, V] float32. Returns [S] int64 token ids."""
+    """logits: [S, V] float32, already processed. Returns [S] int64 token ids."""
     greedy_tokens = logits.argmax(dim=-1)
     if batch.all_greedy:
         return greedy_tokens
     greedy_rows = batch.temperature == 0
     scaled = logits / torch.where(greedy_rows, 1.0, batch.temperature)[:, None]
+    if batch.any_min_p:
+        # p_i < min_p * p_max  <=>  logit_i < logit_max + log(min_p)  (min_p = 0: log gives -inf, no cut)
+        floor = scaled.max(dim=-1, keepdim=True).values + torch.log(batch.min_p)[:, None]
+        scaled = scaled.masked_fill(scaled < floor, float("-inf"))
     if batch.any_top_k or batch.any_top_p:
         scaled = apply_top_k_top_p(scaled, batch.top_k, batch.top_p)
     probs = torch.softmax(scaled, dim=-1)
     noise = exponential_noise(batch.seed, batch.output_index, logits.shape[1])
     drawn = (probs / noise).argmax(dim=-1)
     return torch.where(greedy_rows, greedy_tokens, drawn)
+
+
+def sampled_logprobs(logits: torch.Tensor, batch: SamplingBatch, tokens: torch.Tensor) -> SampledLogprobs | None:
+    """Logprobs of the processed logits at the row's temperature (1 for greedy rows), for rows that ask."""
+    if batch.logprob_rows is None:
+        return None
+    rows = batch.logprob_rows
+    chosen = logits[rows]
+    if not batch.all_greedy:
+        temperature = batch.temperature[rows]
+        chosen = chosen / torch.where(temperature == 0, 1.0, temperature)[:, None]
+    logprobs = torch.log_softmax(chosen, dim=-1)
+    sampled = logprobs.gather(1, tokens[rows][:, None])[:, 0]
+    top = logprobs.topk(batch.num_top_logprobs, dim=-1)
+    return SampledLogprobs(batch.logprob_row_list, sampled, top.indices, top.values)
 
 
 def apply_top_k_top_p(logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:

@@ -12,7 +12,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, fields, replace
 
 from common.config import EngineConfig
-from common.messages import RequestRejected, RequestTokens, StageTimes, StepPlan, StepResult, TokenizedRequest
+from common.messages import Logprobs, RequestRejected, RequestTokens, StageTimes, StepPlan, StepResult, TokenizedRequest
 from common.model_info import ModelInfo
 from common.model_source import resolve_model
 from common.sampling_params import InvalidParameter, SamplingParams
@@ -30,6 +30,8 @@ class CompletionOutput:
     finish_reason: str | None = None
     text: str = ""
     first_token_time: float = 0.0  # time.time() when its first token was read back
+    logprobs: Logprobs | None = None  # when asked for (SamplingParams.logprobs)
+    prompt_logprobs: Logprobs | None = None  # when asked for (SamplingParams.prompt_logprobs)
 
 
 class LLM:
@@ -138,6 +140,13 @@ class LLM:
                         if not out.token_ids:
                             out.first_token_time = time.time()
                         out.token_ids.extend(tokens.token_ids)
+                        if tokens.prompt_logprobs is not None:
+                            out.prompt_logprobs = tokens.prompt_logprobs
+                        if tokens.logprobs is not None:
+                            if out.logprobs is None:
+                                out.logprobs = tokens.logprobs
+                            else:
+                                out.logprobs.extend(tokens.logprobs)
                         if tokens.finish_reason is not None:
                             out.finish_reason = tokens.finish_reason
                             pending.discard(tokens.rid)

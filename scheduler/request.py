@@ -12,9 +12,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from enum import Enum
 
-from common.messages import StageTimes
+from common.messages import Logprobs, StageTimes
 from common.sampling_params import SamplingParams
 from scheduler.prefix_cache import InsertCursor
+from scheduler.structured_output import RequestGrammar
 
 
 class RequestStatus(Enum):
@@ -52,6 +53,8 @@ class Request:
     num_preemptions: int = 0
     finish_reason: str | None = None
     first_tokens_sent: bool = False
+    prompt_logprobs: Logprobs | None = None  # gathered chunk by chunk, sent with the first tokens
+    grammar: RequestGrammar | None = None  # structured output: advanced with each output token
 
     @property
     def num_tokens_planned(self) -> int:

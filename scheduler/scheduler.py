@@ -21,6 +21,7 @@ step that last used them.)
 
 from __future__ import annotations
 
+import math
 import random
 import time
 from collections import deque
@@ -28,6 +29,7 @@ from dataclasses import dataclass, field, replace
 
 from common.config import EngineConfig
 from common.messages import (
+    Logprobs,
     NewRequestSpec,
     RequestAccepted,
     RequestRejected,
@@ -38,11 +40,12 @@ from common.messages import (
     TokenizedRequest,
 )
 from common.model_info import ModelInfo
-from common.sampling_params import SamplingParams
+from common.sampling_params import InvalidParameter, SamplingParams
 from common.scheduler_stats import SchedulerStats
 from scheduler.block_manager import BlockManager
 from scheduler.prefix_cache import InsertCursor, PrefixCache
 from scheduler.request import Request, RequestStatus
+from scheduler.structured_output import GrammarCompiler
 
 
 @dataclass(slots=True)
@@ -65,6 +68,8 @@ class Scheduler:
         # A request must fit the KV store alone, or it could never finish.
         self.max_model_len = min(info.max_model_len, num_kv_blocks * config.block_size)
         self.eos_token_ids = frozenset(info.eos_token_ids)
+        self.info = info
+        self._grammars: GrammarCompiler | None = None  # made on the first structured request
         self.requests: dict[int, Request] = {}
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []  # the batch: at most max_num_seqs, oldest first
@@ -84,16 +89,29 @@ class Scheduler:
         if rejection is not None:
             return rejection
         sampling = msg.sampling
+        grammar = None
+        if sampling.structured is not None:
+            try:
+                grammar = self.grammars.matcher_for(sampling.structured)
+            except InvalidParameter as exc:
+                return RequestRejected(msg.rid, 400, str(exc), exc.field)
         if sampling.seed is None:
             sampling.seed = self._seeds.getrandbits(63)
         max_tokens = self.max_model_len - len(prompt)
         if sampling.max_tokens is not None:
             max_tokens = min(max_tokens, sampling.max_tokens)
         msg.times.queued = time.time()
-        request = Request(msg.rid, list(prompt), sampling, max_tokens, msg.times)
+        request = Request(msg.rid, list(prompt), sampling, max_tokens, msg.times, grammar=grammar)
         self.requests[msg.rid] = request
         self.waiting.append(request)
         return RequestAccepted(msg.rid, len(prompt), msg.times)
+
+    @property
+    def grammars(self) -> GrammarCompiler:
+        """The structured-output compiler (loads the tokenizer's vocabulary on first use)."""
+        if self._grammars is None:
+            self._grammars = GrammarCompiler(self.config.model, self.info.vocab_size, self.info.eos_token_ids)
+        return self._grammars
 
     def _validate(self, rid: int, prompt: list[int], sampling: SamplingParams) -> RequestRejected | None:
         if rid in self.requests:
@@ -185,9 +203,12 @@ class Scheduler:
                     continue
             elif request.num_tokens_planned == request.num_computed:
                 continue  # its next token is in flight
+            elif request.grammar is not None and request.num_samples_in_flight:
+                continue  # its mask needs the token in flight
             elif request.num_computed < len(request.block_ids) * bs:
                 # The common case, kept cheap: the next token fits in the request's last block.
-                step.chunks.append(ScheduledChunk(request.rid, request.num_computed, 1, [], True))
+                bitmask = self._bitmask(request)
+                step.chunks.append(ScheduledChunk(request.rid, request.num_computed, 1, [], True, bitmask))
                 request.num_computed += 1
                 self._count_sample(request)
                 if request.num_computed % bs == 0:
@@ -233,7 +254,8 @@ class Scheduler:
             tokens = request.known_token_ids()
             cached: list[int] = []
             cursor = InsertCursor()
-            if self.cache is not None:
+            if self.cache is not None and request.sampling.prompt_logprobs is None:
+                # (Prompt logprobs need every prompt position computed: no prefix is reused for them.)
                 # Leave the last token uncached: it must be computed to sample from it, into a block
                 # this request holds alone (shared blocks are never written).
                 cached, cursor = self.cache.match(tokens, (len(tokens) - 1) // self.block_size)
@@ -278,7 +300,12 @@ class Scheduler:
         if sample:
             self._count_sample(request)
         self._cache_computed_blocks(request)
-        return ScheduledChunk(request.rid, start, n, request.block_ids[worker_has_blocks:], sample)
+        bitmask = self._bitmask(request) if sample else None
+        return ScheduledChunk(request.rid, start, n, request.block_ids[worker_has_blocks:], sample, bitmask)
+
+    @staticmethod
+    def _bitmask(request: Request) -> bytes | None:
+        return None if request.grammar is None else request.grammar.next_bitmask()
 
     def _count_sample(self, request: Request) -> None:
         request.num_samples_planned += 1
@@ -357,6 +384,15 @@ class Scheduler:
 
     def process_result(self, result: StepResult) -> list[RequestTokens]:
         outputs: list[RequestTokens] = []
+        for item in result.prompt_logprobs:
+            request = self.requests.get(item.rid)
+            if request is None:
+                continue
+            if request.prompt_logprobs is None:
+                request.prompt_logprobs = item.logprobs
+            else:
+                request.prompt_logprobs.extend(item.logprobs)
+        logprobs = {item.rid: item.logprobs for item in result.logprobs}
         for rid, token in zip(result.rids, result.token_ids):
             request = self.requests.get(rid)
             if request is None:
@@ -364,15 +400,27 @@ class Scheduler:
             request.output_ids.append(token)
             self.stats.generated_tokens += 1
             reason = self._finish_reason(request, token)
-            out = RequestTokens(rid, [token], result.sampled_time, reason)
+            if request.grammar is not None and (not request.grammar.accept(token) or request.grammar.terminated):
+                reason = "stop"  # the grammar is complete (and EOS sampled), or (never, under its mask) broken
+            out = RequestTokens(rid, [token], result.sampled_time, reason, logprobs=logprobs.get(rid))
             if not request.first_tokens_sent:
                 request.first_tokens_sent = True
                 out.first_scheduled = request.times.first_scheduled
                 out.num_cached_tokens = request.num_cached_tokens
+                if request.sampling.prompt_logprobs is not None:
+                    out.prompt_logprobs = self._whole_prompt_logprobs(request)
             if reason is not None:
                 self._finish(request, reason)
             outputs.append(out)
         return outputs
+
+    @staticmethod
+    def _whole_prompt_logprobs(request: Request) -> Logprobs:
+        """Every prompt position: the first token has no logprob (NaN, null in the API), then the worker's."""
+        whole = Logprobs(0, request.prompt_ids[:1], [math.nan], [[]], [[]])
+        if request.prompt_logprobs is not None:
+            whole.extend(request.prompt_logprobs)
+        return whole
 
     def _finish_reason(self, request: Request, token: int) -> str | None:
         s = request.sampling

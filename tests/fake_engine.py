@@ -17,7 +17,17 @@ import itertools
 import threading
 from dataclasses import dataclass, field
 
-from common.messages import ControlReply, GenerateRequest, RequestAccepted, RequestOutput, RequestRejected, StageTimes
+from common.messages import (
+    ControlReply,
+    DetokenizeRequest,
+    GenerateRequest,
+    RequestAccepted,
+    RequestOutput,
+    RequestRejected,
+    StageTimes,
+    TextReply,
+    TokenizeRequest,
+)
 from common.scheduler_stats import SchedulerStats
 from frontend.engine_client import EngineClient, EngineLimits, RequestStream
 
@@ -78,7 +88,7 @@ class FakeEngineClient(EngineClient):
     def roles(self) -> list[str]:
         return ["tokenizer-0", "scheduler", "gpu_worker"]
 
-    async def submit(self, request: GenerateRequest) -> RequestStream:
+    async def submit(self, request: GenerateRequest | TokenizeRequest | DetokenizeRequest) -> RequestStream:
         request.rid = next(self._rids)
         self.submitted.append(request)
         stream = RequestStream(request.rid, self)
@@ -87,7 +97,12 @@ class FakeEngineClient(EngineClient):
         self.request_seen.set()
         return stream
 
-    def _events(self, request: GenerateRequest) -> list:
+    def _events(self, request: GenerateRequest | TokenizeRequest | DetokenizeRequest) -> list:
+        if isinstance(request, TokenizeRequest):  # a character's code point is its token id
+            text = request.prompt or "".join(m["content"] for m in request.chat_messages)
+            return [TextReply(request.rid, [ord(c) for c in text], "")]
+        if isinstance(request, DetokenizeRequest):
+            return [TextReply(request.rid, request.token_ids, "".join(chr(t) for t in request.token_ids))]
         script, rid, arrival = self.script, request.rid, request.arrival_time
         if not script.answer:
             return []

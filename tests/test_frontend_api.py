@@ -132,12 +132,20 @@ def test_completion_accepts_token_ids_and_batches_of_one(http, engine):
     assert engine.submitted[2].prompt == "Hi"
 
 
-def test_unknown_fields_are_ignored_and_model_may_be_omitted(http):
+def test_known_no_op_fields_are_accepted_and_model_may_be_omitted(http):
     response = http.post(
         "/v1/completions",
-        json={"prompt": "x", "user": "me", "frequency_penalty": 0, "logit_bias": {}, "some_future_field": [1]},
+        json={"prompt": "x", "user": "me", "frequency_penalty": 0, "logit_bias": {}, "best_of": 1, "suffix": None},
     )
     assert response.status_code == 200
+
+
+@pytest.mark.parametrize("path", ["/v1/completions", "/v1/chat/completions"])
+def test_unknown_fields_are_refused_naming_them(http, engine, path):
+    body = {"prompt": "x"} if path == "/v1/completions" else {"messages": USER}
+    error = assert_error(http.post(path, json={**body, "max_token": 5}), 400, "max_token")
+    assert "max_token" in error["message"]
+    assert engine.submitted == []
 
 
 # ---------------------------------------------------------------- /v1/chat/completions
@@ -207,8 +215,9 @@ BAD_COMPLETIONS = [
     ({"prompt": 5}, "prompt"),
     ({"prompt": ""}, "prompt"),
     ({"prompt": []}, "prompt"),
-    ({"prompt": ["a", "b"]}, "prompt"),
-    ({"prompt": [[1], [2]]}, "prompt"),
+    ({"prompt": ["a", ""]}, "prompt"),
+    ({"prompt": [[1], []]}, "prompt"),
+    ({"prompt": ["a"] * 65, "n": 2}, "prompt"),
     ({"prompt": [1, -2]}, "prompt"),
     ({"prompt": "x", "max_tokens": 0}, "max_tokens"),
     ({"prompt": "x", "max_tokens": -3}, "max_tokens"),
@@ -220,14 +229,28 @@ BAD_COMPLETIONS = [
     ({"prompt": "x", "top_p": 0}, "top_p"),
     ({"prompt": "x", "top_p": 1.5}, "top_p"),
     ({"prompt": "x", "top_k": -2}, "top_k"),
-    ({"prompt": "x", "n": 2}, "n"),
+    ({"prompt": "x", "n": 0}, "n"),
+    ({"prompt": "x", "n": 129}, "n"),
     ({"prompt": "x", "model": "gpt-4"}, "model"),
     ({"prompt": "x", "stop": [""]}, "stop"),
     ({"prompt": "x", "stop": 3}, "stop"),
     ({"prompt": "x", "stop_token_ids": ["a"]}, "stop_token_ids"),
     ({"prompt": "x", "stream": "yes"}, "stream"),
     ({"prompt": "x", "seed": -1}, "seed"),
-    ({"prompt": "x", "echo": True}, "echo"),
+    ({"prompt": "x", "echo": "yes"}, "echo"),
+    ({"prompt": "x", "logprobs": 21}, "logprobs"),
+    ({"prompt": "x", "logprobs": -1}, "logprobs"),
+    ({"prompt": "x", "best_of": 3}, "best_of"),
+    ({"prompt": "x", "suffix": "end"}, "suffix"),
+    ({"prompt": "x", "presence_penalty": 2.5}, "presence_penalty"),
+    ({"prompt": "x", "frequency_penalty": -3}, "frequency_penalty"),
+    ({"prompt": "x", "repetition_penalty": 0}, "repetition_penalty"),
+    ({"prompt": "x", "logit_bias": {"a": 1}}, "logit_bias"),
+    ({"prompt": "x", "logit_bias": {"5": 101}}, "logit_bias"),
+    ({"prompt": "x", "logit_bias": {"5": "up"}}, "logit_bias"),
+    ({"prompt": "x", "min_p": 1.5}, "min_p"),
+    ({"prompt": "x", "min_tokens": 20, "max_tokens": 10}, "min_tokens"),
+    ({"prompt": "x", "min_tokens": -1}, "min_tokens"),
 ]
 
 BAD_CHATS = [
@@ -242,7 +265,22 @@ BAD_CHATS = [
     ({"messages": USER, "temperature": -1}, "temperature"),
     ({"messages": USER, "top_p": 2}, "top_p"),
     ({"messages": USER, "top_k": -5}, "top_k"),
-    ({"messages": USER, "n": 3}, "n"),
+    ({"messages": USER, "n": -1}, "n"),
+    ({"messages": USER, "top_logprobs": 3}, "top_logprobs"),
+    ({"messages": USER, "logprobs": True, "top_logprobs": 21}, "top_logprobs"),
+    ({"messages": USER, "tools": [{"type": "function", "function": {"name": "f"}}]}, "tools"),
+    ({"messages": USER, "tool_choice": "auto"}, "tool_choice"),
+    ({"messages": USER, "functions": [{"name": "f"}]}, "functions"),
+    ({"messages": USER, "response_format": {"type": "yaml"}}, "response_format"),
+    ({"messages": USER, "response_format": {"type": "json_schema", "json_schema": {"name": "x"}}}, "response_format"),
+    ({"messages": USER, "guided_regex": "a+", "guided_choice": ["a"]}, "guided_choice"),
+    ({"messages": USER, "guided_choice": []}, "guided_choice"),
+    ({"messages": USER, "modalities": ["audio"]}, "modalities"),
+    ({"messages": USER, "store": True}, "store"),
+    ({"messages": USER, "reasoning_effort": "high"}, "reasoning_effort"),
+    ({"messages": USER, "service_tier": "flex"}, "service_tier"),
+    ({"messages": USER, "prediction": {"type": "content", "content": "x"}}, "prediction"),
+    ({"messages": USER, "audio": {"voice": "x"}}, "audio"),
     ({"messages": USER, "model": "other"}, "model"),
 ]
 
@@ -274,7 +312,7 @@ def test_a_body_that_is_not_a_json_object_is_a_400(http, path, raw):
 
 
 def test_n_error_names_n(http):
-    error = assert_error(http.post("/v1/completions", json={"prompt": "x", "n": 4}), 400, "n")
+    error = assert_error(http.post("/v1/completions", json={"prompt": "x", "n": 0}), 400, "n")
     assert "n" in error["message"]
 
 
@@ -368,3 +406,100 @@ def test_stats_endpoint_forwards_to_every_process(http, engine):
     replies = response.json()["replies"]
     assert set(replies) == {"tokenizer-0", "scheduler", "gpu_worker"}
     assert all(isinstance(r["pid"], int) for r in replies.values())
+
+
+# ---------------------------------------------------------------- n, lists of prompts, new sampling fields
+
+
+def test_n_and_a_list_of_prompts_give_one_choice_each_in_order(http, engine):
+    body = http.post("/v1/completions", json={"prompt": ["a", "b"], "n": 2, "seed": 9}).json()
+    assert [c["index"] for c in body["choices"]] == [0, 1, 2, 3]
+    assert all(c["text"] == "Hello, world" for c in body["choices"])
+    assert [r.prompt for r in engine.submitted] == ["a", "a", "b", "b"]
+    assert [r.sampling.seed for r in engine.submitted] == [9, 10, 9, 10], "a prompt's samples differ by seed"
+    # Each prompt counts once (the fake's prompts are 5 tokens), every sample's tokens count.
+    assert body["usage"]["prompt_tokens"] == 10 and body["usage"]["completion_tokens"] == 12
+
+
+def test_chat_n_streams_every_choice_with_its_index(http):
+    events = sse_events(http.post("/v1/chat/completions", json={"messages": USER, "n": 3, "stream": True}).text)
+    chunks = events[:-1]
+    for index in range(3):
+        mine = [c["choices"][0] for c in chunks if c["choices"][0]["index"] == index]
+        assert mine[0]["delta"]["role"] == "assistant"
+        assert "".join(c["delta"].get("content", "") for c in mine) == "Hello, world"
+        assert mine[-1]["finish_reason"] == "stop"
+
+
+def test_new_sampling_fields_reach_the_engine(http, engine):
+    http.post(
+        "/v1/completions",
+        json={
+            "prompt": "x",
+            "presence_penalty": 0.5,
+            "frequency_penalty": -0.5,
+            "repetition_penalty": 1.2,
+            "logit_bias": {"7": -100, "8": 5},
+            "min_tokens": 3,
+            "min_p": 0.1,
+            "logprobs": 2,
+            "echo": True,
+        },
+    )
+    s = engine.submitted[0].sampling
+    assert (s.presence_penalty, s.frequency_penalty, s.repetition_penalty) == (0.5, -0.5, 1.2)
+    assert (s.logit_bias, s.min_tokens, s.min_p) == ({7: -100.0, 8: 5.0}, 3, 0.1)
+    assert (s.logprobs, s.prompt_logprobs) == (2, 2), "echo with logprobs asks for the prompt's"
+
+
+def test_chat_logprobs_ask_for_top_logprobs(http, engine):
+    http.post("/v1/chat/completions", json={"messages": USER, "logprobs": True, "top_logprobs": 4})
+    http.post("/v1/chat/completions", json={"messages": USER, "logprobs": True})
+    assert [(r.sampling.logprobs, r.sampling.prompt_logprobs) for r in engine.submitted] == [(4, None), (0, None)]
+
+
+def test_completion_echo_prepends_the_prompt(http):
+    assert http.post("/v1/completions", json={"prompt": "Say: ", "echo": True}).json()["choices"][0]["text"] == (
+        "Say: Hello, world"
+    )
+    # A token-id prompt is echoed as its text (the fake's token ids are code points).
+    body = http.post("/v1/completions", json={"prompt": [72, 105], "echo": True}).json()
+    assert body["choices"][0]["text"] == "HiHello, world"
+
+
+# ---------------------------------------------------------------- /tokenize, /detokenize, /version
+
+
+def test_tokenize_and_detokenize_go_through_a_tokenizer_worker(http):
+    body = http.post("/tokenize", json={"prompt": "Hi"}).json()
+    assert body == {"count": 2, "max_model_len": 128, "tokens": [72, 105], "token_strs": None}
+    assert http.post("/tokenize", json={"messages": USER}).json()["tokens"] == [72, 105]
+    assert http.post("/detokenize", json={"tokens": [72, 105]}).json() == {"prompt": "Hi"}
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "param"),
+    [
+        ("/tokenize", {}, "prompt"),
+        ("/tokenize", {"prompt": "x", "messages": USER}, "prompt"),
+        ("/tokenize", {"prompt": "x", "model": "other"}, "model"),
+        ("/tokenize", {"prompt": "x", "return_token_strs": True}, "return_token_strs"),
+        ("/detokenize", {"tokens": [-1]}, "tokens"),
+        ("/detokenize", {"tokens": "abc"}, "tokens"),
+    ],
+)
+def test_tokenize_and_detokenize_refuse_bad_input(http, path, body, param):
+    assert_error(http.post(path, json=body), 400, param)
+
+
+def test_version_answers(http):
+    assert isinstance(http.get("/version").json()["version"], str)
+
+
+def test_an_assistant_message_sent_back_as_the_client_returned_it_is_accepted(http, engine):
+    returned = {"role": "assistant", "content": "Hi!", "refusal": None, "tool_calls": None, "annotations": None}
+    body = {"messages": [*USER, returned, {"role": "user", "content": "More"}]}
+    assert http.post("/v1/chat/completions", json=body).status_code == 200
+    assert engine.submitted[0].chat_messages[1] == {"role": "assistant", "content": "Hi!"}
+    with_calls = {**returned, "tool_calls": [{"id": "1", "type": "function"}]}
+    assert_error(http.post("/v1/chat/completions", json={"messages": [*USER, with_calls]}), 400, "messages")

@@ -33,8 +33,8 @@ def test_an_output_line_is_the_json_of_its_fields(text, token_ids, sampled, stre
     assert json.loads(output_line(output)) == fields
 
 
-@given(texts, finish_reasons, st.booleans())
-def test_a_templated_sse_chunk_is_the_event_of_its_chunk(text, finish_reason, usage_null):
+@given(st.integers(0, 3), texts, finish_reasons, st.booleans())
+def test_a_templated_sse_chunk_is_the_event_of_its_chunk(index, text, finish_reason, usage_null):
     for fmt in (CompletionFormat("cmpl-1", 1700000000, 'a "model"'), ChatFormat("chatcmpl-1", 1, "m")):
-        chunk = {**fmt.chunk(text, finish_reason), **({"usage": None} if usage_null else {})}
-        assert fmt.chunk_event(text, finish_reason, usage_null) == sse_event(chunk)
+        chunk = {**fmt.chunk(index, text, finish_reason), **({"usage": None} if usage_null else {})}
+        assert fmt.chunk_event(index, text, finish_reason, usage_null) == sse_event(chunk)

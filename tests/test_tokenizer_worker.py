@@ -19,15 +19,19 @@ from common.messages import (
     AbortRequest,
     ControlReply,
     ControlRequest,
+    DetokenizeRequest,
     GenerateRequest,
+    Logprobs,
     OutputBatch,
     ProcessReady,
     RequestAccepted,
     RequestRejected,
     RequestTokens,
     StageTimes,
+    TextReply,
     TokenBatch,
     TokenizedRequest,
+    TokenizeRequest,
 )
 from common.sampling_params import InvalidParameter, SamplingParams
 from common.transport import Endpoints, make_run_dir, pull_socket, push_socket, recv, send
@@ -278,3 +282,38 @@ def test_a_model_without_a_chat_template_refuses_messages(model_folder):
     bare.hf.chat_template = None
     with pytest.raises(InvalidParameter, match="no chat template"):
         bare.render_chat([{"role": "user", "content": "hi"}])
+
+
+def test_tokenize_and_detokenize_are_answered_to_the_frontend_with_their_rid(worker, rid):
+    ids = worker.tokenizer.hf.encode("hello world")
+    send(worker.requests, TokenizeRequest(rid, prompt="hello world"))
+    assert receive(worker.to_frontend) == TextReply(rid, ids, "")
+    send(worker.requests, DetokenizeRequest(rid, ids))
+    assert receive(worker.to_frontend) == TextReply(rid, ids, "hello world")
+    send(worker.requests, DetokenizeRequest(rid, [10**6]))
+    refused = receive(worker.to_frontend)
+    assert isinstance(refused, RequestRejected) and refused.rid == rid and refused.status == 400
+
+
+def test_logprobs_get_each_tokens_text(worker, rid):
+    worker.submit(rid, prompt="hi")
+    ids = worker.tokenizer.hf.encode("import json")
+    item = tokens(rid, ids[:1])
+    item.logprobs = Logprobs(0, ids[:1], [-0.5], [ids[:2]], [[-0.5, -1.0]])
+    [out] = worker.step(item).items
+    texts = [worker.tokenizer.hf.decode([i]) for i in ids[:2]]
+    assert out.logprobs.token_texts == texts[:1] and out.logprobs.top_texts == [texts]
+
+
+def test_stop_strings_wait_for_min_tokens(worker, rid):
+    worker.submit(rid, SamplingParams(stop=["a"], min_tokens=2), prompt="hi")
+    [a] = worker.tokenizer.hf.encode("a")
+    assert worker.step(tokens(rid, [a])).items[0].text == "a", "one token out: not yet a stop"
+    out = worker.step(tokens(rid, [a])).items[0]
+    assert (out.text, out.finish_reason) == ("", "stop")
+
+
+def test_logit_bias_outside_the_vocabulary_is_refused(worker, rid):
+    send(worker.requests, GenerateRequest(rid, SamplingParams(logit_bias={10**6: 1.0}), 100.0, prompt="hi"))
+    refused = receive(worker.to_frontend)
+    assert isinstance(refused, RequestRejected) and refused.param == "logit_bias"

@@ -23,12 +23,14 @@ import zmq
 from common.control import ControlServer
 from common.messages import (
     AbortRequest,
+    DetokenizeRequest,
     GenerateRequest,
     OutputBatch,
     RequestAccepted,
     RequestOutput,
     RequestRejected,
     TokenBatch,
+    TokenizeRequest,
 )
 from common.process import announce_ready, exit_child, init_child_process
 from common.profiling import ProcessProfiler, ProcessStats, ProfileConfig
@@ -114,6 +116,8 @@ class TokenizerProcess:
             else:
                 self.stats.requests += 1
                 self._send(self.to_scheduler, reply)
+        elif isinstance(message, (TokenizeRequest, DetokenizeRequest)):
+            self._send(self._frontend_of(message.rid), self.worker.answer_text_request(message))
         elif isinstance(message, AbortRequest):
             if self.worker.drop(message.rid):  # untracked: it already ended, the scheduler has let it go
                 self.stats.aborted += 1

@@ -6,7 +6,7 @@ worker never depends on which tokenizer class a model folder happens to load.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from jinja2 import TemplateError
 from transformers import AutoTokenizer, PreTrainedTokenizerBase
@@ -22,6 +22,7 @@ class Tokenizer:
     # Ids that decode(skip_special_tokens=True) drops: the added tokens flagged special. Taken from the
     # tokenizer's own added vocabulary (not `all_special_ids`, which may list fewer, e.g. only the EOS).
     skipped_ids: frozenset[int]
+    _token_texts: dict[int, str] = field(default_factory=dict)  # id -> its text decoded alone
 
     @classmethod
     def load(cls, model_folder: str) -> Tokenizer:
@@ -58,7 +59,7 @@ class Tokenizer:
                 )
         return list(ids)
 
-    def render_chat(self, messages: list[dict]) -> list[int]:
+    def render_chat(self, messages: list[dict], add_generation_prompt: bool = True) -> list[int]:
         """Messages rendered with the model's chat template, ending with the assistant's turn opened."""
         if not messages:
             raise InvalidParameter("messages", "messages must be a non-empty list")
@@ -68,11 +69,22 @@ class Tokenizer:
         if self.hf.chat_template is None:
             raise InvalidParameter("messages", "this model has no chat template; use a completion prompt")
         try:
-            ids = self.hf.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=False)
+            ids = self.hf.apply_chat_template(
+                messages, add_generation_prompt=add_generation_prompt, tokenize=True, return_dict=False
+            )
         except (TemplateError, TypeError, KeyError, ValueError) as exc:
             # Templates reject what they cannot render (an unknown role, alternation broken) by raising.
             raise InvalidParameter("messages", f"the chat template cannot render these messages: {exc}") from exc
         return list(ids)
+
+    def token_texts(self, ids: list[int]) -> list[str]:
+        """Each token's text decoded alone, special tokens included: how logprobs name tokens (a byte-level
+        token holding part of a UTF-8 character shows as U+FFFD, as OpenAI shows it)."""
+        missing = [i for i in set(ids) if i not in self._token_texts]
+        if missing:
+            texts = self.hf.batch_decode([[i] for i in missing], clean_up_tokenization_spaces=False)
+            self._token_texts.update(zip(missing, texts))
+        return [self._token_texts[i] for i in ids]
 
     def decode(self, ids: list[int]) -> str:
         # The decoder's own text, without transformers' optional space clean-up (" ." -> "."): that

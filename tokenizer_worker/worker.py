@@ -1,7 +1,9 @@
 """What a tokenizer worker does with each message, sockets aside: the requests it owns and their text.
 
     GenerateRequest ──tokenize──▶ TokenizedRequest (to the scheduler)  or  RequestRejected (to the frontend)
-    TokenBatch ──detokenize, stop strings──▶ RequestOutput per request (+ AbortRequest "stop" to the scheduler)
+    TokenBatch ──detokenize, stop strings, logprobs' token texts──▶ RequestOutput per request
+                                                               (+ AbortRequest "stop" to the scheduler)
+    TokenizeRequest / DetokenizeRequest ──▶ TextReply  or  RequestRejected (to the frontend; nothing kept)
 
 A request is tracked from its tokenization until its last output, its rejection or its abort; tokens
 that arrive for an untracked request (aborted, or stopped by a stop string while the scheduler was
@@ -16,12 +18,16 @@ from dataclasses import dataclass
 
 from common.messages import (
     AbortRequest,
+    DetokenizeRequest,
     GenerateRequest,
+    Logprobs,
     RequestOutput,
     RequestRejected,
     StageTimes,
+    TextReply,
     TokenBatch,
     TokenizedRequest,
+    TokenizeRequest,
 )
 from common.sampling_params import InvalidParameter
 from tokenizer_worker.detokenizer import IncrementalDetokenizer
@@ -37,6 +43,7 @@ class RequestState:
     stop: StopStringMatcher
     num_prompt_tokens: int
     num_output_tokens: int = 0
+    min_tokens: int = 0  # stop strings are not looked for before this many output tokens (as vLLM)
 
 
 class TokenizerWorker:
@@ -48,16 +55,35 @@ class TokenizerWorker:
         if request.rid in self.requests:
             # Refused here: the scheduler's own refusal would come back and drop the live request's state.
             return RequestRejected(request.rid, 400, f"request id {request.rid} is already in use")
-        try:  # sampling parameters were validated by the frontend; the prompt is checked as it is tokenized
+        try:  # sampling parameters were validated by the frontend; what needs the vocabulary is checked here
+            request.sampling.check_token_ids(self.tokenizer.vocab_size)
             ids = self.tokenizer.tokenize(request)
         except InvalidParameter as exc:
             return RequestRejected(request.rid, 400, str(exc), exc.field)
         sampling = request.sampling
         stop = StopStringMatcher(sampling.stop, sampling.include_stop_str_in_output)
-        self.requests[request.rid] = RequestState(IncrementalDetokenizer(self.tokenizer), stop, len(ids))
+        self.requests[request.rid] = RequestState(
+            IncrementalDetokenizer(self.tokenizer), stop, len(ids), min_tokens=sampling.min_tokens
+        )
         return TokenizedRequest(
             request.rid, ids, sampling, StageTimes(arrival=request.arrival_time, tokenized=time.time())
         )
+
+    def answer_text_request(self, request: TokenizeRequest | DetokenizeRequest) -> TextReply | RequestRejected:
+        """/tokenize and /detokenize: answered at once, nothing is kept."""
+        try:
+            if isinstance(request, DetokenizeRequest):
+                ids = self.tokenizer.check_token_ids(request.token_ids) if request.token_ids else []
+                return TextReply(request.rid, ids, self.tokenizer.decode(ids))
+            if (request.prompt is None) == (request.chat_messages is None):
+                raise InvalidParameter("prompt", "give exactly one of 'prompt' and 'messages'")
+            if request.prompt is not None:
+                ids = self.tokenizer.hf.encode(request.prompt, add_special_tokens=request.add_special_tokens)
+            else:
+                ids = self.tokenizer.render_chat(request.chat_messages, request.add_generation_prompt)
+        except InvalidParameter as exc:
+            return RequestRejected(request.rid, 400, str(exc), exc.field)
+        return TextReply(request.rid, list(ids), "")
 
     def drop(self, rid: int) -> bool:
         """Forget a request (aborted by the client, or rejected by the scheduler); False if untracked."""
@@ -73,7 +99,11 @@ class TokenizerWorker:
                 continue
             state.num_output_tokens += len(item.token_ids)
             final = item.finish_reason is not None
-            text, stopped = state.stop.feed(state.detokenizer.step(item.token_ids, final), final)
+            delta = state.detokenizer.step(item.token_ids, final)
+            if state.num_output_tokens < state.min_tokens:
+                text, stopped = delta, False
+            else:
+                text, stopped = state.stop.feed(delta, final)
             finish_reason = "stop" if stopped else item.finish_reason
             if stopped and not final:
                 aborts.append(AbortRequest(item.rid, "stop"))  # the scheduler would go on generating
@@ -96,6 +126,15 @@ class TokenizerWorker:
                     finish_reason,
                     item.first_scheduled,
                     item.num_cached_tokens,
+                    logprobs=self._with_texts(item.logprobs),
+                    prompt_logprobs=self._with_texts(item.prompt_logprobs),
                 )
             )
         return outputs, aborts
+
+    def _with_texts(self, logprobs: Logprobs | None) -> Logprobs | None:
+        if logprobs is not None:
+            texts = self.tokenizer.token_texts
+            logprobs.token_texts = texts(logprobs.token_ids)
+            logprobs.top_texts = [texts(ids) for ids in logprobs.top_ids]
+        return logprobs

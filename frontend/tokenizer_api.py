@@ -1,0 +1,89 @@
+"""POST /tokenize, POST /detokenize and GET /version, shaped as vLLM's.
+
+/tokenize    {"prompt": str, "add_special_tokens": true}  or  {"messages": [...], "add_generation_prompt": true}
+             -> {"count": int, "max_model_len": int, "tokens": [int], "token_strs": null}
+/detokenize  {"tokens": [int]}  -> {"prompt": str}
+/version     -> {"version": str}
+
+The frontend has no tokenizer (no model knowledge): both are a request and a reply, keyed by a request
+id, through tokenizer worker rid % N, like a generation.
+"""
+
+from __future__ import annotations
+
+from importlib.metadata import PackageNotFoundError, version
+
+from fastapi import APIRouter, Request
+
+from common.messages import DetokenizeRequest, RequestRejected, TextReply, TokenizeRequest
+from frontend.engine_client import EngineClient
+from frontend.errors import ApiError
+from frontend.protocol import ChatMessage, RequestBody, parse_body, refuse_unless
+
+
+class TokenizeBody(RequestBody):
+    model: str | None = None
+    prompt: str | None = None
+    messages: list[ChatMessage] | None = None
+    add_special_tokens: bool | None = None  # default: true for a prompt, false for messages (vLLM's)
+    add_generation_prompt: bool = True
+    return_token_strs: bool | None = False
+
+
+class DetokenizeBody(RequestBody):
+    model: str | None = None
+    tokens: list[int]
+
+
+def _check_model(model: str | None, client: EngineClient) -> None:
+    if model is not None and model != client.limits.served_model_name:
+        raise ApiError(400, f"model '{model}' is not served here", param="model", code="model_not_found")
+
+
+async def _ask(client: EngineClient, request: TokenizeRequest | DetokenizeRequest) -> TextReply:
+    reply = await client.ask_tokenizer(request)
+    if isinstance(reply, RequestRejected):
+        raise ApiError(reply.status, reply.message, param=reply.param)
+    return reply
+
+
+def tokenizer_router(client: EngineClient) -> APIRouter:
+    router = APIRouter()
+
+    @router.post("/tokenize")
+    async def tokenize(request: Request) -> dict:
+        body = await parse_body(request, TokenizeBody)
+        _check_model(body.model, client)
+        refuse_unless(body.return_token_strs, (None, False), "return_token_strs", "token strings are not returned")
+        if (body.prompt is None) == (body.messages is None):
+            raise ApiError(400, "give exactly one of 'prompt' and 'messages'", param="prompt")
+        if body.prompt is not None:
+            special = True if body.add_special_tokens is None else body.add_special_tokens
+            ask = TokenizeRequest(0, prompt=body.prompt, add_special_tokens=special)
+        else:
+            messages = [{"role": m.role, "content": m.text()} for m in body.messages]
+            ask = TokenizeRequest(0, chat_messages=messages, add_generation_prompt=body.add_generation_prompt)
+        reply = await _ask(client, ask)
+        return {
+            "count": len(reply.token_ids),
+            "max_model_len": client.limits.max_model_len,
+            "tokens": reply.token_ids,
+            "token_strs": None,
+        }
+
+    @router.post("/detokenize")
+    async def detokenize(request: Request) -> dict:
+        body = await parse_body(request, DetokenizeBody)
+        _check_model(body.model, client)
+        if any(t < 0 for t in body.tokens):
+            raise ApiError(400, "token ids must be non-negative", param="tokens")
+        return {"prompt": (await _ask(client, DetokenizeRequest(0, list(body.tokens)))).text}
+
+    @router.get("/version")
+    async def server_version() -> dict:
+        try:
+            return {"version": version("clearserve")}
+        except PackageNotFoundError:
+            return {"version": "unknown"}
+
+    return router

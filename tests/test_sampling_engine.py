@@ -1,0 +1,138 @@
+"""The engine's sampling parameters end to end (scheduler, plans, model runner), against Hugging Face
+transformers on the same weights (float32, CPU): logprobs and prompt logprobs are its log_softmax,
+penalties change the distribution as their formulas say, and a seeded request with penalties, bias and
+min-p gives the same tokens alone, batched, chunked and preempted."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from common.sampling_params import SamplingParams
+from gpu_worker import model_runner
+from offline import LLM
+from tests.tiny_models import random_prompts
+
+TOLERANCE = 1e-4  # nats, float32
+
+
+def make_llm(folder, **args) -> LLM:
+    return LLM(str(folder), device="cpu", dtype="float32", **args)
+
+
+def generate(llm: LLM, prompts, params):
+    return llm.generate(prompts, params, on_step=llm.scheduler.check_integrity)
+
+
+@pytest.fixture(scope="module")
+def hf_model(tiny_llama):
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(tiny_llama, dtype=torch.float32).eval()
+
+
+def hf_logits(model, ids: list[int]) -> torch.Tensor:
+    with torch.no_grad():
+        return model(torch.tensor([ids])).logits[0].float()
+
+
+def test_logprobs_and_prompt_logprobs_are_the_models_log_softmax(tiny_llama, hf_model, monkeypatch):
+    # Prompt logits are made a few rows at a time: 3 here, so that a chunk takes several slices.
+    monkeypatch.setattr(model_runner, "PROMPT_LOGPROBS_ROWS", 3)
+    prompts = random_prompts(3, [13, 6, 21], vocab=512, seed=5)
+    # A small prompt budget chunks the prompts: prompt logprobs arrive over several steps.
+    llm = make_llm(tiny_llama, block_size=4, max_num_batched_tokens=8)
+    params = SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True, logprobs=3, prompt_logprobs=2)
+    for prompt, out in zip(prompts, generate(llm, prompts, params)):
+        ids = prompt + out.token_ids
+        ref = torch.log_softmax(hf_logits(hf_model, ids), dim=-1)
+        scored = out.prompt_logprobs
+        assert scored.start == 0 and scored.token_ids == prompt
+        assert math.isnan(scored.logprobs[0]) and scored.top_ids[0] == [], "the first token has no logprob"
+        expected = [ref[i - 1, prompt[i]].item() for i in range(1, len(prompt))]
+        assert scored.logprobs[1:] == pytest.approx(expected, abs=TOLERANCE)
+        assert [len(top) for top in scored.top_ids[1:]] == [2] * (len(prompt) - 1)
+        assert scored.top_ids[1] == ref[0].topk(2).indices.tolist()
+        generated = out.logprobs
+        assert generated.token_ids == out.token_ids
+        rows = [len(prompt) - 1 + i for i in range(len(out.token_ids))]
+        assert generated.logprobs == pytest.approx(
+            [ref[r, t].item() for r, t in zip(rows, ids[len(prompt) :])], abs=TOLERANCE
+        )
+        for r, top_ids, top_lps in zip(rows, generated.top_ids, generated.top_logprobs):
+            assert top_ids == ref[r].topk(3).indices.tolist()
+            assert top_lps == pytest.approx(ref[r].topk(3).values.tolist(), abs=TOLERANCE)
+
+
+def test_logprobs_follow_the_temperature_and_the_penalties(tiny_llama, hf_model):
+    [prompt] = random_prompts(1, [9], vocab=512, seed=6)
+    params = SamplingParams(
+        max_tokens=8,
+        temperature=0.7,
+        seed=3,
+        presence_penalty=1.5,
+        frequency_penalty=0.5,
+        repetition_penalty=1.3,
+        ignore_eos=True,
+        logprobs=1,
+    )
+    [out] = generate(make_llm(tiny_llama), [prompt], params)
+    for i, token in enumerate(out.token_ids):
+        logits = hf_logits(hf_model, prompt + out.token_ids[:i])[-1]
+        previous = out.token_ids[:i]
+        for t in set(prompt + previous):
+            logits[t] = logits[t] / 1.3 if logits[t] > 0 else logits[t] * 1.3
+        for t in set(previous):
+            logits[t] -= 0.5 * previous.count(t) + 1.5
+        expected = torch.log_softmax(logits / 0.7, dim=-1)[token].item()
+        assert out.logprobs.logprobs[i] == pytest.approx(expected, abs=TOLERANCE)
+
+
+def test_repetition_and_frequency_penalties_stop_greedy_repetition(tiny_llama):
+    prompts = random_prompts(4, [5, 9, 14, 7], vocab=512, seed=7)
+    plain = SamplingParams(max_tokens=40, temperature=0.0, ignore_eos=True)
+    penalized = SamplingParams(
+        max_tokens=40, temperature=0.0, ignore_eos=True, frequency_penalty=2.0, repetition_penalty=5.0
+    )
+    llm = make_llm(tiny_llama)
+    repeats = [len(o.token_ids) - len(set(o.token_ids)) for o in generate(llm, prompts, plain)]
+    fewer = [len(o.token_ids) - len(set(o.token_ids)) for o in generate(llm, prompts, penalized)]
+    assert sum(fewer) < sum(repeats)
+
+
+def test_min_tokens_holds_eos_back_and_logit_bias_steers(tiny_llama):
+    [prompt] = random_prompts(1, [8], vocab=512, seed=8)
+    llm = make_llm(tiny_llama)
+    eos_now = SamplingParams(max_tokens=10, temperature=0.0, logit_bias={0: 100.0})  # 0 is the tiny models' EOS
+    [out] = generate(llm, [prompt], eos_now)
+    assert out.token_ids == [0] and out.finish_reason == "stop"
+    [out] = generate(llm, [prompt], SamplingParams(max_tokens=10, temperature=0.0, logit_bias={0: 100.0}, min_tokens=4))
+    assert len(out.token_ids) == 5 and 0 not in out.token_ids[:4] and out.token_ids[4] == 0
+
+
+def test_seeded_penalties_bias_and_min_p_survive_batching_chunking_and_preemption(tiny_llama):
+    prompts = random_prompts(5, [20, 33, 7, 41, 15], vocab=512, seed=12)
+    params = [
+        SamplingParams(
+            max_tokens=20,
+            temperature=0.9,
+            min_p=0.05,
+            seed=100 + i,
+            ignore_eos=True,
+            presence_penalty=0.5 * i / 4,
+            frequency_penalty=0.3,
+            repetition_penalty=1.0 + 0.1 * i,
+            logit_bias={5: 3.0, 6: -3.0},
+            logprobs=2,
+        )
+        for i in range(len(prompts))
+    ]
+    alone = [generate(make_llm(tiny_llama), [p], [sp])[0] for p, sp in zip(prompts, params)]
+    tight = make_llm(tiny_llama, block_size=4, num_kv_blocks=24, max_num_batched_tokens=16)
+    crowded = generate(tight, prompts, params)
+    assert tight.scheduler.stats.preemptions > 0
+    assert [o.token_ids for o in crowded] == [o.token_ids for o in alone]
+    for a, b in zip(crowded, alone):
+        assert a.logprobs.logprobs == pytest.approx(b.logprobs.logprobs, abs=TOLERANCE)
