@@ -3,7 +3,7 @@
     parent (benchmarks.serve)                           client process ×P  (python -m benchmarks.load_client)
       ├─ share i: requests i, i+P, i+2P … ─stdin JSON─▶   opens its aiohttp session, prints "ready"
       ├─ when all are ready: "go START" ──────stdin───▶   sends each request at START + its offset
-      └─ merges ◀──────────────────────────stdout JSON─   per-request timings, its own CPU and wall seconds
+      └─ merges ◀─────────────────────────a JSON file──   per-request timings, its own CPU and wall seconds
 
 One asyncio process parses a few tens of thousands of NDJSON lines a second; past that it, and not the
 server, would set the pace. Several processes (`--client-processes`) keep the client out of the way, and
@@ -16,8 +16,10 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -77,6 +79,7 @@ def run_clients(
     processes = max(1, min(processes, len(workload)))
     per_process_cap = -(-max_concurrency // processes) if max_concurrency else None
     children = []
+    report_dir = Path(tempfile.mkdtemp(prefix="clearserve-client-"))
     for p in range(processes):
         indices = list(range(p, len(workload), processes))
         share = {
@@ -84,6 +87,8 @@ def run_clients(
             "headers": headers,
             "sampling": sampling,
             "max_concurrency": per_process_cap,
+            # A file, not stdout: a report is megabytes, and the parent waits on one child at a time.
+            "report_path": str(report_dir / f"client-{p}.json"),
             "requests": [{"index": i, "offset": offsets[i], **asdict(workload[i])} for i in indices],
         }
         child = subprocess.Popen(
@@ -106,15 +111,15 @@ def run_clients(
             child.stdin.write(f"go {start}\n")
             child.stdin.close()
         reports = []
-        for child in children:
-            out = child.stdout.read()
+        for p, child in enumerate(children):
             if child.wait() != 0:
                 raise RuntimeError(f"a client process exited with code {child.returncode}")
-            reports.append(json.loads(out))
+            reports.append(json.loads((report_dir / f"client-{p}.json").read_text()))
     finally:
         for child in children:
             if child.poll() is None:
                 child.kill()
+        shutil.rmtree(report_dir, ignore_errors=True)
     timings: list[RequestTimings | None] = [None] * len(workload)
     for report in reports:
         for index, raw in report["timings"]:
@@ -251,20 +256,21 @@ async def _read_go(start: asyncio.Future) -> None:
     start.set_result(float(value))
 
 
-async def _child_main() -> dict:
+async def _child_main() -> None:
     share = json.loads(sys.stdin.readline())
     start: asyncio.Future = asyncio.get_running_loop().create_future()
     reader = asyncio.create_task(_read_go(start))
     cpu = CpuMeter()
     results = await _run_share(share, start, cpu)
     await reader
-    return {
+    report = {
         "event_loop": type(asyncio.get_running_loop()).__module__.split(".")[0],
         "timings": [(i, asdict(t)) for i, t in results],
         "cpu_s": cpu.cpu_s,
         "wall_s": cpu.wall_s,
         "peak_cpu_pct": cpu.peak_pct,
     }
+    Path(share["report_path"]).write_text(json.dumps(report))
 
 
 def run_event_loop(main):
@@ -278,5 +284,4 @@ def run_event_loop(main):
 
 
 if __name__ == "__main__":
-    report = run_event_loop(_child_main())
-    sys.stdout.write(json.dumps(report))
+    run_event_loop(_child_main())

@@ -5,9 +5,9 @@ HTTP server delivers, and what limits it.
     python -m benchmarks.serving_gap --model M --out DIR --parts w1 --api-server-counts 1,2,4
 
 Parts (each a list of `benchmarks.offline` / `benchmarks.serve` commands, printed before they run):
-- w1: the client's ceiling (benchmarks.mock_server), the serving path's ceiling (--load-format null), the
-  warm in-process engine, and the server with each --api-server-count (and, with --base-root, the server
-  of another checkout: the "before"). 256 requests, prompts of 64-512 random ids, 256 new tokens.
+- ceilings: the client's ceiling (benchmarks.mock_server) and the serving path's (--load-format null).
+- w1: the warm in-process engine, and the server with each --api-server-count (and, with --base-root, the
+  server of another checkout: the "before"). 256 requests, prompts of 64-512 random ids, 256 new tokens.
 - burst: 1,024 such requests at once, engine and server (TTFT against the engine's).
 - sweep: Poisson arrivals at increasing rates against one server, until it saturates: throughput against
   TTFT p99 and ITL p99 (sweep.json, sweep.png).
@@ -166,7 +166,7 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", required=True, help="a model folder (random weights are used)")
     parser.add_argument("--out", required=True)
-    parser.add_argument("--parts", default="w1,burst,sweep")
+    parser.add_argument("--parts", default="ceilings,w1,burst,sweep")
     parser.add_argument("--api-server-counts", default="1,2,4")
     parser.add_argument("--client-processes", type=int, default=default_client_processes())
     parser.add_argument("--mock-processes", type=int, default=8)
@@ -180,7 +180,7 @@ def main(argv: list[str] | None = None) -> None:
     parts = args.parts.split(",")
     rows: list[dict] = []
     dummy = f"--model {m} --load-format dummy"
-    if "w1" in parts:
+    if "ceilings" in parts:
         serve(
             "client_ceiling_mock",
             f"--mock-server {args.mock_processes} --model {m} {BURST} --client-processes {p}",
@@ -196,6 +196,7 @@ def main(argv: list[str] | None = None) -> None:
             log,
             rows,
         )
+    if "w1" in parts:
         offline("w1_engine", f"{dummy} {W1_OFFLINE}", out, log, rows)
         if args.base_root:
             serve(
