@@ -4,7 +4,10 @@
 
 N requests of random token ids (lengths uniform in --input-len-range, seeded), --output-len new tokens
 each, greedy, EOS ignored. Prints tokens/s for this engine, for Hugging Face `generate` on static
-batches and for its continuous batching `generate_batch`, and the ratios.
+batches and for its continuous batching `generate_batch`, and the ratios. Every engine is warmed up first
+(ours with --warmup-requests other prompts, Hugging Face's with a short generate), so the figures are the
+steady state. Ours also reports its TTFT, its host milliseconds per step (everything but waiting for the
+device) and, on CUDA, the GPU's busy share over a torch-profiler window of --profile-steps steps.
 """
 
 from __future__ import annotations
@@ -27,7 +30,13 @@ from common.sampling_params import SamplingParams
 
 
 def run_ours(
-    folder: str, prompts: list[list[int]], output_len: int, engine: EngineConfig, warmup: list[list[int]]
+    folder: str,
+    prompts: list[list[int]],
+    output_len: int,
+    engine: EngineConfig,
+    warmup: list[list[int]],
+    profile_prompts: list[list[int]] | None = None,
+    profile_steps: int = 0,
 ) -> dict:
     """Our engine on `prompts`, after generating for `warmup` (other prompts: nothing they leave in the
     prefix cache helps the timed run), so the figure is the steady state a running server has."""
@@ -39,6 +48,7 @@ def run_ours(
     if warmup:
         llm.generate(warmup, params)
     _sync()
+    host_before, steps_before = llm.host_s, llm.steps_run
     wall_start = time.time()
     bar = tqdm(total=len(prompts) * output_len, desc="ours", unit="tok", file=sys.stderr)
     start = time.perf_counter()
@@ -56,6 +66,8 @@ def run_ours(
     bar.close()
     generated = sum(len(o.token_ids) for o in outs)
     ttfts = sorted(o.first_token_time - wall_start for o in outs)
+    host_ms_per_step = 1000 * (llm.host_s - host_before) / max(1, llm.steps_run - steps_before)
+    gpu_busy = gpu_busy_fraction(llm, profile_prompts, params, profile_steps) if profile_steps else None
     result = {
         "name": "ours",
         "seconds": elapsed,
@@ -63,6 +75,8 @@ def run_ours(
         "steps": steps,
         "tokens_per_s": generated / elapsed,
         "warmup_requests": len(warmup),
+        "host_ms_per_step": host_ms_per_step,
+        "gpu_busy": gpu_busy,
         "ttft_p50_s": ttfts[len(ttfts) // 2],
         "ttft_p99_s": ttfts[min(len(ttfts) - 1, int(0.99 * len(ttfts)))],
         "num_kv_blocks": llm.runner.num_kv_blocks,
@@ -71,6 +85,50 @@ def run_ours(
     del llm
     _free()
     return result
+
+
+PROFILE_AFTER_STEPS = 20  # the window opens after the prefill-heavy start of the run
+
+
+def gpu_busy_fraction(llm, prompts: list[list[int]], params: SamplingParams, steps: int) -> dict | None:
+    """Run `prompts` again (other prompts than the timed run's: nothing cached helps them) under the torch
+    profiler for `steps` steps after the first PROFILE_AFTER_STEPS, and return the share of that window's wall
+    time in which a GPU kernel ran (intervals merged), with the window's steps and milliseconds. None on a CPU."""
+    if not torch.cuda.is_available():
+        return None
+    from torch.profiler import ProfilerActivity, profile
+
+    prof = profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA])
+    seen = 0
+
+    def on_step() -> None:
+        nonlocal seen
+        seen += 1
+        if seen == PROFILE_AFTER_STEPS:
+            torch.cuda.synchronize()
+            prof.start()
+        elif seen == PROFILE_AFTER_STEPS + steps:
+            torch.cuda.synchronize()
+            prof.stop()
+
+    llm.generate(prompts, params, on_step=on_step)
+    if seen < PROFILE_AFTER_STEPS + steps:
+        if seen >= PROFILE_AFTER_STEPS:
+            prof.stop()
+        return None  # the run was shorter than the window
+    events = list(prof.events())
+    kernels = sorted(
+        (e.time_range.start, e.time_range.end) for e in events if e.device_type == torch.autograd.DeviceType.CUDA
+    )
+    if not kernels:
+        return None
+    window = max(e.time_range.end for e in events) - min(e.time_range.start for e in events)
+    busy, end = 0.0, float("-inf")
+    for start, stop in kernels:  # union of the kernel intervals
+        if stop > end:
+            busy += stop - max(start, end)
+            end = stop
+    return {"fraction": busy / window, "window_ms": window / 1000, "steps": steps}
 
 
 def _hf_model(folder: str, load_format: str, dtype: torch.dtype, device: str):
@@ -89,6 +147,15 @@ def run_hf_generate(model, prompts: list[list[int]], output_len: int, batch_size
     """Static batches: left-padded, every sequence runs until the batch's last one is done."""
     pad = 0
     generated = 0
+    with torch.inference_mode():  # warm-up: kernels and allocator ready before the clock starts
+        model.generate(
+            torch.tensor([prompts[0][:16]], device=device),
+            max_new_tokens=4,
+            do_sample=False,
+            pad_token_id=pad,
+            eos_token_id=None,
+        )
+    _sync()
     bar = tqdm(total=len(prompts) * output_len, desc="hf generate", unit="tok", file=sys.stderr)
     start = time.perf_counter()
     with torch.inference_mode():
@@ -175,6 +242,12 @@ def main(argv: list[str] | None = None) -> None:
         default=16,
         help="our engine first generates for this many other prompts, untimed (0: time a cold engine)",
     )
+    parser.add_argument(
+        "--profile-steps",
+        type=int,
+        default=50,
+        help="CUDA: after the timed run, profile this many steps of a second run and report the GPU's busy share",
+    )
     parser.add_argument("--hf-batch-size", type=int, default=64, help="static batch size for HF generate")
     parser.add_argument("--json", help="write the results here")
     add_engine_args(parser)
@@ -197,7 +270,14 @@ def main(argv: list[str] | None = None) -> None:
         seed=args.workload_seed + 1,
         avoid=frozenset(info.eos_token_ids),
     )
-    results = [run_ours(folder, prompts, args.output_len, engine, warmup)]
+    profile_prompts = random_token_prompts(
+        args.num_requests,
+        parse_range(args.input_len_range),
+        info.vocab_size,
+        seed=args.workload_seed + 2,
+        avoid=frozenset(info.eos_token_ids),
+    )
+    results = [run_ours(folder, prompts, args.output_len, engine, warmup, profile_prompts, args.profile_steps)]
     baselines = [b for b in args.baselines.split(",") if b and b != "none"]
     if baselines:
         from gpu_worker.model_loader import resolve_dtype
@@ -224,8 +304,12 @@ def main(argv: list[str] | None = None) -> None:
     first = results[0]
     print(
         f"ours: warmed up with {first['warmup_requests']} requests; TTFT p50 {1000 * first['ttft_p50_s']:.1f} ms, "
-        f"p99 {1000 * first['ttft_p99_s']:.1f} ms (from the start of generate); {first['steps']} steps"
+        f"p99 {1000 * first['ttft_p99_s']:.1f} ms (from the start of generate); {first['steps']} steps, "
+        f"host {first['host_ms_per_step']:.2f} ms per step (all but waiting for the device)"
     )
+    if first["gpu_busy"] is not None:
+        g = first["gpu_busy"]
+        print(f"ours: GPU busy {100 * g['fraction']:.0f}% of a {g['window_ms']:.0f} ms window of {g['steps']} steps")
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"args": vars(args), "device": device_name, "results": results}, f, indent=2)

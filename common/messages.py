@@ -228,7 +228,8 @@ class StepPlan:
 class StepTimings:
     prepare_s: float = 0.0
     forward_s: float = 0.0
-    sample_s: float = 0.0
+    sample_s: float = 0.0  # finishing the step: waiting for the device, then reading the tokens back
+    wait_s: float = 0.0  # the part of sample_s spent waiting for the device (host time is the rest)
 
 
 @message(11)

@@ -316,6 +316,7 @@ class ModelRunner:
         token_ids: list[int] = []
         if step.copied is not None:
             step.copied.synchronize()
+        waited = time.perf_counter() - t0
         if step.tokens is not None:
             token_ids = step.tokens.tolist()
             for mirror, token in zip(step.mirrors, token_ids):
@@ -327,7 +328,7 @@ class ModelRunner:
             [step.rids[k] for k in step.plan_order],
             [token_ids[k] for k in step.plan_order],
             sampled_time,
-            StepTimings(prepare_s=step.prepare_s, forward_s=step.forward_s, sample_s=time.perf_counter() - t0),
+            StepTimings(step.prepare_s, step.forward_s, sample_s=time.perf_counter() - t0, wait_s=waited),
             self._logprobs_of(step.logprobs, token_ids, step.rids),
             self._logprobs_of(step.prompt_logprobs),
         )

@@ -46,6 +46,10 @@ class LLM:
         self._rids = itertools.count()
         self.plans_executed: list[StepPlan] = []  # every plan run, for tests and inspection
         self.record_plans = False
+        # generate()'s host time (everything but waiting for the device) and the steps it ran: their ratio is
+        # the host's cost of a step, which bounds the engine when the device is faster (benchmarks/offline.py).
+        self.host_s = 0.0
+        self.steps_run = 0
         # Steps launched before the oldest one's tokens are read; None: as the worker process runs (StepQueue).
         self.plans_in_flight: int | None = None
 
@@ -125,6 +129,7 @@ class LLM:
         # As the server runs: the next step is planned and launched before the previous one's tokens are
         # read back (see scheduler/process.py and gpu_worker/step_queue.py).
         steps = StepQueue(self.runner, self.plans_in_flight)
+        started, waited = time.perf_counter(), 0.0
         while pending:
             plan = self.scheduler.schedule()
             if plan is not None:
@@ -134,6 +139,8 @@ class LLM:
             else:
                 raise RuntimeError("requests are unfinished but the scheduler planned nothing")
             for result in results:
+                waited += result.timings.wait_s
+                self.steps_run += 1
                 for tokens in self._process(result):
                     if tokens.rid in outputs:
                         out = outputs[tokens.rid]
@@ -154,6 +161,8 @@ class LLM:
                     on_step()
         while steps:  # steps planned before the last finish was seen: their tokens are discarded
             self._process(steps.finish_oldest())
+        # Everything this loop did but wait for the device: planning, launching, reading back, processing.
+        self.host_s += time.perf_counter() - started - waited
         if any(isinstance(p, str) for p in prompts):
             for out in outputs.values():
                 out.text = self.tokenizer.decode(out.token_ids, skip_special_tokens=True)
