@@ -256,27 +256,16 @@ def main(argv: list[str] | None = None) -> None:
     folder = str(resolve_model(args.model))
     engine = EngineConfig.from_args(args)
     info = ModelInfo.from_folder(folder)
-    prompts = random_token_prompts(
-        args.num_requests,
-        parse_range(args.input_len_range),
-        info.vocab_size,
-        seed=args.workload_seed,
-        avoid=frozenset(info.eos_token_ids),
-    )
-    warmup = random_token_prompts(
-        args.warmup_requests,
-        parse_range(args.input_len_range),
-        info.vocab_size,
-        seed=args.workload_seed + 1,
-        avoid=frozenset(info.eos_token_ids),
-    )
-    profile_prompts = random_token_prompts(
-        args.num_requests,
-        parse_range(args.input_len_range),
-        info.vocab_size,
-        seed=args.workload_seed + 2,
-        avoid=frozenset(info.eos_token_ids),
-    )
+
+    def workload(num: int, seed_offset: int) -> list[list[int]]:
+        """Seed + 0: the timed prompts; + 1: the warm-up's; + 2: the profiled run's (none shares a block)."""
+        lengths = parse_range(args.input_len_range)
+        eos = frozenset(info.eos_token_ids)
+        return random_token_prompts(num, lengths, info.vocab_size, seed=args.workload_seed + seed_offset, avoid=eos)
+
+    prompts, warmup, profile_prompts = workload(args.num_requests, 0), workload(args.warmup_requests, 1), []
+    if args.profile_steps and torch.cuda.is_available():
+        profile_prompts = workload(args.num_requests, 2)
     results = [run_ours(folder, prompts, args.output_len, engine, warmup, profile_prompts, args.profile_steps)]
     baselines = [b for b in args.baselines.split(",") if b and b != "none"]
     if baselines:
