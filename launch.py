@@ -92,6 +92,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         args.api_key = os.environ.get("CLEARSERVE_API_KEY")
     if args.tokenizer_workers < 1:
         parser.error("--tokenizer-workers must be at least 1")
+    if args.default_max_tokens < 0:
+        parser.error("--default-max-tokens must be 0 (the rest of the context) or more")
     if args.api_server_count < 1:
         parser.error("--api-server-count must be at least 1")
     if args.profile_steps is not None and (args.profile_steps < 1 or args.profile_dir is None):

@@ -78,3 +78,11 @@ def test_a_model_folder_without_weights_fails_in_one_line_before_any_process_sta
     errors = [line for line in done.stderr.splitlines() if "ERROR" in line]
     assert len(errors) == 1 and "no *.safetensors" in errors[0] and "--load-format dummy" in errors[0]
     assert "Traceback" not in done.stderr and "gpu_worker" not in done.stderr
+
+
+def test_requests_without_max_tokens_default_to_a_bounded_length(capsys):
+    assert parse_args([]).default_max_tokens == 512
+    assert parse_args(["--default-max-tokens", "0"]).default_max_tokens == 0, "0: the rest of the context"
+    with pytest.raises(SystemExit):
+        parse_args(["--default-max-tokens", "-1"])
+    assert "--default-max-tokens" in capsys.readouterr().err
