@@ -37,7 +37,7 @@ def build_app(client: EngineClient, api_key: str | None = None, profiler: Proces
     app = FastAPI(title="clearserve")
     install_error_handlers(app)
     app.add_exception_handler(ClientDisconnected, _client_gone)  # type: ignore[arg-type]
-    metrics = FrontendMetrics()
+    metrics = FrontendMetrics(client.limits.served_model_name)
     created = int(time.time())
     keyed = [Depends(api_key_check(api_key))]
     app.include_router(openai_router(client, metrics), dependencies=keyed)
