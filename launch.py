@@ -53,6 +53,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--tokenizer", default=None, help="a folder or hub id with the tokenizer files (none: the model's)"
     )
+    parser.add_argument(
+        "--chat-template",
+        default=None,
+        help="a Jinja chat template, or a file holding one, for chat requests (none: the tokenizer's own)",
+    )
     parser.add_argument("--served-model-name", default=None, help="the model name clients use (none: --model)")
     parser.add_argument("--host", default="127.0.0.1", help="address to listen on (127.0.0.1: this machine only)")
     parser.add_argument("--port", type=int, default=8000, help="HTTP port")
@@ -152,8 +157,10 @@ class Launcher:
         from gpu_worker import process as gpu_process
         from scheduler import process as scheduler_process
         from tokenizer_worker import process as tokenizer_process
+        from tokenizer_worker.chat_template import read_chat_template
 
         args = self.args
+        chat_template = read_chat_template(args.chat_template) if args.chat_template else None
         folder = resolve_model(args.model)
         if args.load_format == "auto":
             checkpoint_files(folder)  # a folder without weights fails here, in one line, before any child starts
@@ -165,7 +172,9 @@ class Launcher:
         num_frontends = args.api_server_count
         self._start("gpu_worker", gpu_process.main, (config, info, *tail))
         for i in range(args.tokenizer_workers):
-            self._start(f"tokenizer-{i}", tokenizer_process.main, (i, str(tokenizer), num_frontends, *tail))
+            self._start(
+                f"tokenizer-{i}", tokenizer_process.main, (i, str(tokenizer), num_frontends, *tail, chat_template)
+            )
         replies = self._wait_ready(ready, {"gpu_worker"})
         num_blocks = replies["gpu_worker"].info["num_kv_blocks"]
         self._start(
@@ -294,6 +303,7 @@ def main(argv: list[str] | None = None) -> int:
 
     configure_logging("launcher", args.log_level)
     from common.model_source import ModelNotFound
+    from tokenizer_worker.chat_template import ChatTemplateError
 
     try:
         launcher = Launcher(args)
@@ -304,7 +314,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         launcher.start()
         launcher.watch()
-    except ModelNotFound as exc:
+    except (ModelNotFound, ChatTemplateError) as exc:
         log.error("%s", exc)
         launcher.exit_code = 2
     except ChildDied as exc:

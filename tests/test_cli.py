@@ -86,3 +86,23 @@ def test_requests_without_max_tokens_default_to_a_bounded_length(capsys):
     with pytest.raises(SystemExit):
         parse_args(["--default-max-tokens", "-1"])
     assert "--default-max-tokens" in capsys.readouterr().err
+
+
+def test_a_chat_template_that_cannot_be_read_fails_in_one_line_before_any_process_starts(tmp_path):
+    import subprocess
+    import sys
+
+    from tests.server_process import ROOT, free_port
+
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "launch.py"), "--chat-template", str(tmp_path / "missing.jinja")]
+        + ["--port", str(free_port()), "--load-format", "dummy", str(tmp_path)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 2
+    errors = [line for line in done.stderr.splitlines() if "ERROR" in line]
+    assert len(errors) == 1 and "missing.jinja" in errors[0] and "no such file" in errors[0]
+    assert "Traceback" not in done.stderr
