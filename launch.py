@@ -144,27 +144,35 @@ class Launcher:
     # ------------------------------------------------------------------ start
 
     def start(self) -> None:
-        """Start every process and wait until each says READY: the engine's, then the frontends."""
+        """Start every process and wait until each says READY: the engine's, then the frontends. Each phase
+        logs one line with its time (common/startup.py): the model here, the GPU worker's own, then ready."""
+        from common.model_source import checkpoint_files, resolve_model
+        from common.startup import PhaseClock
+        from tokenizer_worker.chat_template import read_chat_template
+
+        args = self.args
+        clock = PhaseClock(log)
+        chat_template = read_chat_template(args.chat_template) if args.chat_template else None
+        folder = resolve_model(args.model)
+        if args.load_format == "auto":
+            checkpoint_files(folder)  # a folder without weights fails here, in one line, before any child starts
+        tokenizer = resolve_model(args.tokenizer) if args.tokenizer else folder
+        clock.done(f"model {folder}")
+
+        # The processes' modules import torch and transformers: seconds, after the model line.
         import zmq
 
         from common.config import EngineConfig
         from common.control import frontend_role
         from common.model_info import ModelInfo
-        from common.model_source import checkpoint_files, default_served_name, resolve_model
+        from common.model_source import default_served_name
         from common.transport import pull_socket
         from frontend import process as frontend_process
         from frontend.engine_client import EngineLimits
         from gpu_worker import process as gpu_process
         from scheduler import process as scheduler_process
         from tokenizer_worker import process as tokenizer_process
-        from tokenizer_worker.chat_template import read_chat_template
 
-        args = self.args
-        chat_template = read_chat_template(args.chat_template) if args.chat_template else None
-        folder = resolve_model(args.model)
-        if args.load_format == "auto":
-            checkpoint_files(folder)  # a folder without weights fails here, in one line, before any child starts
-        tokenizer = resolve_model(args.tokenizer) if args.tokenizer else folder
         config = replace(EngineConfig.from_args(args), model=str(folder))
         info = ModelInfo.from_folder(folder, config.max_model_len)
         ready = pull_socket(zmq.Context.instance(), self.endpoints.launcher_ready)
@@ -202,7 +210,7 @@ class Launcher:
         self._wait_ready(ready, set(frontends))
         ready.close()
         self.serving = True
-        self._announce(limits)
+        self._announce(limits, clock.total_s())
 
     def _start(self, role: str, target, args: tuple) -> None:
         process = self.spawn.Process(target=target, args=args, name=role, daemon=False)
@@ -225,11 +233,11 @@ class Launcher:
             if process.exitcode is not None:
                 raise ChildDied(f"process {role} (pid {process.pid}) died with exit code {process.exitcode}")
 
-    def _announce(self, limits) -> None:
+    def _announce(self, limits, elapsed_s: float) -> None:
         print(
             f"clearserve ready on http://{self.args.host}:{self.args.port} serving {limits.served_model_name!r}: "
             f"{len(self.children)} processes ({self.args.api_server_count} HTTP), {limits.num_kv_blocks} KV blocks "
-            f"of {limits.block_size} tokens, context {limits.max_model_len}",
+            f"of {limits.block_size} tokens, context {limits.max_model_len} (started in {elapsed_s:.1f} s)",
             flush=True,
         )
 

@@ -17,6 +17,7 @@ from common.messages import StepPlan, StepResult
 from common.model_info import ModelInfo
 from common.process import announce_ready, exit_child, init_child_process
 from common.profiling import ProcessProfiler, ProcessStats, ProfileConfig, TorchProfiler, epoch_us
+from common.startup import PhaseClock
 from common.transport import Endpoints, pull_socket, push_socket, recv, send
 from gpu_worker.step_queue import StepQueue
 
@@ -44,15 +45,10 @@ def main(
         from gpu_worker.model_runner import ModelRunner
         from gpu_worker.warm_up import warm_up
 
-        runner = ModelRunner(config, info, progress=True)
+        phases = PhaseClock(log)
+        runner = ModelRunner(config, info, phases)
         warm_up(runner)
-    log.info(
-        "model on %s (%s), %d KV blocks of %d tokens",
-        runner.device,
-        runner.dtype,
-        runner.num_kv_blocks,
-        config.block_size,
-    )
+        phases.done("warmed up: every kind of step ran once")
 
     ctx = zmq.Context.instance()
     worker = WorkerLoop(

@@ -106,3 +106,12 @@ def test_a_chat_template_that_cannot_be_read_fails_in_one_line_before_any_proces
     errors = [line for line in done.stderr.splitlines() if "ERROR" in line]
     assert len(errors) == 1 and "missing.jinja" in errors[0] and "no such file" in errors[0]
     assert "Traceback" not in done.stderr
+
+
+def test_a_hub_id_the_hub_cannot_serve_names_the_local_ways_to_run():
+    from common.model_source import ModelNotFound, resolve_model
+
+    with pytest.raises(ModelNotFound) as raised:
+        resolve_model("no-such-org/no-such-model")  # the tests run with HF_HUB_OFFLINE=1
+    message = str(raised.value)
+    assert "\n" not in message and "local folder" in message and "--load-format dummy" in message
