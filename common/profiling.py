@@ -209,6 +209,10 @@ class ProcessProfiler:
         log.info("profile written to %s", path)
         return {"trace": path}
 
+    @property
+    def active(self) -> bool:
+        return self.profiler.active
+
     def mark(self, name: str, started_us: float, args: dict) -> None:
         self.profiler.mark(name, started_us, args)
 

@@ -130,6 +130,8 @@ class WorkerLoop:
     def _mark_step(self, plan: StepPlan, started: float) -> None:
         """The step's marker in the trace (launch; on a CPU, the whole step): the scheduler's plan of the same
         step id says how its tokens split into prefill and decode."""
+        if not self.profiler.active:
+            return
         args = {
             "step_id": plan.step_id,
             "tokens": sum(chunk.num_tokens for chunk in plan.chunks),

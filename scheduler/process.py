@@ -163,9 +163,9 @@ class SchedulerLoop:
             self.in_flight -= 1
             started = epoch_us()
             self._stream(self.scheduler.process_result(result))
-            self.profiler.mark(
-                f"result {result.step_id}", started, {"step_id": result.step_id, "sampled": len(result.token_ids)}
-            )
+            if self.profiler.active:
+                args = {"step_id": result.step_id, "sampled": len(result.token_ids)}
+                self.profiler.mark(f"result {result.step_id}", started, args)
             if self.window is not None:
                 self.window.on_result()
 
@@ -195,6 +195,8 @@ class SchedulerLoop:
 
     def _mark_plan(self, plan: StepPlan, started: float) -> None:
         """The step's marker in the trace: what it computes, for whom (the GPU worker's has the same step id)."""
+        if not self.profiler.active:
+            return  # a plan's work is microseconds: no marker arguments built for nobody
         s = self.scheduler.stats
         args = {
             "step_id": plan.step_id,
