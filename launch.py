@@ -178,6 +178,7 @@ class Launcher:
         ready = pull_socket(zmq.Context.instance(), self.endpoints.launcher_ready)
         tail = (self.run_dir, args.log_level, os.getpid(), self.profile)
         num_frontends = args.api_server_count
+        log.info("starting the GPU worker and %d tokenizer workers", args.tokenizer_workers)
         self._start("gpu_worker", gpu_process.main, (config, info, *tail))
         for i in range(args.tokenizer_workers):
             self._start(
