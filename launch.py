@@ -53,6 +53,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--tokenizer", default=None, help="a folder or hub id with the tokenizer files (none: the model's)"
     )
+    parser.add_argument(
+        "--chat-template",
+        default=None,
+        help="a Jinja chat template, or a file holding one, for chat requests (none: the tokenizer's own)",
+    )
     parser.add_argument("--served-model-name", default=None, help="the model name clients use (none: --model)")
     parser.add_argument("--host", default="127.0.0.1", help="address to listen on (127.0.0.1: this machine only)")
     parser.add_argument("--port", type=int, default=8000, help="HTTP port")
@@ -92,6 +97,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         args.api_key = os.environ.get("CLEARSERVE_API_KEY")
     if args.tokenizer_workers < 1:
         parser.error("--tokenizer-workers must be at least 1")
+    if args.default_max_tokens < 0:
+        parser.error("--default-max-tokens must be 0 (the rest of the context) or more")
     if args.api_server_count < 1:
         parser.error("--api-server-count must be at least 1")
     if args.profile_steps is not None and (args.profile_steps < 1 or args.profile_dir is None):
@@ -137,13 +144,28 @@ class Launcher:
     # ------------------------------------------------------------------ start
 
     def start(self) -> None:
-        """Start every process and wait until each says READY: the engine's, then the frontends."""
+        """Start every process and wait until each says READY: the engine's, then the frontends. Each phase
+        logs one line with its time (common/startup.py): the model here, the GPU worker's own, then ready."""
+        from common.model_source import checkpoint_files, resolve_model
+        from common.startup import PhaseClock
+        from tokenizer_worker.chat_template import read_chat_template
+
+        args = self.args
+        clock = PhaseClock(log)
+        chat_template = read_chat_template(args.chat_template) if args.chat_template else None
+        folder = resolve_model(args.model)
+        if args.load_format == "auto":
+            checkpoint_files(folder)  # a folder without weights fails here, in one line, before any child starts
+        tokenizer = resolve_model(args.tokenizer) if args.tokenizer else folder
+        clock.done(f"model {folder}")
+
+        # The processes' modules import torch and transformers: seconds, after the model line.
         import zmq
 
         from common.config import EngineConfig
         from common.control import frontend_role
         from common.model_info import ModelInfo
-        from common.model_source import checkpoint_files, default_served_name, resolve_model
+        from common.model_source import default_served_name
         from common.transport import pull_socket
         from frontend import process as frontend_process
         from frontend.engine_client import EngineLimits
@@ -151,19 +173,17 @@ class Launcher:
         from scheduler import process as scheduler_process
         from tokenizer_worker import process as tokenizer_process
 
-        args = self.args
-        folder = resolve_model(args.model)
-        if args.load_format == "auto":
-            checkpoint_files(folder)  # a folder without weights fails here, in one line, before any child starts
-        tokenizer = resolve_model(args.tokenizer) if args.tokenizer else folder
         config = replace(EngineConfig.from_args(args), model=str(folder))
         info = ModelInfo.from_folder(folder, config.max_model_len)
         ready = pull_socket(zmq.Context.instance(), self.endpoints.launcher_ready)
         tail = (self.run_dir, args.log_level, os.getpid(), self.profile)
         num_frontends = args.api_server_count
+        log.info("starting the GPU worker and %d tokenizer workers", args.tokenizer_workers)
         self._start("gpu_worker", gpu_process.main, (config, info, *tail))
         for i in range(args.tokenizer_workers):
-            self._start(f"tokenizer-{i}", tokenizer_process.main, (i, str(tokenizer), num_frontends, *tail))
+            self._start(
+                f"tokenizer-{i}", tokenizer_process.main, (i, str(tokenizer), num_frontends, *tail, chat_template)
+            )
         replies = self._wait_ready(ready, {"gpu_worker"})
         num_blocks = replies["gpu_worker"].info["num_kv_blocks"]
         self._start(
@@ -191,7 +211,7 @@ class Launcher:
         self._wait_ready(ready, set(frontends))
         ready.close()
         self.serving = True
-        self._announce(limits)
+        self._announce(limits, clock.total_s())
 
     def _start(self, role: str, target, args: tuple) -> None:
         process = self.spawn.Process(target=target, args=args, name=role, daemon=False)
@@ -214,11 +234,11 @@ class Launcher:
             if process.exitcode is not None:
                 raise ChildDied(f"process {role} (pid {process.pid}) died with exit code {process.exitcode}")
 
-    def _announce(self, limits) -> None:
+    def _announce(self, limits, elapsed_s: float) -> None:
         print(
             f"clearserve ready on http://{self.args.host}:{self.args.port} serving {limits.served_model_name!r}: "
             f"{len(self.children)} processes ({self.args.api_server_count} HTTP), {limits.num_kv_blocks} KV blocks "
-            f"of {limits.block_size} tokens, context {limits.max_model_len}",
+            f"of {limits.block_size} tokens, context {limits.max_model_len} (started in {elapsed_s:.1f} s)",
             flush=True,
         )
 
@@ -292,6 +312,7 @@ def main(argv: list[str] | None = None) -> int:
 
     configure_logging("launcher", args.log_level)
     from common.model_source import ModelNotFound
+    from tokenizer_worker.chat_template import ChatTemplateError
 
     try:
         launcher = Launcher(args)
@@ -302,7 +323,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         launcher.start()
         launcher.watch()
-    except ModelNotFound as exc:
+    except (ModelNotFound, ChatTemplateError) as exc:
         log.error("%s", exc)
         launcher.exit_code = 2
     except ChildDied as exc:

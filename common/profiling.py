@@ -1,6 +1,8 @@
 """Per-process profiling, and the per-process summary every process reports in its stats.
 
-    --profile-dir DIR      POST /start_profile ... POST /stop_profile  ->  DIR/{role}-{pid}.trace.json per process
+    --profile-dir DIR      POST /start_profile ... POST /stop_profile  ->  DIR/{role}-{pid}-{run}.trace.json per
+                           process (run: 1, 2, ... a new file each time), and one merged trace of them all
+                           (frontend/trace_merge.py)
     --profile-steps N      the same, opened at the first step with work and closed after N steps (the
                            scheduler coordinates: scheduler/process.py ProfileWindow)
 
@@ -10,11 +12,17 @@ Two kinds of profiler behind one interface, `start(dir, role)` then `stop() -> p
   events and its memory stays bounded.
 - TorchProfiler (GPU worker): torch.profiler, CPU operators plus CUDA kernels where there is a GPU.
 Both write Chrome trace-event JSON, which Perfetto (ui.perfetto.dev) and chrome://tracing open.
+
+One clock: viztracer counts from the monotonic clock and torch.profiler from its own base; each names its
+base in the file (`baseTimeNanoseconds`, Unix epoch). Every trace is rewritten with `ts` in Unix epoch
+microseconds, so the processes' traces overlay. Markers (`mark`: a step, with its id and tokens) are taken
+with time.time() on the same clock and written on a lane of their own ("steps").
 """
 
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
 import os
 import threading
@@ -36,6 +44,9 @@ log = logging.getLogger(__name__)
 # About 100 bytes per event in memory and 150 in the JSON: tens of MB at most per process.
 MAX_PYTHON_EVENTS = 200_000
 NOT_ENABLED = "the server was started without --profile-dir"
+# A lane (Chrome trace "tid") of its own for the markers: they span work whose events come from another clock
+# read, and slices on one lane must nest exactly.
+MARKER_TID = 0x7FFF_0000
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,8 +55,17 @@ class ProfileConfig:
     steps: int | None = None  # profile this many scheduler steps from the first one with work, then stop
 
 
-def trace_path(dir: str, role: str) -> str:
-    return os.path.join(dir, f"{role}-{os.getpid()}.trace.json")
+def trace_path(dir: str, role: str, run: int) -> str:
+    return os.path.join(dir, f"{role}-{os.getpid()}-{run}.trace.json")
+
+
+def merged_trace_path(dir: str, run: int) -> str:
+    """The merged trace of every process (frontend/trace_merge.py), named after the merging frontend's run."""
+    return os.path.join(dir, f"merged-{os.getpid()}-{run}.trace.json")
+
+
+def epoch_us() -> float:
+    return time.time() * 1e6
 
 
 class Profiler(ABC):
@@ -53,6 +73,8 @@ class Profiler(ABC):
 
     def __init__(self) -> None:
         self._path: str | None = None
+        self.runs = 0  # profiles taken: each one writes a new file
+        self._markers: list[dict] = []
 
     @property
     def active(self) -> bool:
@@ -62,22 +84,54 @@ class Profiler(ABC):
         if self.active:
             raise RuntimeError("the profiler is already running")
         os.makedirs(dir, exist_ok=True)
-        self._path = trace_path(dir, role)
+        self.runs += 1
+        self._path = trace_path(dir, role, self.runs)
+        self._markers = []
         self._start()
 
     def stop(self) -> str:
-        """Stop, write the trace, and return its path."""
+        """Stop, write the trace (Unix epoch µs, markers added), and return its path."""
         if self._path is None:
             raise RuntimeError("the profiler is not running")
         path, self._path = self._path, None
         self._stop_and_write(path)
+        with open(path) as f:
+            trace = json.load(f)
+        to_epoch_us(trace, self._base_us(trace))
+        trace["traceEvents"] += self._marker_events()
+        with open(path, "w") as f:
+            json.dump(trace, f)
         return path
+
+    def mark(self, name: str, started_us: float, args: dict) -> None:
+        """A complete event from `started_us` (epoch_us()) to now on the markers' lane, while profiling."""
+        if self.active:
+            now = epoch_us()
+            self._markers.append({"ph": "X", "name": name, "ts": started_us, "dur": now - started_us, "args": args})
+
+    def _marker_events(self) -> list[dict]:
+        pid = os.getpid()
+        lane = {"ph": "M", "name": "thread_name", "pid": pid, "tid": MARKER_TID, "args": {"name": "steps"}}
+        return [lane] + [{**m, "pid": pid, "tid": MARKER_TID, "cat": "marker"} for m in self._markers]
 
     @abstractmethod
     def _start(self) -> None: ...
 
     @abstractmethod
     def _stop_and_write(self, path: str) -> None: ...
+
+    @abstractmethod
+    def _base_us(self, trace: dict) -> float:
+        """Unix epoch µs of the trace's ts 0."""
+
+
+def to_epoch_us(trace: dict, base_us: float) -> None:
+    """Shift every event of `trace` by `base_us`, and drop the base fields (a reader must not add them again)."""
+    for event in trace["traceEvents"]:
+        if "ts" in event:
+            event["ts"] = float(event["ts"]) + base_us
+    trace.pop("baseTimeNanoseconds", None)
+    trace.get("viztracer_metadata", {}).pop("baseTimeNanoseconds", None)
 
 
 class PythonProfiler(Profiler):
@@ -99,6 +153,9 @@ class PythonProfiler(Profiler):
         self._tracer.stop()
         self._tracer.save(path)
         self._tracer = None  # frees the ring buffer
+
+    def _base_us(self, trace: dict) -> float:
+        return trace["viztracer_metadata"]["baseTimeNanoseconds"] / 1e3
 
 
 class TorchProfiler(Profiler):
@@ -122,10 +179,14 @@ class TorchProfiler(Profiler):
         self._profile.export_chrome_trace(path)
         self._profile = None
 
+    def _base_us(self, trace: dict) -> float:
+        return trace["baseTimeNanoseconds"] / 1e3
+
 
 class ProcessProfiler:
     """A process's answers to start_profile / stop_profile, from its control socket or --profile-steps:
-    the reply payload is {"started": True}, {"trace": path}, or {"error": why}."""
+    the reply payload is {"started": True}, {"trace": path}, or {"error": why, "status": HTTP status} (400: not
+    enabled; 409: already / not profiling)."""
 
     def __init__(self, config: ProfileConfig, role: str, kind: type[Profiler] = PythonProfiler):
         self.config = config
@@ -134,19 +195,26 @@ class ProcessProfiler:
 
     def start(self) -> dict:
         if self.config.dir is None:
-            return {"error": NOT_ENABLED}
+            return {"error": NOT_ENABLED, "status": 400}
         if self.profiler.active:
-            return {"error": f"{self.role} is already profiling"}
+            return {"error": f"{self.role} is already profiling", "status": 409}
         self.profiler.start(self.config.dir, self.role)
         log.info("profiling started")
         return {"started": True}
 
     def stop(self) -> dict:
         if not self.profiler.active:
-            return {"error": f"{self.role} is not profiling"}
+            return {"error": f"{self.role} is not profiling", "status": 409}
         path = self.profiler.stop()
         log.info("profile written to %s", path)
         return {"trace": path}
+
+    @property
+    def active(self) -> bool:
+        return self.profiler.active
+
+    def mark(self, name: str, started_us: float, args: dict) -> None:
+        self.profiler.mark(name, started_us, args)
 
     def answer(self, kind: str) -> dict:
         """The reply to a control command queued for the main thread."""
@@ -154,7 +222,7 @@ class ProcessProfiler:
             return self.start()
         if kind == "stop_profile":
             return self.stop()
-        return {"error": f"{self.role} does not support '{kind}'"}
+        return {"error": f"{self.role} does not support '{kind}'", "status": 400}
 
 
 # ---------------------------------------------------------------- the per-process summary

@@ -1,8 +1,9 @@
 """The scheduler's stats: one typed definition for the scheduler that counts them, the control reply that
 carries them (flat JSON: `/stats` shows these keys as they are) and the frontend's /metrics.
 
-Each field names its Prometheus metric; gauges are the scheduler's state at the moment of the snapshot,
-counters only grow.
+Each field names its Prometheus metric, and where vLLM has the same measure, vLLM's name too (`vllm:*`, so
+dashboards made for vLLM work); gauges are the scheduler's state at the moment of the snapshot, counters
+only grow.
 """
 
 from __future__ import annotations
@@ -11,15 +12,19 @@ from dataclasses import asdict, dataclass, field, fields
 from typing import Any, Literal
 
 
-def _metric(kind: Literal["gauge", "counter"], name: str, doc: str) -> Any:
-    return field(default=0, metadata={"kind": kind, "name": name, "doc": doc})
+def _metric(kind: Literal["gauge", "counter"], name: str, doc: str, vllm: str | None = None) -> Any:
+    return field(default=0, metadata={"kind": kind, "name": name, "doc": doc, "vllm": vllm})
 
 
 @dataclass(slots=True)
 class SchedulerStats:
     # State, filled in by Scheduler.snapshot().
-    num_running: int = _metric("gauge", "clearserve_num_requests_running", "Requests in the running batch")
-    num_waiting: int = _metric("gauge", "clearserve_num_requests_waiting", "Requests waiting for admission")
+    num_running: int = _metric(
+        "gauge", "clearserve_num_requests_running", "Requests in the running batch", "vllm:num_requests_running"
+    )
+    num_waiting: int = _metric(
+        "gauge", "clearserve_num_requests_waiting", "Requests waiting for admission", "vllm:num_requests_waiting"
+    )
     kv_blocks_total: int = _metric("gauge", "clearserve_kv_blocks_total", "KV cache blocks in the pool")
     kv_blocks_free: int = _metric("gauge", "clearserve_kv_blocks_free", "KV cache blocks on the free list")
     kv_blocks_cached: int = _metric(
@@ -46,13 +51,21 @@ class SchedulerStats:
         "counter", "clearserve_scheduler_generated_tokens", "Tokens sampled, as the scheduler counts them"
     )
     prompt_tokens_admitted: int = _metric(
-        "counter", "clearserve_prompt_tokens_admitted", "Prompt tokens of admitted requests"
+        "counter",
+        "clearserve_prompt_tokens_admitted",
+        "Prompt tokens of admitted requests",
+        "vllm:prefix_cache_queries",  # vLLM: tokens looked up in the prefix cache
     )
     # Prompt tokens served from the prefix cache at first admission.
     cache_hit_tokens: int = _metric(
-        "counter", "clearserve_prefix_cache_hit_tokens", "Prompt tokens served from the prefix cache"
+        "counter",
+        "clearserve_prefix_cache_hit_tokens",
+        "Prompt tokens served from the prefix cache",
+        "vllm:prefix_cache_hits",
     )
-    preemptions: int = _metric("counter", "clearserve_preemptions", "Requests preempted to free KV blocks")
+    preemptions: int = _metric(
+        "counter", "clearserve_preemptions", "Requests preempted to free KV blocks", "vllm:num_preemptions"
+    )
 
     @property
     def cache_hit_rate(self) -> float:
@@ -67,7 +80,14 @@ class SchedulerStats:
         """The stats in a control reply, which also carries the process's own activity keys."""
         return cls(**{f.name: payload[f.name] for f in fields(cls) if f.name in payload})
 
+    @property
+    def kv_cache_usage(self) -> float:
+        """Share of the KV blocks held by requests (0-1; blocks only the prefix cache holds are reusable)."""
+        return self.kv_blocks_used / self.kv_blocks_total if self.kv_blocks_total else 0.0
+
     @classmethod
-    def metrics(cls) -> list[tuple[str, str, str, str]]:
-        """(field, kind, metric name, help) of every field."""
-        return [(f.name, f.metadata["kind"], f.metadata["name"], f.metadata["doc"]) for f in fields(cls)]
+    def metrics(cls) -> list[tuple[str, str, str, str, str | None]]:
+        """(field, kind, metric name, help, vLLM's name or None) of every field."""
+        return [
+            (f.name, f.metadata["kind"], f.metadata["name"], f.metadata["doc"], f.metadata["vllm"]) for f in fields(cls)
+        ]

@@ -9,6 +9,7 @@ wires in the ZeroMQ one.
 
 from __future__ import annotations
 
+import asyncio
 import os
 import time
 
@@ -17,7 +18,7 @@ from fastapi.responses import JSONResponse
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from common.messages import ControlReply
-from common.profiling import NOT_ENABLED, ProcessProfiler
+from common.profiling import NOT_ENABLED, ProcessProfiler, merged_trace_path
 from frontend.auth import api_key_check
 from frontend.engine_client import EngineClient
 from frontend.errors import ApiError, install_error_handlers
@@ -26,6 +27,7 @@ from frontend.native_api import native_router
 from frontend.openai_api import openai_router
 from frontend.streaming import ClientDisconnected
 from frontend.tokenizer_api import tokenizer_router
+from frontend.trace_merge import merge_traces
 
 HEALTH_TIMEOUT_S = 2.0
 STATS_TIMEOUT_S = 2.0
@@ -37,7 +39,7 @@ def build_app(client: EngineClient, api_key: str | None = None, profiler: Proces
     app = FastAPI(title="clearserve")
     install_error_handlers(app)
     app.add_exception_handler(ClientDisconnected, _client_gone)  # type: ignore[arg-type]
-    metrics = FrontendMetrics()
+    metrics = FrontendMetrics(client.limits.served_model_name)
     created = int(time.time())
     keyed = [Depends(api_key_check(api_key))]
     app.include_router(openai_router(client, metrics), dependencies=keyed)
@@ -70,19 +72,28 @@ def build_app(client: EngineClient, api_key: str | None = None, profiler: Proces
         body = metrics.render(scheduler.payload if scheduler is not None else None)
         return Response(body, media_type=CONTENT_TYPE_LATEST)
 
-    # Profiling: the frontend starts first and stops last, so its own trace covers the whole exchange.
+    # Profiling: the frontend starts first and stops last, so its own trace covers the whole exchange. Its own
+    # state answers for the server's (every process is told the same commands): 409 when already / not profiling.
     @app.post("/start_profile", dependencies=keyed)
     async def start_profile(request: Request) -> dict:
         args = await _json_args(request)
-        own = _enabled(profiler).start()
-        return _with_own(client, _by_role(client, await client.control("start_profile", args, PROFILE_TIMEOUT_S)), own)
+        own = _profile_answer(_enabled(profiler).start())
+        body = _by_role(client, await client.control("start_profile", args, PROFILE_TIMEOUT_S))
+        return _refused_by_any(_with_own(client, body, own))
 
     @app.post("/stop_profile", dependencies=keyed)
     async def stop_profile(request: Request) -> dict:
         args = await _json_args(request)
         own = _enabled(profiler)
+        if not own.profiler.active:
+            raise ApiError(409, f"{own.role} is not profiling")
         body = _by_role(client, await client.control("stop_profile", args, PROFILE_TIMEOUT_S))
-        return _with_own(client, body, own.stop())
+        body = _refused_by_any(_with_own(client, body, own.stop()))
+        traces = {role: (r["pid"], r["payload"]["trace"]) for role, r in body["replies"].items()}
+        # Read and written off the event loop: the traces can be tens of MB.
+        merged = merged_trace_path(own.config.dir or "", own.profiler.runs)
+        body["merged_trace"] = await asyncio.to_thread(merge_traces, traces, merged)
+        return body
 
     @app.get("/stats", dependencies=keyed)
     async def stats() -> dict:
@@ -121,6 +132,21 @@ def _enabled(profiler: ProcessProfiler | None) -> ProcessProfiler:
     if profiler is None:
         raise ApiError(400, NOT_ENABLED)
     return profiler
+
+
+def _profile_answer(payload: dict) -> dict:
+    if "error" in payload:
+        raise ApiError(payload["status"], payload["error"])
+    return payload
+
+
+def _refused_by_any(body: dict) -> dict:
+    """The body, unless a process refused the command: then the refusal, naming each process that did."""
+    refusals = {role: r["payload"] for role, r in body["replies"].items() if "error" in r["payload"]}
+    if refusals:
+        status = max(payload["status"] for payload in refusals.values())
+        raise ApiError(status, "; ".join(f"{role}: {payload['error']}" for role, payload in sorted(refusals.items())))
+    return body
 
 
 async def _json_args(request: Request) -> dict:

@@ -198,7 +198,7 @@ def refuse_unless(value: Any, allowed: tuple, field: str, why: str) -> None:
 
 class CompletionRequest(OpenAIFields):
     prompt: str | list[int] | list[str] | list[list[int]]
-    max_tokens: int | None = 16  # OpenAI's default for completions; null: up to the context
+    max_tokens: int | None = 16  # OpenAI's default for completions; null: the server's --default-max-tokens
     echo: bool | None = False
     logprobs: int | None = None
     best_of: int | None = None
@@ -263,7 +263,7 @@ class ChatMessage(RequestBody):
 
 class ChatCompletionRequest(OpenAIFields):
     messages: list[ChatMessage]
-    max_tokens: int | None = None  # absent: up to the context
+    max_tokens: int | None = None  # absent: the server's --default-max-tokens (never past the context)
     max_completion_tokens: int | None = None  # OpenAI's newer name for max_tokens; wins when both are set
     logprobs: bool | None = False
     top_logprobs: int | None = None

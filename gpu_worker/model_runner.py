@@ -34,6 +34,7 @@ from common.messages import (
 from common.model_info import ModelInfo
 from common.pipeline import max_live_mirrors
 from common.sampling_params import MAX_LOGIT_BIAS, MAX_STOP_TOKEN_IDS, SamplingParams
+from common.startup import PhaseClock
 from gpu_worker.attention import BatchLayout, make_attention_backend, resolve_attention_backend
 from gpu_worker.cuda_graphs import DecodeGraphs
 from gpu_worker.host_copy import StagingRing
@@ -89,7 +90,9 @@ class ModelRunner:
     """Loads the model, allocates the KV store (sized by kv_sizing.py) and runs plans. Its owners (the worker
     process, LLM) warm it up with warm_up.py before the first request."""
 
-    def __init__(self, config: EngineConfig, info: ModelInfo, progress: bool = False):
+    def __init__(self, config: EngineConfig, info: ModelInfo, phases: PhaseClock | None = None):
+        """`phases`: log each start-up phase (weights, KV store, CUDA graphs) there, with a progress bar for
+        the weights (the server's worker); None: quiet (tests, the offline engine)."""
         self.config = config
         self.info = info
         self.device = resolve_device(config.device)
@@ -105,9 +108,13 @@ class ModelRunner:
             self.dtype,
             self.device,
             config.seed,
-            progress,
+            progress=phases is not None,
             fused_kernels=backend == "triton",
         )
+        if phases is not None:
+            params = sum(p.numel() for p in self.model.parameters())
+            what = "random weights" if config.load_format == "dummy" else "weights loaded"
+            phases.done(f"{what}: {params / 1e6:.0f}M parameters, {self.dtype} on {self.device}")
         num_layers, kv_heads, head_dim = self.model.kv_shape
         self.num_kv_blocks = config.num_kv_blocks or size_kv_store(
             config, info, self.model, self.attention, self.device, self.dtype
@@ -116,6 +123,9 @@ class ModelRunner:
         self.kv_cache = PagedKVCache(
             num_layers, self.num_kv_blocks + 1, config.block_size, kv_heads, head_dim, self.dtype, self.device
         )
+        if phases is not None:
+            gib = self.kv_cache.data.numel() * self.kv_cache.data.element_size() / 2**30
+            phases.done(f"KV store: {self.num_kv_blocks} blocks of {config.block_size} tokens, {gib:.2f} GiB")
         self.graphs: DecodeGraphs | None = None
         if self.device.type == "cuda" and self.attention.supports_cuda_graphs and not config.enforce_eager:
             self.graphs = DecodeGraphs(
@@ -126,6 +136,10 @@ class ModelRunner:
                 info.max_model_len,
                 scratch_block=self.num_kv_blocks,
             )
+            if phases is not None:
+                phases.done(
+                    f"CUDA graphs captured for decode batches of {self.graphs.buckets[0]}-{self.graphs.buckets[-1]}"
+                )
         self.mirrors: dict[int, RequestMirror] = {}
         # Per-step inputs: ids and positions (8 bytes each per token), metadata (block tables dominate).
         max_tokens = config.max_num_batched_tokens + config.max_num_seqs

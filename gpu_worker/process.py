@@ -16,7 +16,8 @@ from common.control import ControlServer
 from common.messages import StepPlan, StepResult
 from common.model_info import ModelInfo
 from common.process import announce_ready, exit_child, init_child_process
-from common.profiling import ProcessProfiler, ProcessStats, ProfileConfig, TorchProfiler
+from common.profiling import ProcessProfiler, ProcessStats, ProfileConfig, TorchProfiler, epoch_us
+from common.startup import PhaseClock
 from common.transport import Endpoints, pull_socket, push_socket, recv, send
 from gpu_worker.step_queue import StepQueue
 
@@ -44,15 +45,10 @@ def main(
         from gpu_worker.model_runner import ModelRunner
         from gpu_worker.warm_up import warm_up
 
-        runner = ModelRunner(config, info, progress=True)
+        phases = PhaseClock(log)
+        runner = ModelRunner(config, info, phases)
         warm_up(runner)
-    log.info(
-        "model on %s (%s), %d KV blocks of %d tokens",
-        runner.device,
-        runner.dtype,
-        runner.num_kv_blocks,
-        config.block_size,
-    )
+        phases.done("warmed up: every kind of step ran once")
 
     ctx = zmq.Context.instance()
     worker = WorkerLoop(
@@ -125,8 +121,23 @@ class WorkerLoop:
                     self.profile_launches_left -= 1
                     if self.profile_launches_left == 0:
                         self.profile_last_step = plan.step_id
-                for result in steps.launch(plan):
+                started = epoch_us()
+                results = steps.launch(plan)
+                self._mark_step(plan, started)
+                for result in results:
                     self._send(result)
+
+    def _mark_step(self, plan: StepPlan, started: float) -> None:
+        """The step's marker in the trace (launch; on a CPU, the whole step): the scheduler's plan of the same
+        step id says how its tokens split into prefill and decode."""
+        if not self.profiler.active:
+            return
+        args = {
+            "step_id": plan.step_id,
+            "tokens": sum(chunk.num_tokens for chunk in plan.chunks),
+            "rids": [chunk.rid for chunk in plan.chunks],
+        }
+        self.profiler.mark(f"step {plan.step_id}", started, args)
 
     def _send(self, result: StepResult) -> None:
         send(self.results, result, self.activity.sockets)

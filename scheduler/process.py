@@ -32,7 +32,7 @@ from common.messages import (
 from common.model_info import ModelInfo
 from common.pipeline import PIPELINE_DEPTH
 from common.process import announce_ready, exit_child, init_child_process
-from common.profiling import ProcessProfiler, ProcessStats, ProfileConfig
+from common.profiling import ProcessProfiler, ProcessStats, ProfileConfig, epoch_us
 from common.request_ids import tokenizer_of
 from common.transport import Endpoints, pull_socket, push_socket, recv, send
 from scheduler.scheduler import Scheduler
@@ -161,18 +161,24 @@ class SchedulerLoop:
             except zmq.Again:
                 return
             self.in_flight -= 1
+            started = epoch_us()
             self._stream(self.scheduler.process_result(result))
+            if self.profiler.active:
+                args = {"step_id": result.step_id, "sampled": len(result.token_ids)}
+                self.profiler.mark(f"result {result.step_id}", started, args)
             if self.window is not None:
                 self.window.on_result()
 
     def _send_plans(self) -> None:
         while self.in_flight < PIPELINE_DEPTH:
+            started = epoch_us()
             plan = self.scheduler.schedule()
             if plan is None:
                 break
             if self.window is not None:
                 self.window.on_plan(plan)
             send(self.plans, plan, self.activity.sockets)
+            self._mark_plan(plan, started)
             if log.isEnabledFor(logging.DEBUG):
                 s = self.scheduler.stats
                 log.debug(
@@ -186,6 +192,20 @@ class SchedulerLoop:
                     len(self.scheduler.waiting),
                 )
             self.in_flight += 1
+
+    def _mark_plan(self, plan: StepPlan, started: float) -> None:
+        """The step's marker in the trace: what it computes, for whom (the GPU worker's has the same step id)."""
+        if not self.profiler.active:
+            return  # a plan's work is microseconds: no marker arguments built for nobody
+        s = self.scheduler.stats
+        args = {
+            "step_id": plan.step_id,
+            "prefill_tokens": s.last_step_prefill_tokens,
+            "decode_tokens": s.last_step_decode_tokens,
+            "admitted": len(plan.new_requests),
+            "rids": [chunk.rid for chunk in plan.chunks],
+        }
+        self.profiler.mark(f"plan {plan.step_id}", started, args)
 
     def _drain_requests(self) -> None:
         while True:

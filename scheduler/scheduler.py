@@ -100,6 +100,8 @@ class Scheduler:
         max_tokens = self.max_model_len - len(prompt)
         if sampling.max_tokens is not None:
             max_tokens = min(max_tokens, sampling.max_tokens)
+        elif self.config.default_max_tokens:
+            max_tokens = min(max_tokens, self.config.default_max_tokens)
         msg.times.queued = time.time()
         request = Request(msg.rid, list(prompt), sampling, max_tokens, msg.times, grammar=grammar)
         self.requests[msg.rid] = request

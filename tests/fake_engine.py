@@ -80,6 +80,7 @@ class FakeEngineClient(EngineClient):
         self.submitted: list[GenerateRequest] = []
         self.aborted: list[int] = []
         self.control_calls: list[tuple[str, dict, float]] = []
+        self.control_answers: dict[str, dict] = {}  # kind -> every process's payload (default: its role)
         self.request_seen = threading.Event()
         self.abort_seen = threading.Event()
         self._rids = itertools.count(1)
@@ -138,6 +139,8 @@ class FakeEngineClient(EngineClient):
         for pid, role in enumerate(self.roles, start=1000):
             if role in self.silent_roles:
                 continue  # the real client waits `timeout`, then leaves it out
-            payload = self.scheduler_stats if kind == "stats" and role == "scheduler" else {"role": role}
+            payload = self.control_answers.get(kind, {"role": role})
+            if kind == "stats" and role == "scheduler":
+                payload = self.scheduler_stats
             replies[role] = ControlReply(role, pid, kind, len(self.control_calls), dict(payload))
         return replies

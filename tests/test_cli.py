@@ -78,3 +78,40 @@ def test_a_model_folder_without_weights_fails_in_one_line_before_any_process_sta
     errors = [line for line in done.stderr.splitlines() if "ERROR" in line]
     assert len(errors) == 1 and "no *.safetensors" in errors[0] and "--load-format dummy" in errors[0]
     assert "Traceback" not in done.stderr and "gpu_worker" not in done.stderr
+
+
+def test_requests_without_max_tokens_default_to_a_bounded_length(capsys):
+    assert parse_args([]).default_max_tokens == 512
+    assert parse_args(["--default-max-tokens", "0"]).default_max_tokens == 0, "0: the rest of the context"
+    with pytest.raises(SystemExit):
+        parse_args(["--default-max-tokens", "-1"])
+    assert "--default-max-tokens" in capsys.readouterr().err
+
+
+def test_a_chat_template_that_cannot_be_read_fails_in_one_line_before_any_process_starts(tmp_path):
+    import subprocess
+    import sys
+
+    from tests.server_process import ROOT, free_port
+
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "launch.py"), "--chat-template", str(tmp_path / "missing.jinja")]
+        + ["--port", str(free_port()), "--load-format", "dummy", str(tmp_path)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 2
+    errors = [line for line in done.stderr.splitlines() if "ERROR" in line]
+    assert len(errors) == 1 and "missing.jinja" in errors[0] and "no such file" in errors[0]
+    assert "Traceback" not in done.stderr
+
+
+def test_a_hub_id_the_hub_cannot_serve_names_the_local_ways_to_run():
+    from common.model_source import ModelNotFound, resolve_model
+
+    with pytest.raises(ModelNotFound) as raised:
+        resolve_model("no-such-org/no-such-model")  # the tests run with HF_HUB_OFFLINE=1
+    message = str(raised.value)
+    assert "\n" not in message and "local folder" in message and "--load-format dummy" in message

@@ -118,3 +118,29 @@ def test_each_app_has_its_own_registry(engine):
     first.post("/v1/completions", json={"prompt": "x"})
     assert scrape(first)[("clearserve_prompt_tokens_total", ())] == 5
     assert scrape(second)[("clearserve_prompt_tokens_total", ())] == 0
+
+
+def test_vllm_metric_names_carry_the_same_values_labelled_by_model_name(http, engine):
+    engine.script = Script(finish_reason="length", outputs=[("a", [1]), ("bc", [2, 3])])
+    http.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "x"}], "stream": True})
+    m = scrape(http)
+    model = (("model_name", engine.limits.served_model_name),)
+    assert m[("vllm:num_requests_running", model)] == m[("clearserve_num_requests_running", ())] == 3
+    assert m[("vllm:num_requests_waiting", model)] == 2
+    assert m[("vllm:kv_cache_usage_perc", model)] == pytest.approx(19 / 64)
+    assert m[("vllm:gpu_cache_usage_perc", model)] == pytest.approx(19 / 64)
+    assert m[("vllm:prefix_cache_hits_total", model)] == 100
+    assert m[("vllm:prefix_cache_queries_total", model)] == 400
+    assert m[("vllm:num_preemptions_total", model)] == 1
+    assert m[("vllm:prompt_tokens_total", model)] == m[("clearserve_prompt_tokens_total", ())]
+    assert m[("vllm:generation_tokens_total", model)] == 3
+    assert m[("vllm:request_success_total", (("finished_reason", "length"), *model))] == 1
+    for histogram in (
+        "vllm:time_to_first_token_seconds",
+        "vllm:inter_token_latency_seconds",
+        "vllm:time_per_output_token_seconds",
+        "vllm:e2e_request_latency_seconds",
+        "vllm:request_queue_time_seconds",
+    ):
+        clearserve = histogram.replace("vllm:", "clearserve_").replace("time_per_output_token", "inter_token_latency")
+        assert m[(f"{histogram}_count", model)] == m[(f"{clearserve}_count", ())] > 0, histogram

@@ -1,6 +1,6 @@
-"""Per-process profiling and the per-process summary: the profilers on their own, the HTTP endpoints against
-a fake engine, then a real server on CPU writing one Chrome trace per process, on request and with
---profile-steps."""
+"""Per-process profiling and the per-process summary: the profilers on their own (one clock, markers, a new
+file per run), the merge, the HTTP endpoints against a fake engine, then a real server on CPU writing one
+Chrome trace per process and one merged trace, on request and with --profile-steps."""
 
 from __future__ import annotations
 
@@ -14,9 +14,19 @@ import zmq
 from fastapi.testclient import TestClient
 
 from common.messages import AbortRequest
-from common.profiling import NOT_ENABLED, ProcessProfiler, ProcessStats, ProfileConfig, PythonProfiler, TorchProfiler
+from common.profiling import (
+    MARKER_TID,
+    NOT_ENABLED,
+    ProcessProfiler,
+    ProcessStats,
+    ProfileConfig,
+    PythonProfiler,
+    TorchProfiler,
+    epoch_us,
+)
 from common.transport import pull_socket, push_socket, recv, send
 from frontend.app import build_app
+from frontend.trace_merge import merge_traces
 from tests.fake_engine import FakeEngineClient
 from tests.server_process import ServerProcess, wait_until
 
@@ -33,7 +43,7 @@ SUMMARY_KEYS = {
     "msgpack_encode_s",
     "msgpack_decode_s",
 }
-TRACE_NAME = re.compile(r"(?P<role>[a-z_]+(?:-\d+)?)-(?P<pid>\d+)\.trace\.json")
+TRACE_NAME = re.compile(r"(?P<role>[a-z_]+(?:-\d+)?)-(?P<pid>\d+)-(?P<run>\d+)\.trace\.json")
 
 
 def inner(x: int) -> int:
@@ -52,6 +62,10 @@ def named(events: list[dict], name: str) -> list[dict]:
     return [e for e in events if e["name"].split(" ")[0].endswith(name)]
 
 
+def markers(events: list[dict], prefix: str) -> list[dict]:
+    return [e for e in events if e.get("cat") == "marker" and e["name"].startswith(prefix)]
+
+
 # ---------------------------------------------------------------- the profilers
 
 
@@ -61,7 +75,7 @@ def test_python_profiler_records_a_nested_call_as_nested_complete_events(tmp_pat
     outer(1)
     path = profiler.stop()
 
-    assert path == str(tmp_path / f"unit-{os.getpid()}.trace.json")
+    assert path == str(tmp_path / f"unit-{os.getpid()}-1.trace.json")
     events = complete_events(path)
     [caller], [callee] = named(events, "outer"), named(events, "inner")
     assert caller["pid"] == callee["pid"] == os.getpid() and caller["tid"] == callee["tid"]
@@ -86,18 +100,81 @@ def test_torch_profiler_writes_a_chrome_trace_of_operators(tmp_path):
     torch.ones(8, 8) @ torch.ones(8, 8)
     path = profiler.stop()
 
-    assert Path(path).name == f"gpu_worker-{os.getpid()}.trace.json"
+    assert Path(path).name == f"gpu_worker-{os.getpid()}-1.trace.json"
     assert named(complete_events(path), "aten::matmul")
 
 
-def test_a_process_profiler_answers_each_command_with_a_result_or_a_reason(tmp_path):
-    assert ProcessProfiler(ProfileConfig(), "scheduler").answer("start_profile") == {"error": NOT_ENABLED}
+@pytest.mark.parametrize("kind", [PythonProfiler, TorchProfiler])
+def test_every_profiler_writes_unix_epoch_microseconds_and_its_markers(kind, tmp_path):
+    import torch
+
+    before = epoch_us()
+    profiler = kind()
+    profiler.start(str(tmp_path), "unit")
+    started = epoch_us()
+    outer(1)
+    torch.ones(8, 8) @ torch.ones(8, 8)
+    profiler.mark("step 7", started, {"step_id": 7, "tokens": 3})
+    path = profiler.stop()
+    after = epoch_us()
+
+    events = complete_events(path)
+    assert events and all(before <= e["ts"] <= e["ts"] + e["dur"] <= after for e in events)
+    [marker] = markers(events, "step")
+    assert marker["args"] == {"step_id": 7, "tokens": 3} and marker["tid"] == MARKER_TID
+    assert marker["pid"] == os.getpid() and marker["ts"] == started
+
+
+def test_each_profiling_run_writes_a_new_file(tmp_path):
+    profiler = PythonProfiler()
+    paths = []
+    for _ in range(2):
+        profiler.start(str(tmp_path), "unit")
+        outer(1)
+        paths.append(profiler.stop())
+    assert [Path(p).name for p in paths] == [f"unit-{os.getpid()}-1.trace.json", f"unit-{os.getpid()}-2.trace.json"]
+    assert all(complete_events(p) for p in paths)
+
+
+def test_merged_trace_gives_each_process_and_each_device_a_named_lane(tmp_path):
+    def write(name: str, events: list[dict]) -> str:
+        path = tmp_path / name
+        path.write_text(json.dumps({"traceEvents": events}))
+        return str(path)
+
+    op = {"ph": "X", "name": "aten::mm", "ts": 10.0, "dur": 1.0, "tid": 1}
+    worker = write(
+        "w.json",
+        [
+            {**op, "pid": 42},
+            {**op, "name": "gemm_kernel", "pid": 0},
+            {"ph": "M", "name": "process_name", "pid": 0, "tid": 0, "args": {"name": "GPU 0"}},
+        ],
+    )
+    frontend = write("f.json", [{**op, "name": "handle", "pid": 7}])
+    merged = json.loads(
+        Path(merge_traces({"gpu_worker": (42, worker), "frontend-0": (7, frontend)}, str(tmp_path / "m"))).read_text()
+    )
+
+    events = merged["traceEvents"]
+    lanes = {e["pid"]: e["args"]["name"] for e in events if e["ph"] == "M" and e["name"] == "process_name"}
+    kernel_lane = next(e["pid"] for e in events if e["name"] == "gemm_kernel")
+    assert lanes == {42: "gpu_worker", 7: "frontend-0", kernel_lane: "gpu_worker: GPU 0"}
+    assert kernel_lane not in (0, 7, 42), "a device's lane never collides with a process's"
+    assert {e["name"] for e in events if e["ph"] == "X"} == {"aten::mm", "gemm_kernel", "handle"}
+
+
+def test_a_process_profiler_answers_each_command_with_a_result_or_a_reason_and_status(tmp_path):
+    assert ProcessProfiler(ProfileConfig(), "scheduler").answer("start_profile") == {
+        "error": NOT_ENABLED,
+        "status": 400,
+    }
     profiler = ProcessProfiler(ProfileConfig(str(tmp_path)), "scheduler")
-    assert "error" in profiler.answer("stop_profile")
+    assert profiler.answer("stop_profile")["status"] == 409
     assert profiler.answer("start_profile") == {"started": True}
-    assert "error" in profiler.answer("start_profile")
+    assert profiler.answer("start_profile")["status"] == 409
     assert Path(profiler.answer("stop_profile")["trace"]).is_file()
-    assert "error" in profiler.answer("shutdown")
+    assert profiler.answer("shutdown")["status"] == 400
 
 
 def test_process_stats_count_messages_bytes_and_busy_time():
@@ -130,9 +207,17 @@ def test_profiling_endpoints_are_400_without_a_profile_dir(path):
     assert response.json()["error"]["message"] == NOT_ENABLED
 
 
-def test_profiling_endpoints_reach_every_process_and_profile_the_frontend_too(tmp_path):
+def profiled_fake(tmp_path) -> tuple[FakeEngineClient, TestClient]:
     engine = FakeEngineClient()
-    http = TestClient(build_app(engine, profiler=ProcessProfiler(ProfileConfig(str(tmp_path)), "frontend")))
+    engine.control_answers["start_profile"] = {"started": True}
+    return engine, TestClient(build_app(engine, profiler=ProcessProfiler(ProfileConfig(str(tmp_path)), "frontend")))
+
+
+def test_profiling_endpoints_reach_every_process_and_profile_the_frontend_too(tmp_path):
+    engine, http = profiled_fake(tmp_path)
+    other = PythonProfiler()  # stands for the other processes' traces (one viztracer at a time per process)
+    other.start(str(tmp_path / "others"), "other")
+    engine.control_answers["stop_profile"] = {"trace": other.stop()}
 
     started = http.post("/start_profile").json()
     assert engine.control_calls[-1][0] == "start_profile"
@@ -141,16 +226,39 @@ def test_profiling_endpoints_reach_every_process_and_profile_the_frontend_too(tm
 
     stopped = http.post("/stop_profile").json()
     assert engine.control_calls[-1][0] == "stop_profile"
-    assert Path(stopped["replies"]["frontend"]["payload"]["trace"]).name == f"frontend-{os.getpid()}.trace.json"
+    assert Path(stopped["replies"]["frontend"]["payload"]["trace"]).name == f"frontend-{os.getpid()}-1.trace.json"
+    assert Path(stopped["merged_trace"]).name == f"merged-{os.getpid()}-1.trace.json"
+    events = json.loads(Path(stopped["merged_trace"]).read_text())["traceEvents"]
+    lanes = {e["args"]["name"].split(":")[0] for e in events if e["ph"] == "M" and e["name"] == "process_name"}
+    assert lanes == {"tokenizer-0", "scheduler", "gpu_worker", "frontend"}
+
+
+def test_profiling_twice_or_stopping_without_a_profile_is_a_409(tmp_path):
+    engine, http = profiled_fake(tmp_path)
+    stopped = http.post("/stop_profile")
+    assert stopped.status_code == 409 and "not profiling" in stopped.json()["error"]["message"]
+    assert http.post("/start_profile").status_code == 200
+    again = http.post("/start_profile")
+    assert again.status_code == 409 and "already profiling" in again.json()["error"]["message"]
+
+
+def test_a_process_that_refuses_makes_the_answer_a_409_naming_it(tmp_path):
+    engine, http = profiled_fake(tmp_path)
+    engine.control_answers["start_profile"] = {"error": "scheduler is already profiling", "status": 409}
+    refused = http.post("/start_profile")
+    assert refused.status_code == 409
+    assert "gpu_worker: scheduler is already profiling" in refused.json()["error"]["message"]
 
 
 # ---------------------------------------------------------------- a real server on CPU
 
 
 def traces_by_role(folder: Path) -> dict[str, tuple[int, list[dict]]]:
-    """Every trace in `folder` by role: (pid from the file name, its complete events)."""
+    """Every process's trace in `folder` by role: (pid from the file name, its complete events)."""
     traces = {}
     for path in folder.iterdir():
+        if path.name.startswith("merged-"):
+            continue
         match = TRACE_NAME.fullmatch(path.name)
         assert match, f"unexpected file {path.name}"
         traces[match["role"]] = (int(match["pid"]), complete_events(path))
@@ -211,16 +319,55 @@ def test_a_profiled_run_writes_one_chrome_trace_per_process_named_by_role_and_pi
             role: {"started": True} for role in ROLES
         }
         generate(server, n=3, max_tokens=4)
-        stopped = replies_with_frontend(c.post("/stop_profile").json())
+        body = c.post("/stop_profile").json()
+    stopped = replies_with_frontend(body)
 
     assert set(stopped) == ROLES
     traces = traces_by_role(folder)
     assert {role: pid for role, (pid, _) in traces.items()} == pids
-    assert {Path(r["payload"]["trace"]).name for r in stopped.values()} == {p.name for p in folder.iterdir()}
+    assert {Path(r["payload"]["trace"]).name for r in stopped.values()} | {Path(body["merged_trace"]).name} == {
+        p.name for p in folder.iterdir()
+    }
     for role, (_, events) in traces.items():
         assert events, f"{role}'s trace has no events"
     assert named(traces["scheduler"][1], "Scheduler.schedule")
     assert named(traces["gpu_worker"][1], "aten::embedding")
+
+
+def test_every_trace_is_on_one_clock_with_a_marker_per_step_and_merged_into_one(profiled_server, tmp_path):
+    server, folder = profiled_server
+    with server.client() as c:
+        before = epoch_us()
+        assert c.post("/start_profile").status_code == 200
+        assert c.post("/start_profile").status_code == 409
+        generate(server, n=2, max_tokens=4)
+        body = c.post("/stop_profile").json()
+        after = epoch_us()
+        assert c.post("/stop_profile").status_code == 409
+
+    traces = {role: complete_events(r["payload"]["trace"]) for role, r in body["replies"].items()}
+    assert all(Path(r["payload"]["trace"]).name.endswith("-2.trace.json") for r in body["replies"].values()), (
+        "a second run writes new files"
+    )
+    for role, events in traces.items():
+        assert all(before <= e["ts"] <= after for e in events), f"{role}'s trace is not on the Unix epoch clock"
+    plans, steps = markers(traces["scheduler"], "plan"), markers(traces["gpu_worker"], "step")
+    assert plans and steps
+    assert {p["args"]["step_id"] for p in plans} == {s["args"]["step_id"] for s in steps}
+    assert sum(p["args"]["prefill_tokens"] for p in plans) > 0 and sum(p["args"]["decode_tokens"] for p in plans) > 0
+    by_id = {s["args"]["step_id"]: s for s in steps}
+    for plan in plans:
+        step = by_id[plan["args"]["step_id"]]
+        assert step["args"]["tokens"] == plan["args"]["prefill_tokens"] + plan["args"]["decode_tokens"]
+        assert step["args"]["rids"] == plan["args"]["rids"]
+        assert plan["ts"] <= step["ts"], "a step runs after it is planned"
+
+    merged = json.loads(Path(body["merged_trace"]).read_text())["traceEvents"]
+    lanes = {e["pid"]: e["args"]["name"] for e in merged if e["ph"] == "M" and e["name"] == "process_name"}
+    assert {name for name in lanes.values() if ":" not in name} == ROLES
+    assert len([e for e in merged if e.get("cat") == "marker"]) == len(plans) + len(steps) + len(
+        markers(traces["scheduler"], "result")
+    )
 
 
 def test_stats_report_busy_idle_and_messages_for_every_process(profiled_server):

@@ -189,3 +189,13 @@ def test_preemption_with_two_plans_in_flight_gives_the_same_outputs(tiny_model):
     tight.plans_in_flight = 2
     assert run(tight, prompts, params) == baseline
     assert tight.scheduler.stats.preemptions > 0
+
+
+@pytest.mark.parametrize(("default_max_tokens", "expected"), [(None, 48 - 3), (0, 48 - 3), (10, 10), (100, 48 - 3)])
+def test_a_request_without_max_tokens_stops_at_the_server_default_or_the_context(default_max_tokens, expected):
+    config = EngineConfig(block_size=4, default_max_tokens=default_max_tokens)
+    scheduler = Scheduler(config, ModelInfo("llama", 48, [0], 64), 16)
+    scheduler.add_request(TokenizedRequest(0, [3, 4, 5], SamplingParams(max_tokens=None), StageTimes()))
+    scheduler.add_request(TokenizedRequest(1, [3, 4, 5], SamplingParams(max_tokens=7), StageTimes()))
+    assert scheduler.requests[0].max_tokens == expected
+    assert scheduler.requests[1].max_tokens == 7, "a request's own max_tokens wins over the default"

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 from concurrent.futures import ThreadPoolExecutor
 
@@ -284,3 +285,16 @@ def test_a_signal_shuts_everything_down_cleanly(request, shared, sig):
     pids = srv.child_pids()
     assert srv.stop(sig) == 0
     wait_until(lambda: not any(pid_alive(p) for p in pids.values()), timeout=10, what="every child to exit")
+
+
+def test_start_up_logs_one_line_per_phase_with_its_time_and_one_weights_bar(server):
+    log = server.log()
+    for phase in (
+        r"\[launcher pid=\d+\] model \S+ \(\d+\.\d s\)",
+        r"\[gpu_worker pid=\d+\] weights loaded: \d+M parameters, torch.float32 on cpu \(\d+\.\d s\)",
+        r"\[gpu_worker pid=\d+\] KV store: 256 blocks of 16 tokens, [\d.]+ GiB \(\d+\.\d s\)",
+        r"\[gpu_worker pid=\d+\] warmed up: .* \(\d+\.\d s\)",
+        r"clearserve ready on .* \(started in \d+\.\d s\)",
+    ):
+        assert len(re.findall(phase, log)) == 1, phase
+    assert log.count("Loading weights:   0%") == 1, "one progress bar for the weights"

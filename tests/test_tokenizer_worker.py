@@ -36,6 +36,7 @@ from common.messages import (
 from common.sampling_params import InvalidParameter, SamplingParams
 from common.transport import Endpoints, make_run_dir, pull_socket, push_socket, recv, send
 from tests.tiny_models import build_tokenizer
+from tokenizer_worker.chat_template import ChatTemplateError, read_chat_template
 from tokenizer_worker.process import main
 from tokenizer_worker.tokenizer import Tokenizer
 
@@ -282,6 +283,25 @@ def test_a_model_without_a_chat_template_refuses_messages(model_folder):
     bare.hf.chat_template = None
     with pytest.raises(InvalidParameter, match="no chat template"):
         bare.render_chat([{"role": "user", "content": "hi"}])
+
+
+def test_a_chat_template_given_at_start_renders_chat_requests_instead_of_the_tokenizers_own(model_folder):
+    template = "{% for m in messages %}<<{{ m.role }}>>{{ m.content }}{% endfor %}"
+    custom = Tokenizer.load(model_folder, read_chat_template(template))
+    messages = [{"role": "user", "content": "hi"}]
+    assert custom.render_chat(messages) == custom.hf.encode("<<user>>hi", add_special_tokens=False)
+    assert Tokenizer.load(model_folder).render_chat(messages) != custom.render_chat(messages)
+
+
+def test_a_chat_template_is_read_from_a_file_or_taken_as_written(tmp_path):
+    template = "{{ messages[0].content }}"
+    (tmp_path / "t.jinja").write_text(template)
+    assert read_chat_template(str(tmp_path / "t.jinja")) == template
+    assert read_chat_template(template) == template
+    with pytest.raises(ChatTemplateError, match="no such file"):
+        read_chat_template(str(tmp_path / "missing.jinja"))
+    with pytest.raises(ChatTemplateError, match="not a valid Jinja template"):
+        read_chat_template("{% for m in messages %}")
 
 
 def test_tokenize_and_detokenize_are_answered_to_the_frontend_with_their_rid(worker, rid):

@@ -185,12 +185,16 @@ def main(
     log_level: str,
     parent_pid: int,
     profile: ProfileConfig = ProfileConfig(),
+    chat_template: str | None = None,
 ) -> None:
-    """Entry point of tokenizer worker `index`, started by the launcher with the spawn context."""
+    """Entry point of tokenizer worker `index`, started by the launcher with the spawn context; `chat_template`:
+    the --chat-template's text, for chat requests instead of the tokenizer's own."""
     init_child_process(f"tokenizer-{index}", log_level, parent_pid)
     process: TokenizerProcess | None = None
     try:
-        process = TokenizerProcess(index, Tokenizer.load(model_folder), Endpoints(run_dir), num_frontends, profile)
+        process = TokenizerProcess(
+            index, Tokenizer.load(model_folder, chat_template), Endpoints(run_dir), num_frontends, profile
+        )
         process.run()
     except SystemExit:  # SIGTERM from the launcher
         pass

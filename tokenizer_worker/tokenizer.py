@@ -25,8 +25,12 @@ class Tokenizer:
     _token_texts: dict[int, str] = field(default_factory=dict)  # id -> its text decoded alone
 
     @classmethod
-    def load(cls, model_folder: str) -> Tokenizer:
+    def load(cls, model_folder: str, chat_template: str | None = None) -> Tokenizer:
+        """`chat_template`: a Jinja template for chat requests instead of the tokenizer's own
+        (read_chat_template)."""
         hf = AutoTokenizer.from_pretrained(model_folder)
+        if chat_template is not None:
+            hf.chat_template = chat_template
         special = frozenset(i for i, token in hf.added_tokens_decoder.items() if token.special)
         return cls(hf, len(hf), special)
 
