@@ -32,6 +32,7 @@ SUMMARY_TIMEOUT_S = 1.0  # at shutdown: a process that died is not waited for lo
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     from common.config import add_engine_args
+    from frontend.limits import add_http_limit_args
 
     # No prefix matching: `--tokenizer` must never be read as `--tokenizer-workers`.
     parser = argparse.ArgumentParser(
@@ -83,6 +84,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "(needs --profile-dir)",
     )
     add_engine_args(parser)
+    add_http_limit_args(parser)
     args = parser.parse_args(argv)
     if args.model_positional is not None:
         if args.model is not None and args.model != args.model_positional:
@@ -147,6 +149,7 @@ class Launcher:
         from common.transport import pull_socket
         from frontend import process as frontend_process
         from frontend.engine_client import EngineLimits
+        from frontend.limits import HttpLimits
         from gpu_worker import process as gpu_process
         from scheduler import process as scheduler_process
         from tokenizer_worker import process as tokenizer_process
@@ -185,7 +188,14 @@ class Launcher:
         roles = sorted(self.children) + frontends
         for k, role in enumerate(frontends):
             spec = frontend_process.FrontendSpec(
-                k, num_frontends, args.tokenizer_workers, limits, roles, args.api_key, args.log_level
+                k,
+                num_frontends,
+                args.tokenizer_workers,
+                limits,
+                roles,
+                args.api_key,
+                args.log_level,
+                HttpLimits.from_args(args),
             )
             self._start(role, frontend_process.main, (spec, self.listener, self.run_dir, os.getpid(), self.profile))
         self._wait_ready(ready, set(frontends))
