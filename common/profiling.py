@@ -70,7 +70,11 @@ class Profiler(ABC):
         if self._path is None:
             raise RuntimeError("the profiler is not running")
         path, self._path = self._path, None
+        # A trace shows what ran, prompts' token ids included: the owner's only (the file exists at 0600 before
+        # a byte is written; chmod again, as a writer may replace it).
+        os.close(os.open(path, os.O_CREAT | os.O_WRONLY | os.O_TRUNC, 0o600))
         self._stop_and_write(path)
+        os.chmod(path, 0o600)
         return path
 
     @abstractmethod
