@@ -14,8 +14,10 @@ import time
 
 from fastapi import Depends, FastAPI, Request, Response
 from fastapi.openapi.docs import get_redoc_html, get_swagger_ui_html
+from fastapi.openapi.utils import get_openapi
 from fastapi.responses import JSONResponse
 from prometheus_client import CONTENT_TYPE_LATEST
+from pydantic import BaseModel
 
 from common.messages import ControlReply
 from common.profiling import NOT_ENABLED, ProcessProfiler
@@ -55,6 +57,8 @@ def build_app(
     app.include_router(openai_router(client, metrics, limits), dependencies=keyed)
     app.include_router(native_router(client, metrics, limits), dependencies=keyed)
     app.include_router(tokenizer_router(client, limits), dependencies=keyed)
+
+    app.openapi = lambda: _openapi_with_request_bodies(app)  # type: ignore[method-assign]
 
     @app.get("/openapi.json", dependencies=keyed, include_in_schema=False)
     async def openapi_schema() -> JSONResponse:
@@ -115,6 +119,38 @@ def build_app(
         return body if own is None else _with_own(client, body, own)
 
     return app
+
+
+def _request_bodies() -> dict[str, type[BaseModel]]:
+    from frontend.protocol import ChatCompletionRequest, CompletionRequest, GenerateBody
+    from frontend.tokenizer_api import DetokenizeBody, TokenizeBody
+
+    return {
+        "/v1/completions": CompletionRequest,
+        "/v1/chat/completions": ChatCompletionRequest,
+        "/generate": GenerateBody,
+        "/tokenize": TokenizeBody,
+        "/detokenize": DetokenizeBody,
+    }
+
+
+def _openapi_with_request_bodies(app: FastAPI) -> dict:
+    """FastAPI's schema, plus each endpoint's request body: the endpoints parse their bodies themselves
+    (to answer errors in OpenAI's shape), so FastAPI cannot see them. Clients' generators and the API fuzzing
+    test (tests/test_api_fuzz.py) read the bodies from here."""
+    if app.openapi_schema is None:
+        schema = get_openapi(title=app.title, version=app.version, routes=app.routes)
+        components = schema.setdefault("components", {}).setdefault("schemas", {})
+        for path, model in _request_bodies().items():
+            body = model.model_json_schema(ref_template="#/components/schemas/{model}")
+            components.update(body.pop("$defs", {}))
+            components[model.__name__] = body
+            schema["paths"][path]["post"]["requestBody"] = {
+                "required": True,
+                "content": {"application/json": {"schema": {"$ref": f"#/components/schemas/{model.__name__}"}}},
+            }
+        app.openapi_schema = schema
+    return app.openapi_schema
 
 
 def _model_card(client: EngineClient, created: int) -> dict:
