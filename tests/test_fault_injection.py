@@ -124,3 +124,28 @@ def test_ctrl_c_with_streams_open_ends_them_with_an_error_and_exits_cleanly(tiny
         assert_nothing_left(srv, pids)
     finally:
         srv.stop(signal.SIGKILL)
+
+
+def test_a_killed_frontend_drops_its_connections_at_once_and_stops_the_server(tiny_gpt2, tmp_path):
+    # No process is left to write an error event: its clients see their connections close, not a hang.
+    srv = start_server(tiny_gpt2, tmp_path)
+    try:
+        pids = srv.child_pids()
+        futures, started = open_streams(srv, STREAMS)
+        assert started.wait(60), "no stream started"
+        os.kill(pids["frontend-0"], signal.SIGKILL)
+        deadline = time.monotonic() + 3
+        dropped = 0
+        for future in futures:
+            try:
+                events = future.result(timeout=max(0.1, deadline - time.monotonic()))
+            except httpx.TransportError:
+                dropped += 1
+            else:  # finished before the kill
+                assert events[-1] == "[DONE]" and events[-2]["choices"][0]["finish_reason"] == "length"
+        assert dropped >= 1
+        assert srv.proc.wait(timeout=LAUNCHER_EXITS_WITHIN_S) == 1
+        assert "frontend-0" in srv.log()
+        assert_nothing_left(srv, pids)
+    finally:
+        srv.stop(signal.SIGKILL)
