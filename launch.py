@@ -28,10 +28,12 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("launcher")
 SUMMARY_TIMEOUT_S = 1.0  # at shutdown: a process that died is not waited for long
+WATCHDOG_TICK_S = 1.0  # how often every process is pinged
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     from common.config import add_engine_args
+    from frontend.limits import add_http_limit_args
 
     # No prefix matching: `--tokenizer` must never be read as `--tokenizer-workers`.
     parser = argparse.ArgumentParser(
@@ -87,7 +89,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="profile this many scheduler steps from the first one with work, then stop by itself "
         "(needs --profile-dir)",
     )
+    parser.add_argument(
+        "--watchdog-timeout",
+        type=float,
+        default=10.0,
+        help="a process that answers no control ping for this many seconds is declared dead and the server "
+        "stops, as when a process exits (0: no watchdog)",
+    )
     add_engine_args(parser)
+    add_http_limit_args(parser)
     args = parser.parse_args(argv)
     if args.model_positional is not None:
         if args.model is not None and args.model != args.model_positional:
@@ -169,6 +179,7 @@ class Launcher:
         from common.transport import pull_socket
         from frontend import process as frontend_process
         from frontend.engine_client import EngineLimits
+        from frontend.limits import HttpLimits
         from gpu_worker import process as gpu_process
         from scheduler import process as scheduler_process
         from tokenizer_worker import process as tokenizer_process
@@ -205,7 +216,14 @@ class Launcher:
         roles = sorted(self.children) + frontends
         for k, role in enumerate(frontends):
             spec = frontend_process.FrontendSpec(
-                k, num_frontends, args.tokenizer_workers, limits, roles, args.api_key, args.log_level
+                k,
+                num_frontends,
+                args.tokenizer_workers,
+                limits,
+                roles,
+                args.api_key,
+                args.log_level,
+                HttpLimits.from_args(args),
             )
             self._start(role, frontend_process.main, (spec, self.listener, self.run_dir, os.getpid(), self.profile))
         self._wait_ready(ready, set(frontends))
@@ -245,12 +263,31 @@ class Launcher:
     # ------------------------------------------------------------------ serve
 
     def watch(self) -> None:
-        """Block until a child exits (a SIGINT or SIGTERM to the launcher interrupts this); it is a death."""
+        """Block until a child exits or stops answering its pings (a SIGINT or SIGTERM to the launcher
+        interrupts this); either is a death."""
+        from common.control import Watchdog
+
         sentinels = {p.sentinel: role for role, p in self.children.items()}
-        role = sentinels[mp.connection.wait(list(sentinels))[0]]
-        process = self.children[role]
-        process.join(timeout=1)  # its sentinel can close a moment before it can be reaped
-        raise ChildDied(f"process {role} (pid {process.pid}) died with exit code {process.exitcode}")
+        timeout = self.args.watchdog_timeout
+        watchdog = Watchdog(self.endpoints, sorted(self.children), timeout, time.monotonic) if timeout > 0 else None
+        try:
+            while True:
+                ended = mp.connection.wait(list(sentinels), timeout=WATCHDOG_TICK_S if watchdog else None)
+                if ended:
+                    role = sentinels[ended[0]]
+                    process = self.children[role]
+                    process.join(timeout=1)  # its sentinel can close a moment before it can be reaped
+                    raise ChildDied(f"process {role} (pid {process.pid}) died with exit code {process.exitcode}")
+                stuck = watchdog.tick() if watchdog is not None else []
+                if stuck:
+                    role = stuck[0]
+                    raise ChildDied(
+                        f"process {role} (pid {self.children[role].pid}) answered no ping for "
+                        f"{watchdog.silent_for(role):.1f} s (--watchdog-timeout {timeout:g})"
+                    )
+        finally:
+            if watchdog is not None:
+                watchdog.close()
 
     # ------------------------------------------------------------------ stop
 

@@ -121,3 +121,42 @@ def ask_all(endpoints: Endpoints, asker: str, roles: list[str], kind: str, timeo
     finally:
         for sock in [inbox, *outs]:
             sock.close(linger=0)
+
+
+WATCHDOG = "watchdog"  # the launcher's asker name for liveness pings
+
+
+class Watchdog:
+    """The launcher's liveness check: `tick()` pings every role and reads the answers that came since; a
+    role whose last answer is older than `timeout_s` is returned as stuck. The control thread answers even in
+    the middle of a long step, so silence means a process that cannot run at all (SIGSTOP, a deadlock
+    holding the interpreter, swapped to death): as dead as one that exited. Any silence counts, not only
+    while requests are pending: a stopped process also fails /health, and an idle server is the one that
+    would otherwise hang its next request."""
+
+    def __init__(self, endpoints: Endpoints, roles: list[str], timeout_s: float, clock: Callable[[], float]):
+        ctx: zmq.Context = zmq.Context.instance()
+        self.timeout_s = timeout_s
+        self._clock = clock
+        self._inbox = pull_socket(ctx, endpoints.control_replies(WATCHDOG))
+        self._outs = {role: push_socket(ctx, endpoints.control(role)) for role in roles}
+        now = clock()
+        self._last_answer = dict.fromkeys(roles, now)
+        self._seq = 0
+
+    def tick(self) -> list[str]:
+        while self._inbox.poll(0):
+            reply: ControlReply = recv(self._inbox)
+            self._last_answer[reply.role] = self._clock()
+        self._seq += 1
+        for out in self._outs.values():
+            send(out, ControlRequest("ping", self._seq, {}, WATCHDOG))
+        now = self._clock()
+        return [role for role, seen in self._last_answer.items() if now - seen > self.timeout_s]
+
+    def silent_for(self, role: str) -> float:
+        return self._clock() - self._last_answer[role]
+
+    def close(self) -> None:
+        for sock in [self._inbox, *self._outs.values()]:
+            sock.close(linger=0)

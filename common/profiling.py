@@ -94,6 +94,9 @@ class Profiler(ABC):
         if self._path is None:
             raise RuntimeError("the profiler is not running")
         path, self._path = self._path, None
+        # A trace shows what ran, prompts' token ids included: the owner's only (the file exists at 0600 before
+        # a byte is written; chmod again, as a writer may replace it).
+        os.close(os.open(path, os.O_CREAT | os.O_WRONLY | os.O_TRUNC, 0o600))
         self._stop_and_write(path)
         with open(path) as f:
             trace = json.load(f)
@@ -101,6 +104,7 @@ class Profiler(ABC):
         trace["traceEvents"] += self._marker_events()
         with open(path, "w") as f:
             json.dump(trace, f)
+        os.chmod(path, 0o600)
         return path
 
     def mark(self, name: str, started_us: float, args: dict) -> None:

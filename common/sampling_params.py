@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 # OpenAI's limits: top_logprobs at most 20, penalties in [-2, 2], logit_bias values in [-100, 100] (for at
@@ -61,6 +62,9 @@ class SamplingParams:
         return self.presence_penalty != 0.0 or self.frequency_penalty != 0.0 or self.repetition_penalty != 1.0
 
     def validate(self) -> None:
+        for name in ("temperature", "top_p", "min_p", "presence_penalty", "frequency_penalty", "repetition_penalty"):
+            if not math.isfinite(getattr(self, name)):
+                raise InvalidParameter(name, f"{name} must be a finite number, got {getattr(self, name)}")
         if self.max_tokens is not None and (not isinstance(self.max_tokens, int) or self.max_tokens <= 0):
             raise InvalidParameter("max_tokens", f"max_tokens must be a positive integer, got {self.max_tokens!r}")
         if self.temperature < 0:

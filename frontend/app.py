@@ -14,14 +14,19 @@ import os
 import time
 
 from fastapi import Depends, FastAPI, Request, Response
+from fastapi.openapi.docs import get_redoc_html, get_swagger_ui_html
+from fastapi.openapi.utils import get_openapi
 from fastapi.responses import JSONResponse
 from prometheus_client import CONTENT_TYPE_LATEST
+from pydantic import BaseModel
 
 from common.messages import ControlReply
 from common.profiling import NOT_ENABLED, ProcessProfiler, merged_trace_path
 from frontend.auth import api_key_check
+from frontend.body_guard import RequestBodyGuard
 from frontend.engine_client import EngineClient
 from frontend.errors import ApiError, install_error_handlers
+from frontend.limits import HttpLimits
 from frontend.metrics import FrontendMetrics
 from frontend.native_api import native_router
 from frontend.openai_api import openai_router
@@ -34,17 +39,40 @@ STATS_TIMEOUT_S = 2.0
 PROFILE_TIMEOUT_S = 30.0  # stopping a profiler writes its trace first
 
 
-def build_app(client: EngineClient, api_key: str | None = None, profiler: ProcessProfiler | None = None) -> FastAPI:
+def build_app(
+    client: EngineClient,
+    api_key: str | None = None,
+    profiler: ProcessProfiler | None = None,
+    limits: HttpLimits | None = None,
+) -> FastAPI:
     """`profiler`: this process's own, given when the server runs with --profile-dir."""
-    app = FastAPI(title="clearserve")
+    limits = limits or HttpLimits()
+    client.request_timeout_s = limits.request_timeout_s
+    # With a key, the schema and its pages are behind it too (they are served by the routes below).
+    app = FastAPI(title="clearserve", docs_url=None, redoc_url=None, openapi_url=None)
     install_error_handlers(app)
     app.add_exception_handler(ClientDisconnected, _client_gone)  # type: ignore[arg-type]
+    app.add_middleware(RequestBodyGuard, max_body_bytes=limits.max_request_body_bytes)  # type: ignore[arg-type]
     metrics = FrontendMetrics(client.limits.served_model_name)
     created = int(time.time())
     keyed = [Depends(api_key_check(api_key))]
-    app.include_router(openai_router(client, metrics), dependencies=keyed)
-    app.include_router(native_router(client, metrics), dependencies=keyed)
-    app.include_router(tokenizer_router(client), dependencies=keyed)
+    app.include_router(openai_router(client, metrics, limits), dependencies=keyed)
+    app.include_router(native_router(client, metrics, limits), dependencies=keyed)
+    app.include_router(tokenizer_router(client, limits), dependencies=keyed)
+
+    app.openapi = lambda: _openapi_with_request_bodies(app)  # type: ignore[method-assign]
+
+    @app.get("/openapi.json", dependencies=keyed, include_in_schema=False)
+    async def openapi_schema() -> JSONResponse:
+        return JSONResponse(app.openapi())
+
+    @app.get("/docs", dependencies=keyed, include_in_schema=False)
+    async def swagger_ui() -> Response:
+        return get_swagger_ui_html(openapi_url="/openapi.json", title="clearserve")
+
+    @app.get("/redoc", dependencies=keyed, include_in_schema=False)
+    async def redoc() -> Response:
+        return get_redoc_html(openapi_url="/openapi.json", title="clearserve")
 
     @app.get("/v1/models", dependencies=keyed)
     async def list_models() -> dict:
@@ -102,6 +130,38 @@ def build_app(client: EngineClient, api_key: str | None = None, profiler: Proces
         return body if own is None else _with_own(client, body, own)
 
     return app
+
+
+def _request_bodies() -> dict[str, type[BaseModel]]:
+    from frontend.protocol import ChatCompletionRequest, CompletionRequest, GenerateBody
+    from frontend.tokenizer_api import DetokenizeBody, TokenizeBody
+
+    return {
+        "/v1/completions": CompletionRequest,
+        "/v1/chat/completions": ChatCompletionRequest,
+        "/generate": GenerateBody,
+        "/tokenize": TokenizeBody,
+        "/detokenize": DetokenizeBody,
+    }
+
+
+def _openapi_with_request_bodies(app: FastAPI) -> dict:
+    """FastAPI's schema, plus each endpoint's request body: the endpoints parse their bodies themselves
+    (to answer errors in OpenAI's shape), so FastAPI cannot see them. Clients' generators and the API fuzzing
+    test (tests/test_api_fuzz.py) read the bodies from here."""
+    if app.openapi_schema is None:
+        schema = get_openapi(title=app.title, version=app.version, routes=app.routes)
+        components = schema.setdefault("components", {}).setdefault("schemas", {})
+        for path, model in _request_bodies().items():
+            body = model.model_json_schema(ref_template="#/components/schemas/{model}")
+            components.update(body.pop("$defs", {}))
+            components[model.__name__] = body
+            schema["paths"][path]["post"]["requestBody"] = {
+                "required": True,
+                "content": {"application/json": {"schema": {"$ref": f"#/components/schemas/{model.__name__}"}}},
+            }
+        app.openapi_schema = schema
+    return app.openapi_schema
 
 
 def _model_card(client: EngineClient, created: int) -> dict:

@@ -5,6 +5,10 @@
            then:         RequestOutput ... until one has finish_reason set
     app ── submit(TokenizeRequest / DetokenizeRequest) ──▶ one event: TextReply or RequestRejected
 
+A stream can also end in a RequestRejected after it was accepted: when the frontend stops (every open
+stream is failed at once, `fail_open_streams`, so each client gets an error event instead of silence) or
+when the request outlives its deadline (`request_timeout_s`: the stream ends and the request is aborted).
+
 The HTTP layer knows nothing of sockets, and tests can give it a fake client.
 """
 
@@ -60,6 +64,10 @@ class EngineLimits:
     block_size: int
 
 
+REQUEST_TIMED_OUT = 504
+SERVER_STOPPING = 503
+
+
 class RequestStream:
     """Events of one request, in order. Iterate to get them; `abort()` when the client goes away."""
 
@@ -68,12 +76,27 @@ class RequestStream:
         self._client = client
         self._queue: asyncio.Queue[Event] = asyncio.Queue()
         self.finished = False
+        timeout = client.request_timeout_s
+        self._deadline = None if timeout is None else asyncio.get_running_loop().time() + timeout
 
     def put(self, event: Event) -> None:
         self._queue.put_nowait(event)
 
     async def next_event(self) -> Event:
-        event = await self._queue.get()
+        if self._deadline is None:
+            event = await self._queue.get()
+        else:
+            try:
+                left = self._deadline - asyncio.get_running_loop().time()
+                event = await asyncio.wait_for(self._queue.get(), max(0.0, left))
+            except asyncio.TimeoutError:
+                await self.abort()
+                return RequestRejected(
+                    self.rid,
+                    REQUEST_TIMED_OUT,
+                    "the request did not finish within the server's "
+                    f"--request-timeout of {self._client.request_timeout_s} s",
+                )
         if is_final(event):
             self.finished = True
         return event
@@ -105,6 +128,7 @@ class RequestStream:
 class EngineClient(ABC):
     limits: EngineLimits
     role: str = "frontend"  # this process's role: its own answers appear under it in /stats and profiling
+    request_timeout_s: float | None = None  # set by the app from its HttpLimits
 
     @abstractmethod
     async def submit(self, request: EngineRequest) -> RequestStream:
@@ -116,6 +140,12 @@ class EngineClient(ABC):
 
     @abstractmethod
     async def abort(self, rid: int) -> None: ...
+
+    @abstractmethod
+    def fail_open_streams(self, message: str) -> None:
+        """End every open stream with a 503 RequestRejected (the frontend is stopping): each client's
+        response ends with an error at once, so a graceful shutdown does not wait on streams that will
+        never finish."""
 
     @abstractmethod
     async def control(self, kind: str, args: dict | None = None, timeout: float = 5.0) -> dict[str, ControlReply]:
@@ -166,6 +196,7 @@ class ZmqEngineClient(EngineClient):
         self._control_waiters: dict[int, tuple[asyncio.Future, dict]] = {}
         self._control_server: ControlServer | None = None
         self._tasks: list[asyncio.Task] = []
+        self._stopping: str | None = None  # set once the frontend stops: later requests are refused at once
 
     @property
     def roles(self) -> list[str]:
@@ -187,10 +218,20 @@ class ZmqEngineClient(EngineClient):
 
     async def submit(self, request: EngineRequest) -> RequestStream:
         request.rid = next(self._rids)
+        message = self.activity.sockets.encode(request)  # first: a request that cannot be encoded leaves no stream
         stream = RequestStream(request.rid, self)
+        if self._stopping is not None:
+            stream.put(RequestRejected(request.rid, SERVER_STOPPING, self._stopping))
+            return stream
         self._streams[request.rid] = stream
-        await self._tokenizer_for(request.rid).send(self.activity.sockets.encode(request), copy=False)
+        await self._tokenizer_for(request.rid).send(message, copy=False)
         return stream
+
+    def fail_open_streams(self, message: str) -> None:
+        self._stopping = message
+        streams, self._streams = self._streams, {}
+        for rid, stream in streams.items():
+            stream.put(RequestRejected(rid, SERVER_STOPPING, message))
 
     async def abort(self, rid: int) -> None:
         if self._streams.pop(rid, None) is not None:

@@ -45,10 +45,14 @@ def error_type(status: int) -> str:
 RETRY_AFTER_S = 1
 
 
+def error_body(error: ApiError) -> dict:
+    """The OpenAI error object; also what a stream's last event carries when it ends in an error."""
+    return {"error": {"message": error.message, "type": error.type, "param": error.param, "code": error.code}}
+
+
 def error_response(error: ApiError) -> JSONResponse:
-    body = {"message": error.message, "type": error.type, "param": error.param, "code": error.code}
     headers = {"Retry-After": str(RETRY_AFTER_S)} if error.status == 503 else None
-    return JSONResponse({"error": body}, status_code=error.status, headers=headers)
+    return JSONResponse(error_body(error), status_code=error.status, headers=headers)
 
 
 def install_error_handlers(app: FastAPI) -> None:

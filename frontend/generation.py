@@ -2,7 +2,8 @@
 
 start()    submit, then wait for the engine's verdict while watching the client:
            accepted -> a Generation;  rejected -> ApiError(status);  client gone -> abort, ClientDisconnected
-outputs()  the outputs in order, each recorded in the metrics and in the usage, and stamped with
+outputs()  the outputs in order (ApiError if the stream ends in an error: the frontend is stopping, or the
+           request timed out), each recorded in the metrics and in the usage, and stamped with
            streamed_time as it is handed to the client's stream (unless the client already set one:
            tests' scripted clients do)
 collect()  all outputs (non-streaming), aborting if the client leaves first
@@ -57,8 +58,8 @@ class Generation:
         return cls(stream, first, metrics)
 
     async def outputs(self) -> AsyncGenerator[RequestOutput, None]:
-        async for output in self.stream:
-            assert isinstance(output, RequestOutput)
+        async for event in self.stream:
+            output = _output(event)
             output.streamed_time = output.streamed_time or time.time()  # handed to the client's stream now
             self._record(output)
             yield output
@@ -68,13 +69,17 @@ class Generation:
         while the client keeps up, several when it (or this process) falls behind, so the per-write cost
         is paid once per group rather than once per token. Metrics still see every output."""
         async for first in self.stream:
-            batch = [first, *self.stream.ready_events()]
+            events = [first, *self.stream.ready_events()]
+            failed = events.pop() if isinstance(events[-1], RequestRejected) else None  # an error ends a stream
             handed = time.time()
+            batch = [_output(event) for event in events]
             for output in batch:
-                assert isinstance(output, RequestOutput)
                 output.streamed_time = output.streamed_time or handed
                 self._record(output)
-            yield batch
+            if batch:
+                yield batch
+            if failed is not None:
+                _output(failed)
 
     def _record(self, output: RequestOutput) -> None:
         self.metrics.output(output, self.accepted.times, self._last_token_streamed)
@@ -117,3 +122,13 @@ class Generation:
             "queued": times.queued,
             "first_scheduled": self.first_scheduled,
         }
+
+
+def _output(event: object) -> RequestOutput:
+    if isinstance(event, RequestRejected):
+        raise ApiError(event.status, event.message, param=event.param, code=_ERROR_CODES.get(event.status))
+    assert isinstance(event, RequestOutput), f"outputs follow the verdict, got {event!r}"
+    return event
+
+
+_ERROR_CODES = {503: "server_stopping", 504: "request_timeout"}

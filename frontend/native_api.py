@@ -17,21 +17,26 @@ from fastapi.responses import JSONResponse
 
 from common.messages import GenerateRequest, RequestOutput
 from frontend.engine_client import EngineClient
+from frontend.errors import ApiError, error_body
 from frontend.generation import Generation
+from frontend.limits import HttpLimits
 from frontend.metrics import FrontendMetrics
-from frontend.protocol import GenerateBody, parse_body
+from frontend.protocol import GenerateBody, check_prompt_chars, parse_body
 from frontend.streaming import StreamingEvents, json_string, ndjson_line
 
 
-def native_router(client: EngineClient, metrics: FrontendMetrics) -> APIRouter:
+def native_router(client: EngineClient, metrics: FrontendMetrics, limits: HttpLimits) -> APIRouter:
     router = APIRouter()
+    max_chars = limits.prompt_chars(client.limits.max_model_len)
 
     @router.post("/generate")
     async def generate(request: Request) -> Response:
         arrival = time.time()
         body = await parse_body(request, GenerateBody)
         prompt, prompt_ids = body.engine_prompt()
+        check_prompt_chars([prompt] if prompt is not None else [], max_chars, "prompt")
         fields = body.sampling_params
+        fields.check_stop_strings(limits)
         sampling = fields.sampling_params(fields.max_tokens, "max_tokens", client.limits)
         engine_request = GenerateRequest(0, sampling, arrival, prompt=prompt, prompt_token_ids=prompt_ids)
         generation = await Generation.start(client, engine_request, metrics, request.receive)
@@ -45,9 +50,14 @@ def native_router(client: EngineClient, metrics: FrontendMetrics) -> APIRouter:
 
 async def _ndjson_lines(generation: Generation) -> AsyncGenerator[bytes, None]:
     # Still one line per output (its times are what this endpoint is for), but the outputs that are ready
-    # together go out in one write, as SSE chunks do.
-    async for batch in generation.output_batches():
-        yield "".join(map(output_line, batch)).encode()
+    # together go out in one write, as SSE chunks do. A stream that ends in an error (the server stopping,
+    # a timeout) ends with an error line, {"error": {...}}, instead of the summary.
+    try:
+        async for batch in generation.output_batches():
+            yield "".join(map(output_line, batch)).encode()
+    except ApiError as exc:
+        yield ndjson_line(error_body(exc))
+        return
     yield ndjson_line(_summary(generation))
 
 

@@ -18,15 +18,17 @@ from common.messages import DetokenizeRequest, GenerateRequest, Logprobs, Reques
 from common.sampling_params import SamplingParams
 from frontend.choices import Choices
 from frontend.engine_client import EngineClient
-from frontend.errors import ApiError
+from frontend.errors import ApiError, error_body
+from frontend.limits import HttpLimits
 from frontend.metrics import FrontendMetrics
 from frontend.openai_format import ChatFormat, CompletionFormat, ResponseFormat
-from frontend.protocol import ChatCompletionRequest, CompletionRequest, OpenAIFields, parse_body
+from frontend.protocol import ChatCompletionRequest, CompletionRequest, OpenAIFields, check_prompt_chars, parse_body
 from frontend.streaming import SSE_DONE, StreamingEvents, sse_event
 
 
-def openai_router(client: EngineClient, metrics: FrontendMetrics) -> APIRouter:
+def openai_router(client: EngineClient, metrics: FrontendMetrics, limits: HttpLimits) -> APIRouter:
     router = APIRouter()
+    max_chars = limits.prompt_chars(client.limits.max_model_len)
 
     @router.post("/v1/completions")
     async def completions(request: Request) -> Response:
@@ -34,7 +36,9 @@ def openai_router(client: EngineClient, metrics: FrontendMetrics) -> APIRouter:
         body = await parse_body(request, CompletionRequest)
         body.check_common(client.limits)
         body.check_unsupported()
+        body.check_stop_strings(limits)
         prompts = body.engine_prompts()
+        check_prompt_chars([text for text, _ in prompts if text is not None], max_chars, "prompt")
         sampling = body.sampling_params(body.max_tokens, "max_tokens", client.limits)
         requests = [
             GenerateRequest(0, sample_params(sampling, j), arrival, prompt=text, prompt_token_ids=ids)
@@ -53,7 +57,9 @@ def openai_router(client: EngineClient, metrics: FrontendMetrics) -> APIRouter:
         body = await parse_body(request, ChatCompletionRequest)
         body.check_common(client.limits)
         body.check_unsupported()
+        body.check_stop_strings(limits)
         messages = body.engine_messages()
+        check_prompt_chars(["".join(m["content"] for m in messages)], max_chars, "messages")
         sampling = body.sampling_params(body.requested_max_tokens(), body.max_tokens_field(), client.limits)
         requests = [
             GenerateRequest(0, sample_params(sampling, j), arrival, chat_messages=messages)
@@ -113,6 +119,19 @@ def _whole_choice(
 
 
 async def _sse_chunks(
+    choices: Choices, fmt: ResponseFormat, include_usage: bool, with_logprobs: bool, echoes: list[str] | None
+) -> AsyncGenerator[bytes, None]:
+    """The stream's events; one that ends in an error (the server stopping, a timeout) ends with an error
+    event and [DONE], as vLLM's do, so a client never waits on a silent connection."""
+    try:
+        async for chunk in _sse_events(choices, fmt, include_usage, with_logprobs, echoes):
+            yield chunk
+    except ApiError as exc:
+        yield sse_event(error_body(exc))
+        yield SSE_DONE
+
+
+async def _sse_events(
     choices: Choices, fmt: ResponseFormat, include_usage: bool, with_logprobs: bool, echoes: list[str] | None
 ) -> AsyncGenerator[bytes, None]:
     # With include_usage, OpenAI sends "usage": null on every chunk but the last one.

@@ -14,20 +14,25 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import resource
 import signal
 import socket
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import uvicorn
+from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from common.control import frontend_role
 from common.process import announce_ready, exit_child, init_child_process
 from common.profiling import ProcessProfiler, ProfileConfig
 from common.transport import Endpoints
-from frontend.engine_client import EngineLimits
+from frontend.engine_client import EngineClient, EngineLimits
+from frontend.limits import HttpLimits
 
 log = logging.getLogger(__name__)
-GRACEFUL_SHUTDOWN_S = 3  # open streams get this long to end; the launcher kills what is left after 5 s
+GRACEFUL_SHUTDOWN_S = 3  # responses get this long to end; the launcher kills what is left after 5 s
+MAX_HEADER_BYTES = 64 * 1024  # a request's line and headers; more: 400 and the connection closed (h11)
+STOPPING = "the server is stopping"
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,6 +46,7 @@ class FrontendSpec:
     roles: list[str]  # every process of the server, frontends included
     api_key: str | None
     log_level: str
+    http: HttpLimits = field(default_factory=HttpLimits)
 
 
 def main(spec: FrontendSpec, sock: socket.socket, run_dir: str, parent_pid: int, profile: ProfileConfig) -> None:
@@ -62,31 +68,94 @@ async def serve(spec: FrontendSpec, sock: socket.socket, run_dir: str, profile: 
     profiler = ProcessProfiler(profile, role) if profile.dir is not None else None
     client = ZmqEngineClient(endpoints, spec.index, spec.count, spec.num_tokenizers, spec.limits, spec.roles, profiler)
     client.start()
-    app = build_app(client, api_key=spec.api_key, profiler=profiler)
+    app = build_app(client, api_key=spec.api_key, profiler=profiler, limits=spec.http)
+    raise_open_file_limit()
+    HeaderDeadlineProtocol.timeout_headers_s = spec.http.timeout_headers_s
     config = uvicorn.Config(
         app,
+        http=HeaderDeadlineProtocol,
         log_level=spec.log_level,
         access_log=spec.log_level == "debug",
         timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S,
+        limit_concurrency=spec.http.max_connections,
+        timeout_keep_alive=spec.http.timeout_keep_alive_s,  # type: ignore[arg-type]
+        h11_max_incomplete_event_size=MAX_HEADER_BYTES,
     )
-    server = AnnouncingServer(config, lambda: announce_ready(run_dir, role))
+    server = AnnouncingServer(config, lambda: announce_ready(run_dir, role), client)
     try:
         await server.serve(sockets=[sock])
     finally:
         await client.close()
 
 
-class AnnouncingServer(uvicorn.Server):
-    """uvicorn's server, calling `on_listening` once it accepts connections."""
+def raise_open_file_limit() -> None:
+    """Connections are file descriptors: with the common soft limit of 1,024, a thousand idle sockets would
+    starve everything else (ZeroMQ's included) before --max-connections could act. The hard limit is ours
+    to take."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != hard:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
 
-    def __init__(self, config: uvicorn.Config, on_listening):
+
+class HeaderDeadlineProtocol(H11Protocol):
+    """uvicorn's HTTP/1.1 protocol, plus a deadline for a request's headers: a connection that opens and
+    trickles (slowloris), or never sends anything, is closed after `timeout_headers_s` instead of holding
+    a socket forever. Idle keep-alive connections are uvicorn's own timeout_keep_alive."""
+
+    timeout_headers_s = 10.0
+    _headers_deadline: asyncio.TimerHandle | None = None
+
+    def connection_made(self, transport) -> None:  # type: ignore[override]
+        super().connection_made(transport)
+        self._arm_headers_deadline()
+
+    def data_received(self, data: bytes) -> None:
+        if self._headers_deadline is None and self._waiting_for_headers():
+            self._arm_headers_deadline()  # a keep-alive connection's next request starts its own clock
+        super().data_received(data)
+
+    def on_response_complete(self) -> None:
+        self._disarm_headers_deadline()
+        super().on_response_complete()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._disarm_headers_deadline()
+        super().connection_lost(exc)
+
+    def _waiting_for_headers(self) -> bool:
+        return self.cycle is None or self.cycle.response_complete
+
+    def _arm_headers_deadline(self) -> None:
+        self._headers_deadline = self.loop.call_later(self.timeout_headers_s, self._headers_late)
+
+    def _disarm_headers_deadline(self) -> None:
+        if self._headers_deadline is not None:
+            self._headers_deadline.cancel()
+            self._headers_deadline = None
+
+    def _headers_late(self) -> None:
+        self._headers_deadline = None
+        if self._waiting_for_headers() and not self.transport.is_closing():
+            self.transport.close()
+
+
+class AnnouncingServer(uvicorn.Server):
+    """uvicorn's server, calling `on_listening` once it accepts connections; on shutdown, it ends every
+    open stream with an error event first, so the graceful wait ends as soon as those are written."""
+
+    def __init__(self, config: uvicorn.Config, on_listening, client: EngineClient):
         super().__init__(config)
         self.on_listening = on_listening
+        self.client = client
 
     async def startup(self, sockets=None) -> None:
         await super().startup(sockets)
         if self.started:
             self.on_listening()
+
+    async def shutdown(self, sockets=None) -> None:
+        self.client.fail_open_streams(STOPPING)
+        await super().shutdown(sockets)
 
     @contextlib.contextmanager
     def capture_signals(self):

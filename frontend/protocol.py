@@ -9,20 +9,28 @@ schemas is declared: honoured, or refused with a 400 naming it when set to anyth
 from __future__ import annotations
 
 import json
-from typing import Any, Literal, TypeVar
+from typing import Annotated, Any, Literal, TypeVar
 
 from fastapi import Request
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from common.sampling_params import MAX_LOGPROBS, InvalidParameter, SamplingParams, StructuredOutput
 from frontend.engine_client import EngineLimits
 from frontend.errors import ApiError
+from frontend.limits import HttpLimits
 
 Body = TypeVar("Body", bound=BaseModel)
 
 
 class RequestBody(BaseModel):
-    model_config = ConfigDict(extra="forbid", strict=True)
+    # NaN and Infinity (which Python's JSON reads) are no number a field means: a 400, not a sampler fed NaN.
+    model_config = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
+
+
+# Every integer a request carries travels in msgpack, whose integers are 64-bit: a larger one is a 400 here,
+# not an OverflowError after the request was half submitted.
+Int = Annotated[int, Field(ge=-(2**63), lt=2**63)]
+GREEDY_BELOW = 1e-5  # vLLM's: a temperature this small is greedy (dividing logits by 1e-40 overflows them)
 
 
 async def parse_body(request: Request, model: type[Body]) -> Body:
@@ -46,30 +54,58 @@ def _invalid_body(exc: ValidationError) -> ApiError:
     return ApiError(400, f"invalid '{param}'{where}: {first['msg']}", param=param)
 
 
+def check_prompt_chars(texts: list[str], max_chars: int, field: str) -> None:
+    """Before tokenizing: a tokenizer worker serves its requests in turn, and tokenizing megabytes would
+    stall every other request routed to it."""
+    for text in texts:
+        if len(text) > max_chars:
+            raise ApiError(
+                400,
+                f"'{field}' has {len(text)} characters; this server takes at most {max_chars} (--max-prompt-chars)",
+                param=field,
+                code="prompt_too_long",
+            )
+
+
 class SamplingFields(RequestBody):
     """The sampling knobs that every generation endpoint shares (top_k, min_p, min_tokens,
     repetition_penalty, stop_token_ids, ignore_eos and include_stop_str_in_output are vLLM's extensions)."""
 
     temperature: float | None = None
     top_p: float | None = None
-    top_k: int | None = None
+    top_k: Int | None = None
     min_p: float | None = None
-    seed: int | None = None
+    seed: Int | None = None
     stop: str | list[str] | None = None
-    stop_token_ids: list[int] | None = None
+    stop_token_ids: list[Int] | None = None
     ignore_eos: bool = False
     include_stop_str_in_output: bool = False
-    min_tokens: int = 0
+    min_tokens: Int = 0
     presence_penalty: float | None = None
     frequency_penalty: float | None = None
     repetition_penalty: float | None = None
     logit_bias: dict[str, float] | None = None  # JSON keys are strings: token ids written as text
 
+    def check_stop_strings(self, limits: HttpLimits) -> None:
+        """Stop strings are matched against every output token's text: their count and length bound that cost."""
+        stop = [self.stop] if isinstance(self.stop, str) else self.stop or []
+        if len(stop) > limits.max_stop_strings:
+            raise ApiError(
+                400, f"at most {limits.max_stop_strings} stop strings (--max-stop-strings), got {len(stop)}", "stop"
+            )
+        if any(len(s) > limits.max_stop_string_chars for s in stop):
+            raise ApiError(
+                400, f"stop strings may have at most {limits.max_stop_string_chars} characters", param="stop"
+            )
+
     def _logit_bias(self) -> dict[int, float]:
         bias = {}
         for key, value in (self.logit_bias or {}).items():
             try:
-                bias[int(key)] = value
+                token = int(key)
+                if not 0 <= token < 2**63:
+                    raise ValueError(key)
+                bias[token] = value
             except ValueError:
                 raise ApiError(400, f"logit_bias keys must be token ids, got {key!r}", param="logit_bias") from None
         return bias
@@ -85,7 +121,7 @@ class SamplingFields(RequestBody):
         defaults = SamplingParams()
         params = SamplingParams(
             max_tokens=max_tokens,
-            temperature=defaults.temperature if self.temperature is None else self.temperature,
+            temperature=defaults.temperature if self.temperature is None else _greedy_if_tiny(self.temperature),
             top_p=defaults.top_p if self.top_p is None else self.top_p,
             top_k=defaults.top_k if self.top_k is None else self.top_k,
             seed=self.seed,
@@ -118,6 +154,10 @@ class SamplingFields(RequestBody):
         return params
 
 
+def _greedy_if_tiny(temperature: float) -> float:
+    return 0.0 if 0 <= temperature < GREEDY_BELOW else temperature
+
+
 class StreamOptions(RequestBody):
     include_usage: bool = False
 
@@ -129,7 +169,7 @@ class OpenAIFields(SamplingFields):
     """Fields both OpenAI endpoints share, and the checks the engine cannot make."""
 
     model: str | None = None  # absent: the served model
-    n: int | None = 1
+    n: Int | None = 1
     stream: bool | None = False
     stream_options: StreamOptions | None = None
     user: str | None = None  # an end-user id for the client's own records: accepted, used for nothing
@@ -197,11 +237,11 @@ def refuse_unless(value: Any, allowed: tuple, field: str, why: str) -> None:
 
 
 class CompletionRequest(OpenAIFields):
-    prompt: str | list[int] | list[str] | list[list[int]]
-    max_tokens: int | None = 16  # OpenAI's default for completions; null: the server's --default-max-tokens
+    prompt: str | list[Int] | list[str] | list[list[Int]]
+    max_tokens: Int | None = 16  # OpenAI's default for completions; null: the server's --default-max-tokens
     echo: bool | None = False
-    logprobs: int | None = None
-    best_of: int | None = None
+    logprobs: Int | None = None
+    best_of: Int | None = None
     suffix: str | None = None
 
     def engine_prompts(self) -> list[tuple[str | None, list[int] | None]]:
@@ -263,10 +303,10 @@ class ChatMessage(RequestBody):
 
 class ChatCompletionRequest(OpenAIFields):
     messages: list[ChatMessage]
-    max_tokens: int | None = None  # absent: the server's --default-max-tokens (never past the context)
-    max_completion_tokens: int | None = None  # OpenAI's newer name for max_tokens; wins when both are set
+    max_tokens: Int | None = None  # absent: the server's --default-max-tokens (never past the context)
+    max_completion_tokens: Int | None = None  # OpenAI's newer name for max_tokens; wins when both are set
     logprobs: bool | None = False
-    top_logprobs: int | None = None
+    top_logprobs: Int | None = None
     # Identifiers and hints with no effect to ask for: prompt_cache_key (the prefix cache is automatic),
     # safety_identifier (like user).
     prompt_cache_key: str | None = None
@@ -329,14 +369,14 @@ class ChatCompletionRequest(OpenAIFields):
 
 
 class NativeSampling(SamplingFields):
-    max_tokens: int | None = 16
+    max_tokens: Int | None = 16
 
 
 class GenerateBody(RequestBody):
     """POST /generate: the engine's own interface, for benchmarks that want per-token times."""
 
     prompt: str | None = None
-    input_ids: list[int] | None = None
+    input_ids: list[Int] | None = None
     sampling_params: NativeSampling = NativeSampling()
     stream: bool = False
 

@@ -18,7 +18,8 @@ from fastapi import APIRouter, Request
 from common.messages import DetokenizeRequest, RequestRejected, TextReply, TokenizeRequest
 from frontend.engine_client import EngineClient
 from frontend.errors import ApiError
-from frontend.protocol import ChatMessage, RequestBody, parse_body, refuse_unless
+from frontend.limits import HttpLimits
+from frontend.protocol import ChatMessage, Int, RequestBody, check_prompt_chars, parse_body, refuse_unless
 
 
 class TokenizeBody(RequestBody):
@@ -32,7 +33,7 @@ class TokenizeBody(RequestBody):
 
 class DetokenizeBody(RequestBody):
     model: str | None = None
-    tokens: list[int]
+    tokens: list[Int]
 
 
 def _check_model(model: str | None, client: EngineClient) -> None:
@@ -47,8 +48,9 @@ async def _ask(client: EngineClient, request: TokenizeRequest | DetokenizeReques
     return reply
 
 
-def tokenizer_router(client: EngineClient) -> APIRouter:
+def tokenizer_router(client: EngineClient, limits: HttpLimits) -> APIRouter:
     router = APIRouter()
+    max_chars = limits.prompt_chars(client.limits.max_model_len)
 
     @router.post("/tokenize")
     async def tokenize(request: Request) -> dict:
@@ -58,10 +60,12 @@ def tokenizer_router(client: EngineClient) -> APIRouter:
         if (body.prompt is None) == (body.messages is None):
             raise ApiError(400, "give exactly one of 'prompt' and 'messages'", param="prompt")
         if body.prompt is not None:
+            check_prompt_chars([body.prompt], max_chars, "prompt")
             special = True if body.add_special_tokens is None else body.add_special_tokens
             ask = TokenizeRequest(0, prompt=body.prompt, add_special_tokens=special)
         else:
             messages = [{"role": m.role, "content": m.text()} for m in body.messages]
+            check_prompt_chars(["".join(m["content"] for m in messages)], max_chars, "messages")
             ask = TokenizeRequest(0, chat_messages=messages, add_generation_prompt=body.add_generation_prompt)
         reply = await _ask(client, ask)
         return {

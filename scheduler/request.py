@@ -55,6 +55,7 @@ class Request:
     first_tokens_sent: bool = False
     prompt_logprobs: Logprobs | None = None  # gathered chunk by chunk, sent with the first tokens
     grammar: RequestGrammar | None = None  # structured output: advanced with each output token
+    stop_token_ids: frozenset[int] = frozenset()  # the sampling's, as a set: looked up for every output token
 
     @property
     def num_tokens_planned(self) -> int:

@@ -103,7 +103,15 @@ class Scheduler:
         elif self.config.default_max_tokens:
             max_tokens = min(max_tokens, self.config.default_max_tokens)
         msg.times.queued = time.time()
-        request = Request(msg.rid, list(prompt), sampling, max_tokens, msg.times, grammar=grammar)
+        request = Request(
+            msg.rid,
+            list(prompt),
+            sampling,
+            max_tokens,
+            msg.times,
+            grammar=grammar,
+            stop_token_ids=frozenset(sampling.stop_token_ids),
+        )
         self.requests[msg.rid] = request
         self.waiting.append(request)
         return RequestAccepted(msg.rid, len(prompt), msg.times)
@@ -426,7 +434,7 @@ class Scheduler:
 
     def _finish_reason(self, request: Request, token: int) -> str | None:
         s = request.sampling
-        if (token in self.eos_token_ids and not s.ignore_eos) or token in s.stop_token_ids:
+        if (token in self.eos_token_ids and not s.ignore_eos) or token in request.stop_token_ids:
             return "stop"
         if (
             len(request.output_ids) >= request.max_tokens

@@ -84,6 +84,7 @@ class FakeEngineClient(EngineClient):
         self.request_seen = threading.Event()
         self.abort_seen = threading.Event()
         self._rids = itertools.count(1)
+        self.streams: dict[int, RequestStream] = {}
 
     @property
     def roles(self) -> list[str]:
@@ -93,6 +94,7 @@ class FakeEngineClient(EngineClient):
         request.rid = next(self._rids)
         self.submitted.append(request)
         stream = RequestStream(request.rid, self)
+        self.streams[request.rid] = stream
         for event in self._events(request):
             stream.put(event)
         self.request_seen.set()
@@ -128,6 +130,12 @@ class FakeEngineClient(EngineClient):
                 )
             )
         return events
+
+    def fail_open_streams(self, message: str) -> None:
+        for rid, stream in self.streams.items():
+            if not stream.finished:
+                stream.put(RequestRejected(rid, 503, message))
+        self.streams.clear()
 
     async def abort(self, rid: int) -> None:
         self.aborted.append(rid)

@@ -407,3 +407,13 @@ def test_profile_steps_profiles_that_many_steps_in_every_process_then_stops(tiny
         assert len(named(traces["gpu_worker"][1], "aten::embedding")) == 3
     finally:
         server.stop()
+
+
+@pytest.mark.parametrize("kind", [PythonProfiler, TorchProfiler])
+def test_a_trace_file_is_readable_by_its_owner_only(tmp_path, kind):
+    # A trace shows what the server ran, prompts' token ids included.
+    profiler = kind()
+    profiler.start(str(tmp_path), "unit")
+    inner(1)
+    path = profiler.stop()
+    assert os.stat(path).st_mode & 0o777 == 0o600

@@ -1,0 +1,85 @@
+"""What one client may ask of a frontend: bounds checked before any work is spent on a request.
+
+    body bytes        Content-Length and the bytes actually read         413 (request_too_large)
+    prompt chars      each prompt or chat message text, before tokenizing 400 naming the field
+    stop strings      how many, and how long each                         400 naming `stop`
+    connections       open per frontend (uvicorn's limit_concurrency)     503 beyond it
+    header timeout    a connection must send a request's headers within   closed
+    keep-alive        idle time between requests                          closed
+
+A tokenizer worker serves every request routed to it in turn, so a prompt of 48 MB (or 200,000 stop
+strings, matched on every token) would stall everyone else on that worker: those bounds must hold before
+the request leaves the frontend. Flags: launch.py (`add_http_limit_args`).
+"""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass, fields
+
+PROMPT_CHARS_PER_TOKEN = 32  # the default prompt bound: no tokenizer's tokens average more characters
+
+
+@dataclass(frozen=True, slots=True)
+class HttpLimits:
+    max_request_body_bytes: int = 16 * 2**20
+    max_prompt_chars: int | None = None  # None: PROMPT_CHARS_PER_TOKEN per token of context
+    max_stop_strings: int = 16
+    max_stop_string_chars: int = 256
+    max_connections: int = 1024
+    timeout_headers_s: float = 10.0
+    timeout_keep_alive_s: float = 5.0
+    request_timeout_s: float | None = None  # a request still unfinished after this long is ended
+
+    def prompt_chars(self, max_model_len: int) -> int:
+        return self.max_prompt_chars if self.max_prompt_chars is not None else PROMPT_CHARS_PER_TOKEN * max_model_len
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace) -> HttpLimits:
+        return cls(**{f.name: getattr(args, f.name) for f in fields(cls) if hasattr(args, f.name)})
+
+
+def add_http_limit_args(parser: argparse.ArgumentParser) -> None:
+    d = HttpLimits()
+    g = parser.add_argument_group("limits (per request and per connection)")
+    g.add_argument(
+        "--max-request-body-bytes", type=int, default=d.max_request_body_bytes, help="larger bodies get a 413"
+    )
+    g.add_argument(
+        "--max-prompt-chars",
+        type=int,
+        default=d.max_prompt_chars,
+        help=f"characters per prompt (or per chat request), checked before tokenizing "
+        f"(none: {PROMPT_CHARS_PER_TOKEN} per token of context)",
+    )
+    g.add_argument("--max-stop-strings", type=int, default=d.max_stop_strings, help="stop strings per request")
+    g.add_argument(
+        "--max-stop-string-chars", type=int, default=d.max_stop_string_chars, help="characters per stop string"
+    )
+    g.add_argument(
+        "--max-connections",
+        type=int,
+        default=d.max_connections,
+        help="open HTTP connections per frontend process; requests beyond them get a 503",
+    )
+    g.add_argument(
+        "--timeout-headers",
+        dest="timeout_headers_s",
+        type=float,
+        default=d.timeout_headers_s,
+        help="seconds a connection has to send a request's headers before it is closed (slowloris)",
+    )
+    g.add_argument(
+        "--timeout-keep-alive",
+        dest="timeout_keep_alive_s",
+        type=float,
+        default=d.timeout_keep_alive_s,
+        help="seconds an idle keep-alive connection stays open",
+    )
+    g.add_argument(
+        "--request-timeout",
+        dest="request_timeout_s",
+        type=float,
+        default=d.request_timeout_s,
+        help="seconds a generation may run before it is ended with an error (none: no limit)",
+    )

@@ -1,0 +1,125 @@
+"""Issue 12's probes against the real server: huge bodies and prompts, integers beyond 64 bits, slowloris
+and idle connections. Each refusal is quick, leaves nothing behind, and the server keeps serving."""
+
+from __future__ import annotations
+
+import socket
+import time
+
+import httpx
+import pytest
+
+from tests.server_process import ServerProcess, wait_until
+
+BODY_LIMIT = 1_000_000
+HEADER_TIMEOUT_S = 1.0
+
+
+@pytest.fixture(scope="module")
+def server(tiny_gpt2, tmp_path_factory):
+    srv = ServerProcess(
+        tiny_gpt2,
+        "--max-request-body-bytes",
+        str(BODY_LIMIT),
+        "--timeout-headers",
+        str(HEADER_TIMEOUT_S),
+        "--max-connections",
+        "64",
+        log_path=tmp_path_factory.mktemp("log") / "server.log",
+    )
+    yield srv
+    srv.stop()
+
+
+def assert_serving(srv: ServerProcess) -> None:
+    with srv.client() as c:
+        assert c.get("/health").status_code == 200
+        assert c.post("/v1/completions", json={"prompt": "hi", "max_tokens": 2}).status_code == 200
+
+
+def test_a_48_mb_prompt_is_refused_at_once(server):
+    started = time.monotonic()
+    with server.client() as c:
+        response = c.post("/v1/completions", json={"prompt": "x" * 48_000_000})
+    assert response.status_code == 413
+    assert response.json()["error"]["code"] == "request_too_large"
+    assert time.monotonic() - started < 10
+    assert_serving(server)
+
+
+def test_a_prompt_over_the_character_limit_is_refused_before_tokenizing(server):
+    # The tiny GPT-2's context is 512 tokens: the default bound is 32 characters per token.
+    with server.client() as c:
+        response = c.post("/v1/completions", json={"prompt": "x" * (32 * 512 + 1)})
+    assert response.status_code == 400
+    assert response.json()["error"]["param"] == "prompt"
+    assert_serving(server)
+
+
+@pytest.mark.parametrize("field, value", [("top_k", 2**64), ("stop_token_ids", [2**64]), ("prompt", [2**64])])
+def test_integers_beyond_64_bits_are_400_and_leave_no_stream(server, field, value):
+    with server.client() as c:
+        response = c.post("/v1/completions", json={"prompt": "hi", field: value})
+        assert response.status_code == 400
+        assert response.json()["error"]["param"] == field
+        scheduler = c.get("/stats").json()["replies"]["scheduler"]["payload"]
+    assert scheduler["num_running"] == 0 and scheduler["num_waiting"] == 0
+    assert_serving(server)
+
+
+def test_a_slowloris_connection_is_closed_after_the_header_timeout(server):
+    with socket.create_connection(("127.0.0.1", server.port)) as sock:
+        sock.settimeout(10)
+        opened = time.monotonic()
+        sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\n")
+        closed = False
+        for _ in range(50):  # a header line every 0.1 s, never the blank line that ends them
+            try:
+                sock.sendall(b"X-a: b\r\n")
+            except OSError:
+                closed = True
+                break
+            time.sleep(0.1)  # the trickle itself
+        if not closed:
+            closed = sock.recv(1024) == b""
+    assert closed
+    assert time.monotonic() - opened < HEADER_TIMEOUT_S + 3
+
+
+def test_idle_connections_are_closed_and_do_not_starve_the_server(server):
+    sockets = [socket.create_connection(("127.0.0.1", server.port)) for _ in range(200)]
+    try:
+        for sock in sockets:
+            sock.settimeout(10)
+
+        def all_closed() -> bool:
+            return all(sock.recv(1) == b"" for sock in sockets)
+
+        wait_until(all_closed, timeout=HEADER_TIMEOUT_S + 8, what="the server to close idle connections")
+        assert_serving(server)
+    finally:
+        for sock in sockets:
+            sock.close()
+
+
+def test_beyond_the_connection_cap_requests_get_a_503(server):
+    sockets = [socket.create_connection(("127.0.0.1", server.port)) for _ in range(70)]
+    try:
+        wait_until(
+            lambda: httpx.get(f"{server.url}/health", timeout=5).status_code == 503,
+            timeout=5,
+            what="a 503 past --max-connections",
+        )
+    finally:
+        for sock in sockets:
+            sock.close()
+    wait_until(lambda: httpx.get(f"{server.url}/health", timeout=5).status_code == 200, timeout=5, what="health")
+
+
+def test_huge_headers_are_refused(server):
+    try:
+        status = httpx.get(f"{server.url}/health", headers={"X-big": "a" * 200_000}, timeout=10).status_code
+    except httpx.TransportError:  # a 400 and the connection closed while the client was still sending
+        status = 400
+    assert status == 400
+    assert_serving(server)
