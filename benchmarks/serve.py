@@ -44,6 +44,7 @@ from benchmarks.latency import (
 )
 from benchmarks.load_client import (
     CLIENT_SATURATED_PCT,
+    REQUEST_TIMEOUT_S,
     ClientUsage,
     default_client_processes,
     make_session,
@@ -64,7 +65,6 @@ from benchmarks.workloads import (
 
 ROOT = Path(__file__).resolve().parent.parent
 SERVER_START_TIMEOUT_S = 300.0
-REQUEST_TIMEOUT_S = 600.0  # the longest silence on one stream (a request can queue behind many others)
 WARMUP_PROMPT = "warm-up"  # shares no KV block with any benchmark prompt
 # Cumulative scheduler counters of GET /stats; the benchmark reports their change over the run.
 SCHEDULER_COUNTERS = (
