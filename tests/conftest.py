@@ -41,3 +41,23 @@ def smollm2_folder():
         return resolve_model(None)
     except ModelNotFound as exc:
         pytest.skip(f"SmolLM2 weights unavailable: {exc}")
+
+
+@pytest.fixture(scope="session")
+def smollm2_server(smollm2_folder, tmp_path_factory):
+    """One real server on SmolLM2 for every module that needs it (starting one takes ~20 s on 2 cores),
+    served as "smollm2" with a 1,024-token context. Nobody may stop or break it."""
+    from tests.server_process import ServerProcess
+
+    srv = ServerProcess(
+        smollm2_folder,
+        "--num-kv-blocks",
+        "256",
+        "--max-model-len",
+        "1024",
+        "--served-model-name",
+        "smollm2",
+        log_path=tmp_path_factory.mktemp("log") / "smollm2-server.log",
+    )
+    yield srv
+    srv.stop()

@@ -9,8 +9,6 @@ from pathlib import Path
 
 import pytest
 
-from tests.server_process import ServerProcess
-
 lm_eval = pytest.importorskip("lm_eval")
 
 DATA = Path(__file__).parent / "lm_eval_task" / "capitals.jsonl"
@@ -51,19 +49,8 @@ def task_dir(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def server(smollm2_folder, tmp_path_factory):
-    srv = ServerProcess(
-        smollm2_folder,
-        "--num-kv-blocks",
-        "256",
-        "--max-model-len",
-        "1024",
-        "--served-model-name",
-        MODEL,
-        log_path=tmp_path_factory.mktemp("log") / "server.log",
-    )
-    yield srv
-    srv.stop()
+def server(smollm2_server):
+    return smollm2_server
 
 
 def evaluate(model: str, model_args: str, tasks: list[str], task_dir: Path, **kwargs) -> dict:

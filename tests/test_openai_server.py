@@ -17,19 +17,8 @@ USER = [{"role": "user", "content": "What is the capital of France?"}]
 
 
 @pytest.fixture(scope="module")
-def server(smollm2_folder, tmp_path_factory):
-    srv = ServerProcess(
-        smollm2_folder,
-        "--num-kv-blocks",
-        "256",
-        "--max-model-len",
-        "1024",
-        "--served-model-name",
-        MODEL,
-        log_path=tmp_path_factory.mktemp("log") / "server.log",
-    )
-    yield srv
-    srv.stop()
+def server(smollm2_server):
+    return smollm2_server
 
 
 @pytest.fixture(scope="module")
