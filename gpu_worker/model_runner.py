@@ -38,7 +38,7 @@ from common.startup import PhaseClock
 from gpu_worker.attention import BatchLayout, make_attention_backend, resolve_attention_backend
 from gpu_worker.cuda_graphs import DecodeGraphs
 from gpu_worker.host_copy import StagingRing
-from gpu_worker.input_batch import PersistentBatch
+from gpu_worker.input_batch import PersistentBatch, eager_bucket, pad_batch
 from gpu_worker.kv_cache import PagedKVCache
 from gpu_worker.kv_sizing import size_kv_store
 from gpu_worker.model_loader import load_model, resolve_dtype
@@ -160,6 +160,9 @@ class ModelRunner:
         # Each slot's block table and sampling parameters, kept between steps (input_batch.py).
         self.batch = PersistentBatch(num_slots, table_width, config.block_size)
         self.sampling_rows = SamplingRows(num_slots, self.model.vocab_size)
+        # Eager forwards padded to a few token counts, so cuBLAS meets shapes it has seen (eager_bucket); on a
+        # CPU there is nothing to gain.
+        self.pad_eager = self.device.type == "cuda"
         self.num_prompt_logprob_mirrors = 0  # mirrors still computing prompt logprobs: their rows are looked for
         self.token_counts: TokenCounts | None = None  # made when a request first asks for a penalty
         pinned = self.device.type == "cuda"
@@ -414,6 +417,19 @@ class ModelRunner:
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Run the model op by op; returns the logits of `logit_rows` (flat token rows of the sampling chunks'
         last tokens), and the hidden states of `prompt_rows` (flat token rows) when given."""
+        num_logit_rows = len(logit_rows)
+        if self.pad_eager:
+            input_ids, positions, slot_mapping, layout = pad_batch(
+                input_ids,
+                positions,
+                slot_mapping,
+                layout,
+                eager_bucket(len(input_ids)),
+                self.num_kv_blocks,
+                self.block_size,
+            )
+            if len(logit_rows):
+                logit_rows = np.pad(logit_rows, (0, eager_bucket(len(logit_rows)) - len(logit_rows)), mode="edge")
         ctx = ForwardContext(
             self.attention, self.attention.build_metadata(layout, slot_mapping, self.staging.upload), self.kv_cache
         )
@@ -424,7 +440,8 @@ class ModelRunner:
         prompt_hidden = hidden[self.staging.upload(prompt_rows, torch.long)] if prompt_rows else None
         if not len(logit_rows):
             return hidden.new_empty(0, 0), prompt_hidden
-        return self.model.compute_logits(hidden[self.staging.upload(logit_rows, torch.long)]), prompt_hidden
+        logits = self.model.compute_logits(hidden[self.staging.upload(logit_rows, torch.long)])
+        return logits[:num_logit_rows], prompt_hidden
 
     def _mirror_for(self, spec: NewRequestSpec) -> RequestMirror:
         s = spec.sampling
