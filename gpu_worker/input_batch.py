@@ -26,7 +26,7 @@ from gpu_worker.attention.base import BatchLayout
 class StepInputs:
     """One step's inputs, chunks in the attention layout's order (multi-token chunks first)."""
 
-    chunks: list[ScheduledChunk]
+    chunks: list[ScheduledChunk]  # the plan's own list where its order was kept (every decode step)
     slots: np.ndarray  # [S] int64, each chunk's request's slot
     layout: BatchLayout
     positions: np.ndarray  # [T] int64

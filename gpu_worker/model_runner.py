@@ -70,7 +70,7 @@ class LaunchedStep:
     step_id: int
     rids: list[int]  # requests that sample, in the order of `tokens`
     mirrors: list[RequestMirror]  # theirs, same order (kept even if a later plan drops them)
-    plan_order: list[int]  # positions in `rids` of the plan's order of those requests
+    plan_order: list[int] | None  # positions in `rids` of the plan's order of those requests; None: in order
     tokens: torch.Tensor | None  # host tensor the sampled ids are copied into
     copied: torch.cuda.Event | None
     prepare_s: float
@@ -260,8 +260,10 @@ class ModelRunner:
                 entry[4].extend(t[k] for t in host[1:4])
         if prompt_logprobs is not None:
             prompt_logprobs = self._split_prompt_logprobs(prompt_targets, host[-3:])
-        index = {rid: k for k, rid in enumerate(rids)}
-        plan_order = [index[c.rid] for c in plan.chunks if c.rid in index]
+        plan_order = None  # the layout kept the plan's order (every decode step)
+        if inputs.chunks is not plan.chunks:
+            index = {rid: k for k, rid in enumerate(rids)}
+            plan_order = [index[c.rid] for c in plan.chunks if c.rid in index]
         return LaunchedStep(
             plan.step_id,
             rids,
@@ -355,8 +357,8 @@ class ModelRunner:
         # Results in plan order: the scheduler hands out first tokens in the order it admitted requests.
         return StepResult(
             step.step_id,
-            [step.rids[k] for k in step.plan_order],
-            [token_ids[k] for k in step.plan_order],
+            step.rids if step.plan_order is None else [step.rids[k] for k in step.plan_order],
+            token_ids if step.plan_order is None else [token_ids[k] for k in step.plan_order],
             sampled_time,
             StepTimings(step.prepare_s, step.forward_s, sample_s=time.perf_counter() - t0, wait_s=waited),
             self._logprobs_of(step.logprobs, token_ids, step.rids),
