@@ -109,3 +109,15 @@ def test_prompts_file_refuses_an_item_without_a_prompt(tmp_path):
     path.write_text(json.dumps([{"text": "wrong key"}]))
     with pytest.raises(ValueError, match="item 0"):
         load_prompts_file(str(path))
+
+
+def test_long_prompt_workload_puts_long_prompts_among_decoding_ones():
+    from benchmarks.scheduler_suite import long_prompt_workload
+
+    items = long_prompt_workload(num_short=64, num_long=8)
+    long = [i for i, item in enumerate(items) if item["max_tokens"] == 16]
+    assert len(items) == 72 and len(long) == 8
+    assert long == [9 * k + 8 for k in range(8)]  # one after every eighth short prompt
+    words = [items[i]["prompt"].count("Hello") for i in long]
+    assert words[0] == 4000 and words[-1] == 7000 and words == sorted(words)
+    assert len({item["prompt"] for item in items}) == len(items)  # nothing shared through the prefix cache
