@@ -56,7 +56,6 @@ class RequestMirror:
 
     token_ids: list[int]  # prompt and the sampled tokens read back so far
     sampling: SamplingParams
-    num_sampled: int  # samples launched, including one whose token may not be read back yet
     slot: int  # its row in ModelRunner.last_tokens (and in the token counts, for penalties)
     # Prompt positions [1, prompt_logprobs_end) still get their logprobs computed: the prompt's length
     # when the request asked for them and arrives fresh (a resumed one has sent them already), else 0.
@@ -164,6 +163,10 @@ class ModelRunner:
         # CPU there is nothing to gain.
         self.pad_eager = self.device.type == "cuda"
         self.num_prompt_logprob_mirrors = 0  # mirrors still computing prompt logprobs: their rows are looked for
+        self.num_structured_mirrors = 0  # mirrors whose samples are masked (structured output)
+        # Samples launched per slot, including one whose token may not be read back yet: the index in its
+        # output of the token a request samples next (seeds its draws).
+        self.num_sampled = np.zeros(num_slots, dtype=np.int64)
         self.token_counts: TokenCounts | None = None  # made when a request first asks for a penalty
         pinned = self.device.type == "cuda"
         self._token_hosts = [
@@ -191,6 +194,7 @@ class ModelRunner:
             if mirror is not None:
                 self._free_slots.append(mirror.slot)
                 self.num_prompt_logprob_mirrors -= mirror.prompt_logprobs_end > 0
+                self.num_structured_mirrors -= mirror.sampling.structured is not None
         for spec in plan.new_requests:
             self.mirrors[spec.rid] = self._mirror_for(spec)
         mirrors = self.mirrors
@@ -237,18 +241,24 @@ class ModelRunner:
             )
             if prompt_rows:
                 prompt_logprobs = self._prompt_logprobs(prompt_hidden, prompt_targets)
-        sampled = [mirrors[chunks[i].rid] for i in sampling_rows]
-        rids = [chunks[i].rid for i in sampling_rows]
+        every_chunk_samples = len(sampling_rows) == len(chunks)
+        if every_chunk_samples and chunks is plan.chunks:  # a decode step: the plan's order, every request
+            sampled = step_mirrors
+        else:
+            sampled = [mirrors[chunks[i].rid] for i in sampling_rows]
+        rids = [c.rid for c in chunks] if every_chunk_samples else [chunks[i].rid for i in sampling_rows]
         to_host: list[torch.Tensor] = []
         logprobs = None
         if sampled:
-            bitmasks = [chunks[i].token_bitmask for i in sampling_rows]
-            drawn, sampled_lp = self._sample(logits, sampled, inputs.slots[inputs.sampling_rows], bitmasks, staging)
+            bitmasks = [chunks[i].token_bitmask for i in sampling_rows] if self.num_structured_mirrors else None
+            sampled_slots = inputs.slots if every_chunk_samples else inputs.slots[inputs.sampling_rows]
+            output_index = self.num_sampled[sampled_slots]
+            drawn, sampled_lp = self._sample(logits, sampled_slots, output_index, bitmasks, staging)
             to_host.append(drawn)
             if sampled_lp is not None:
                 to_host += [sampled_lp.sampled, sampled_lp.top_ids, sampled_lp.top_logprobs]
                 logprobs = [
-                    (rids[row], sampled[row].num_sampled - 1, sampled[row].sampling.logprobs, [], [])
+                    (rids[row], int(output_index[row]), sampled[row].sampling.logprobs, [], [])
                     for row in sampled_lp.rows
                 ]
         if prompt_logprobs is not None:
@@ -280,13 +290,14 @@ class ModelRunner:
     def _sample(
         self,
         logits: torch.Tensor,
-        sampled: list[RequestMirror],
         slots: np.ndarray,
-        bitmasks: list[bytes | None],
+        output_index: np.ndarray,
+        bitmasks: list[bytes | None] | None,
         staging: StagingRing,
     ) -> tuple[torch.Tensor, SampledLogprobs | None]:
+        """Sample one token per row (the requests in these slots), write it to their last-token slots and
+        token counts on the device; output_index: the index in its output of the token each samples."""
         counts = self.token_counts
-        output_index = np.fromiter((m.num_sampled for m in sampled), np.int64, len(sampled))
         batch = self.sampling_rows.batch(
             slots, output_index, staging.upload, None, counts, self.info.eos_token_ids, bitmasks
         )
@@ -296,8 +307,7 @@ class ModelRunner:
         self.last_tokens.index_copy_(0, staging.upload(slots, torch.long), drawn)
         if batch.penalties is not None:
             counts.add(batch.penalties.slots, drawn[batch.penalties.rows])
-        for m in sampled:
-            m.num_sampled += 1
+        self.num_sampled[slots] += 1
         return drawn, lp
 
     def _prompt_logprob_rows(
@@ -461,4 +471,6 @@ class ModelRunner:
         self.num_prompt_logprob_mirrors += fresh and prompt_len > 0
         self.batch.reset(slot)
         self.sampling_rows.set(slot, s)
-        return RequestMirror(list(spec.token_ids), s, spec.num_sampled, slot, prompt_len if fresh else 0)
+        self.num_sampled[slot] = spec.num_sampled
+        self.num_structured_mirrors += s.structured is not None
+        return RequestMirror(list(spec.token_ids), s, slot, prompt_len if fresh else 0)
