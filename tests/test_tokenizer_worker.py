@@ -79,7 +79,7 @@ def running_worker(model_folder: str) -> Iterator[Harness]:
     endpoints = Endpoints(run_dir)
     ctx = zmq.Context()
     to_frontend = pull_socket(ctx, endpoints.frontend_outputs(0))
-    to_scheduler = pull_socket(ctx, endpoints.scheduler_requests)
+    to_scheduler = pull_socket(ctx, endpoints.scheduler_requests(0))
     launcher = pull_socket(ctx, endpoints.launcher_ready)
     control_replies = pull_socket(ctx, endpoints.control_replies(ASKER))
     process = multiprocessing.get_context("spawn").Process(
