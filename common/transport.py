@@ -4,8 +4,8 @@ All endpoints are ipc:// files in one private run directory (mode 0700). The rec
 senders connect (fan-in where many send to one). One PUSH/PULL connection delivers in order, which is
 why a request and its abort, taking the same path, can never overtake each other.
 
-    frontend[k] ──tokenizer-{i}-requests──▶ tokenizer[i] ──scheduler-{r}-requests──▶ scheduler[r] ──worker-{r}-plans──▶ gpu_worker[r]
-    frontend[k] ◀──frontend-{k}-outputs── tokenizer[i] ◀──tokenizer-{i}-tokens── scheduler[r] ◀──scheduler-{r}-results──┘
+    frontend[k] ─tokenizer-{i}-requests─▶ tokenizer[i] ─scheduler-{r}-requests─▶ scheduler[r] ─worker-{r}-plans─▶ gpu[r]
+    frontend[k] ◀─frontend-{k}-outputs─ tokenizer[i] ◀─tokenizer-{i}-tokens─ scheduler[r] ◀─scheduler-{r}-results─┘
     any ──launcher-ready──▶ launcher;   asker ──control-{role}──▶ any ──control-replies-{asker}──▶ asker
 
 Request ids route both ways (common/request_ids.py): tokenizer worker rid % N, frontend rid % K. The engine

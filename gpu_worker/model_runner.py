@@ -95,9 +95,7 @@ class ModelRunner:
     """Loads the model, allocates the KV store (sized by kv_sizing.py) and runs plans. Its owners (the worker
     process, LLM) warm it up with warm_up.py before the first request."""
 
-    def __init__(
-        self, config: EngineConfig, info: ModelInfo, phases: PhaseClock | None = None, device_index: int = 0
-    ):
+    def __init__(self, config: EngineConfig, info: ModelInfo, phases: PhaseClock | None = None, device_index: int = 0):
         """`phases`: log each start-up phase (weights, KV store, CUDA graphs) there, with a progress bar for
         the weights (the server's worker); None: quiet (tests, the offline engine). `device_index`: the GPU
         to run on, an engine replica's own."""

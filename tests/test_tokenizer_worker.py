@@ -15,7 +15,6 @@ from typing import Any
 import pytest
 import zmq
 
-from common.profiling import ProfileConfig
 from common.messages import (
     AbortRequest,
     ControlReply,
@@ -34,6 +33,7 @@ from common.messages import (
     TokenizedRequest,
     TokenizeRequest,
 )
+from common.profiling import ProfileConfig
 from common.sampling_params import InvalidParameter, SamplingParams
 from common.transport import Endpoints, make_run_dir, pull_socket, push_socket, recv, send
 from tests.tiny_models import build_tokenizer
