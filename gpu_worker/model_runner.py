@@ -85,6 +85,9 @@ def resolve_device(name: str, index: int = 0) -> torch.device:
     if name == "auto":
         name = "cuda" if torch.cuda.is_available() else "cpu"
     if name == "cuda":
+        visible = torch.cuda.device_count()
+        if index >= visible:
+            raise RuntimeError(f"engine replica {index} runs on cuda:{index}, but {visible} GPU(s) are visible")
         device = torch.device("cuda", index)
         torch.cuda.set_device(device)  # what runs on "the current device" (graph pools, Triton launches) too
         return device
