@@ -26,7 +26,8 @@ T = TypeVar("T")
 
 _BY_TAG: dict[int, type] = {}
 _DECODERS: dict[type, Callable[[list], Any]] = {}
-_ENCODERS: dict[type, Callable[[Any], list]] = {}
+_ENCODERS: dict[type, Callable[[Any], list | tuple]] = {}
+_PLAIN: set[type] = set()  # classes whose fields are all plain msgpack values
 
 
 class WireError(ValueError):
@@ -63,7 +64,7 @@ def decode(data: bytes) -> Any:
     return _decoder_for(cls)(raw[2:])
 
 
-def _encoder_for(cls: type) -> Callable[[Any], list]:
+def _encoder_for(cls: type) -> Callable[[Any], list | tuple]:
     """Build (once per class) a function instance -> list of wire values, nested dataclasses as lists.
     Plans carry hundreds of chunks per step: the per-field work is decided here, not per value."""
     cached = _ENCODERS.get(cls)
@@ -91,8 +92,15 @@ def _encoder_for(cls: type) -> Callable[[Any], list]:
         else:
             getters.append(operator.attrgetter(f.name))
 
-    def encoder(obj: Any) -> list:
-        return [get(obj) for get in getters]
+    encoder: Callable[[Any], list | tuple]
+    if all(isinstance(get, operator.attrgetter) for get in getters) and len(getters) > 1:
+        # Plain fields only (every per-chunk and per-token item): one C call returns them all, as a tuple,
+        # which msgpack writes as the same array a list would be.
+        encoder = operator.attrgetter(*(f.name for f in dataclasses.fields(cls)))
+    else:
+
+        def encoder(obj: Any) -> list | tuple:
+            return [get(obj) for get in getters]
 
     _ENCODERS[cls] = encoder
     return encoder
@@ -109,6 +117,7 @@ def _decoder_for(cls: type) -> Callable[[list], Any]:
     num_fields = len(converters)
 
     if not any(converters):  # plain fields only (every per-token item): msgpack's values are the fields
+        _PLAIN.add(cls)
 
         def decoder(values: list) -> Any:
             if len(values) != num_fields:
@@ -151,6 +160,11 @@ def _lazy_list_decoder(cls: Any) -> Callable[[list], list]:
         if not resolved:
             resolved.append(_decoder_for(cls))
         item = resolved[0]
+        if cls in _PLAIN:  # hundreds per plan: built directly, a wrong shape caught once for the list
+            try:
+                return [cls(*v) for v in values]
+            except TypeError as exc:
+                raise WireError(f"a list of {cls.__name__} holds an item of the wrong shape: {exc}") from exc
         return [item(v) for v in values]
 
     return decode_list

@@ -55,6 +55,8 @@ class DecodeGraphs:
         self._sizes = [b, b, b, b, b * w]
         # Host side: a ring, so that a buffer whose copy is still queued is never rewritten (host_copy.py).
         self._hosts = [torch.zeros(sum(self._sizes), dtype=torch.int32).pin_memory() for _ in range(host_ring_size())]
+        # Each host buffer's fields as numpy views, made once: a step writes into them directly.
+        self._host_fields = [np.split(h.numpy(), np.cumsum(self._sizes)[:-1]) for h in self._hosts]
         self._turn = 0
         self._device = torch.zeros_like(self._hosts[0], device=self.device)
         views, offset = [], 0
@@ -109,8 +111,9 @@ class DecodeGraphs:
         bucket = self.bucket_for(n)
         b, w = self.max_batch, self.width
         self._turn += 1
-        host_buffer = self._hosts[self._turn % len(self._hosts)]
-        ids_h, pos_h, slots_h, ctx_h, tables_h = np.split(host_buffer.numpy(), np.cumsum(self._sizes)[:-1])
+        turn = self._turn % len(self._hosts)
+        host_buffer = self._hosts[turn]
+        ids_h, pos_h, slots_h, ctx_h, tables_h = self._host_fields[turn]
         ids_h[:n] = input_ids
         pos_h[:n] = positions
         slots_h[:n] = slots
@@ -118,7 +121,8 @@ class DecodeGraphs:
         # Columns past the layout's width keep older entries: never read, as no context reaches them.
         width = min(w, layout.block_table.shape[1])
         tables_h.reshape(b, w)[:n, :width] = layout.block_table[:, :width]
-        self._fill_padding(host_buffer, n, bucket)
+        if bucket > n:
+            self._fill_padding(host_buffer, n, bucket)
         self._device.copy_(host_buffer, non_blocking=True)
         if device_inputs is not None:
             rows, tokens = device_inputs

@@ -32,17 +32,18 @@ from common.messages import (
     StepTimings,
 )
 from common.model_info import ModelInfo
-from common.pipeline import max_live_mirrors
+from common.pipeline import host_ring_size, max_live_mirrors
 from common.sampling_params import MAX_LOGIT_BIAS, MAX_STOP_TOKEN_IDS, SamplingParams
 from common.startup import PhaseClock
 from gpu_worker.attention import BatchLayout, make_attention_backend, resolve_attention_backend
 from gpu_worker.cuda_graphs import DecodeGraphs
 from gpu_worker.host_copy import StagingRing
+from gpu_worker.input_batch import PersistentBatch, eager_bucket, pad_batch
 from gpu_worker.kv_cache import PagedKVCache
 from gpu_worker.kv_sizing import size_kv_store
 from gpu_worker.model_loader import load_model, resolve_dtype
 from gpu_worker.models.forward_context import ForwardContext
-from gpu_worker.sampler import SampledLogprobs, SamplingBatch, process_logits, sample, sampled_logprobs
+from gpu_worker.sampler import SampledLogprobs, SamplingRows, process_logits, sample, sampled_logprobs
 from gpu_worker.token_counts import TokenCounts
 from gpu_worker.warm_up import WARM_UP_REQUESTS
 
@@ -54,7 +55,6 @@ class RequestMirror:
     """The worker's copy of a running request: its tokens so far and its block table."""
 
     token_ids: list[int]  # prompt and the sampled tokens read back so far
-    block_table: list[int]
     sampling: SamplingParams
     num_sampled: int  # samples launched, including one whose token may not be read back yet
     slot: int  # its row in ModelRunner.last_tokens (and in the token counts, for penalties)
@@ -70,7 +70,7 @@ class LaunchedStep:
     step_id: int
     rids: list[int]  # requests that sample, in the order of `tokens`
     mirrors: list[RequestMirror]  # theirs, same order (kept even if a later plan drops them)
-    plan_order: list[int]  # positions in `rids` of the plan's order of those requests
+    plan_order: list[int] | None  # positions in `rids` of the plan's order of those requests; None: in order
     tokens: torch.Tensor | None  # host tensor the sampled ids are copied into
     copied: torch.cuda.Event | None
     prepare_s: float
@@ -166,7 +166,19 @@ class ModelRunner:
         num_slots = max(max_live_mirrors(config.max_num_seqs), WARM_UP_REQUESTS)
         self.last_tokens = torch.zeros(num_slots, dtype=torch.long, device=self.device)
         self._free_slots = list(range(num_slots - 1, -1, -1))
+        # Each slot's block table and sampling parameters, kept between steps (input_batch.py).
+        self.batch = PersistentBatch(num_slots, table_width, config.block_size)
+        self.sampling_rows = SamplingRows(num_slots, self.model.vocab_size)
+        # Eager forwards padded to a few token counts, so cuBLAS meets shapes it has seen (eager_bucket); on a
+        # CPU there is nothing to gain.
+        self.pad_eager = self.device.type == "cuda"
+        self.num_prompt_logprob_mirrors = 0  # mirrors still computing prompt logprobs: their rows are looked for
         self.token_counts: TokenCounts | None = None  # made when a request first asks for a penalty
+        pinned = self.device.type == "cuda"
+        self._token_hosts = [
+            torch.empty(num_slots, dtype=torch.long, pin_memory=pinned) for _ in range(host_ring_size())
+        ]
+        self._token_turn = 0
 
     # ------------------------------------------------------------------ the step
 
@@ -187,54 +199,60 @@ class ModelRunner:
             mirror = self.mirrors.pop(rid, None)
             if mirror is not None:
                 self._free_slots.append(mirror.slot)
+                self.num_prompt_logprob_mirrors -= mirror.prompt_logprobs_end > 0
         for spec in plan.new_requests:
             self.mirrors[spec.rid] = self._mirror_for(spec)
+        mirrors = self.mirrors
         for chunk in plan.chunks:
-            self.mirrors[chunk.rid].block_table.extend(chunk.new_block_ids)
+            if chunk.new_block_ids:
+                self.batch.append_blocks(mirrors[chunk.rid].slot, chunk.new_block_ids)
         if not plan.chunks:
             return LaunchedStep(plan.step_id, [], [], [], None, None, time.perf_counter() - t0, 0.0)
 
-        # Multi-token chunks first, single-token chunks last (the attention backend's layout).
-        chunks = sorted(plan.chunks, key=lambda c: c.num_tokens == 1)
-        mirrors = [self.mirrors[c.rid] for c in chunks]
-        q_lens = [c.num_tokens for c in chunks]
-        input_ids, pending_rows, pending_slots = self._input_ids(chunks, mirrors, sum(q_lens))
-        positions = np.concatenate([np.arange(c.start, c.start + c.num_tokens) for c in chunks])
-        layout = BatchLayout.build(
-            q_lens, [c.start + c.num_tokens for c in chunks], [m.block_table for m in mirrors], self.block_size
+        step_mirrors = [mirrors[c.rid] for c in plan.chunks]
+        n = len(step_mirrors)
+        inputs = self.batch.prepare(
+            plan.chunks,
+            np.fromiter((m.slot for m in step_mirrors), np.int64, n),
+            np.fromiter((len(m.token_ids) for m in step_mirrors), np.int64, n),
+            lambda chunk: mirrors[chunk.rid].token_ids,
         )
-        slot_mapping = layout.slot_mapping(positions, self.block_size)
-        sampling_rows = [i for i, c in enumerate(chunks) if c.sample]
-        prompt_rows, prompt_targets = self._prompt_logprob_rows(chunks, mirrors)
+        chunks, layout = inputs.chunks, inputs.layout
+        sampling_rows = inputs.sampling_rows.tolist()
+        prompt_rows, prompt_targets = self._prompt_logprob_rows(chunks) if self.num_prompt_logprob_mirrors else ([], [])
         staging = self.staging
         staging.next_step()
         # (rows, token ids) of the inputs only the device knows: gathered from the last-token slots.
         device_inputs = (
             None
-            if not pending_rows
-            else (staging.upload(pending_rows, torch.long), self.last_tokens[staging.upload(pending_slots, torch.long)])
+            if not len(inputs.pending_rows)
+            else (
+                staging.upload(inputs.pending_rows, torch.long),
+                self.last_tokens[staging.upload(inputs.pending_slots, torch.long)],
+            )
         )
         t1 = time.perf_counter()
 
+        input_ids, positions, slot_mapping = inputs.input_ids, inputs.positions, inputs.slot_mapping
         graph = len(input_ids) == len(chunks) and self.graphs is not None and self.graphs.bucket_for(len(chunks))
         prompt_logprobs = None
         if graph and not prompt_rows:
             logits = self.graphs.run(input_ids, positions, slot_mapping, layout, device_inputs)
             if len(sampling_rows) < len(chunks):
-                logits = logits[staging.upload(sampling_rows, torch.long)]
+                logits = logits[staging.upload(inputs.sampling_rows, torch.long)]
         else:
             logits, prompt_hidden = self._forward_eager(
-                input_ids, positions, slot_mapping, layout, sampling_rows, device_inputs, prompt_rows
+                input_ids, positions, slot_mapping, layout, inputs.logit_rows, device_inputs, prompt_rows
             )
             if prompt_rows:
                 prompt_logprobs = self._prompt_logprobs(prompt_hidden, prompt_targets)
-        sampled = [mirrors[i] for i in sampling_rows]
+        sampled = [mirrors[chunks[i].rid] for i in sampling_rows]
         rids = [chunks[i].rid for i in sampling_rows]
         to_host: list[torch.Tensor] = []
         logprobs = None
         if sampled:
             bitmasks = [chunks[i].token_bitmask for i in sampling_rows]
-            drawn, sampled_lp = self._sample(logits, sampled, bitmasks, staging)
+            drawn, sampled_lp = self._sample(logits, sampled, inputs.slots[inputs.sampling_rows], bitmasks, staging)
             to_host.append(drawn)
             if sampled_lp is not None:
                 to_host += [sampled_lp.sampled, sampled_lp.top_ids, sampled_lp.top_logprobs]
@@ -244,15 +262,17 @@ class ModelRunner:
                 ]
         if prompt_logprobs is not None:
             to_host += prompt_logprobs
-        host, copied = self._copy_to_host(to_host)
+        host, copied = self._copy_to_host(to_host, tokens_first=bool(sampled))
         tokens = host[0] if sampled else None
         if logprobs is not None:
             for k, entry in enumerate(logprobs):
                 entry[4].extend(t[k] for t in host[1:4])
         if prompt_logprobs is not None:
             prompt_logprobs = self._split_prompt_logprobs(prompt_targets, host[-3:])
-        index = {rid: k for k, rid in enumerate(rids)}
-        plan_order = [index[c.rid] for c in plan.chunks if c.rid in index]
+        plan_order = None  # the layout kept the plan's order (every decode step)
+        if inputs.chunks is not plan.chunks:
+            index = {rid: k for k, rid in enumerate(rids)}
+            plan_order = [index[c.rid] for c in plan.chunks if c.rid in index]
         return LaunchedStep(
             plan.step_id,
             rids,
@@ -267,20 +287,17 @@ class ModelRunner:
         )
 
     def _sample(
-        self, logits: torch.Tensor, sampled: list[RequestMirror], bitmasks: list[bytes | None], staging: StagingRing
+        self,
+        logits: torch.Tensor,
+        sampled: list[RequestMirror],
+        slots: np.ndarray,
+        bitmasks: list[bytes | None],
+        staging: StagingRing,
     ) -> tuple[torch.Tensor, SampledLogprobs | None]:
-        params = [m.sampling for m in sampled]
-        slots = [m.slot for m in sampled]
         counts = self.token_counts
-        batch = SamplingBatch.build(
-            params,
-            [m.num_sampled for m in sampled],
-            logits.shape[1],
-            staging.upload,
-            slots,
-            counts,
-            self.info.eos_token_ids,
-            bitmasks,
+        output_index = np.fromiter((m.num_sampled for m in sampled), np.int64, len(sampled))
+        batch = self.sampling_rows.batch(
+            slots, output_index, staging.upload, None, counts, self.info.eos_token_ids, bitmasks
         )
         logits = process_logits(logits, batch)
         drawn = sample(logits, batch)
@@ -293,14 +310,15 @@ class ModelRunner:
         return drawn, lp
 
     def _prompt_logprob_rows(
-        self, chunks: list[ScheduledChunk], mirrors: list[RequestMirror]
+        self, chunks: list[ScheduledChunk]
     ) -> tuple[list[int], list[tuple[int, int, int, list[int]]]]:
         """Flat token rows whose logits give prompt logprobs (position p's logits score token p + 1),
         and per request (rid, first scored position, k, the scored token ids)."""
         rows: list[int] = []
         targets: list[tuple[int, int, int, list[int]]] = []
         row = 0
-        for chunk, mirror in zip(chunks, mirrors):
+        for chunk in chunks:
+            mirror = self.mirrors[chunk.rid]
             end = min(chunk.start + chunk.num_tokens, mirror.prompt_logprobs_end - 1)
             if end > chunk.start:
                 rows.extend(range(row, row + end - chunk.start))
@@ -348,8 +366,8 @@ class ModelRunner:
         # Results in plan order: the scheduler hands out first tokens in the order it admitted requests.
         return StepResult(
             step.step_id,
-            [step.rids[k] for k in step.plan_order],
-            [token_ids[k] for k in step.plan_order],
+            step.rids if step.plan_order is None else [step.rids[k] for k in step.plan_order],
+            token_ids if step.plan_order is None else [token_ids[k] for k in step.plan_order],
             sampled_time,
             StepTimings(step.prepare_s, step.forward_s, sample_s=time.perf_counter() - t0, wait_s=waited),
             self._logprobs_of(step.logprobs, token_ids, step.rids),
@@ -380,35 +398,20 @@ class ModelRunner:
             )
         return out
 
-    def _input_ids(self, chunks, mirrors, num_tokens: int) -> tuple[np.ndarray, list[int], list[int]]:
-        """Token ids of every computed position. A position the host does not know yet is the token the
-        previous step sampled: left 0 here, listed as (row, mirror slot) to be gathered on the device."""
-        ids = np.zeros(num_tokens, dtype=np.int64)
-        pending_rows, pending_slots = [], []
-        row = 0
-        for chunk, mirror in zip(chunks, mirrors):
-            known = mirror.token_ids
-            end = chunk.start + chunk.num_tokens
-            if end <= len(known):
-                ids[row : row + chunk.num_tokens] = known[chunk.start : end]
-            else:
-                if end != len(known) + 1:
-                    raise ValueError(f"request {chunk.rid}: position {end - 1} is more than one step ahead")
-                ids[row : row + chunk.num_tokens - 1] = known[chunk.start :]
-                pending_rows.append(row + chunk.num_tokens - 1)
-                pending_slots.append(mirror.slot)
-            row += chunk.num_tokens
-        return ids, pending_rows, pending_slots
-
-    def _copy_to_host(self, tensors: list[torch.Tensor]) -> tuple[list[torch.Tensor], torch.cuda.Event | None]:
-        """Queue the copies of a step's results to pinned host memory; one event says they all landed."""
+    def _copy_to_host(
+        self, tensors: list[torch.Tensor], tokens_first: bool
+    ) -> tuple[list[torch.Tensor], torch.cuda.Event | None]:
+        """Queue the copies of a step's results to pinned host memory; one event says they all landed.
+        The sampled tokens (the first tensor, when tokens_first) land in a ring of pinned buffers, one per step in
+        flight and one more, so that the common step allocates nothing."""
         if self.device.type != "cuda" or not tensors:
             return tensors, None
-        hosts = []
-        for tensor in tensors:
-            host = torch.empty(tensor.shape, dtype=tensor.dtype, pin_memory=True)
+        hosts = [torch.empty(t.shape, dtype=t.dtype, pin_memory=True) for t in tensors[tokens_first:]]
+        if tokens_first:
+            self._token_turn = (self._token_turn + 1) % len(self._token_hosts)
+            hosts.insert(0, self._token_hosts[self._token_turn][: len(tensors[0])])
+        for host, tensor in zip(hosts, tensors):
             host.copy_(tensor, non_blocking=True)
-            hosts.append(host)
         event = torch.cuda.Event()
         event.record()
         return hosts, event
@@ -419,12 +422,25 @@ class ModelRunner:
         positions: np.ndarray,
         slot_mapping: np.ndarray,
         layout: BatchLayout,
-        sampling_rows: list[int],
+        logit_rows: np.ndarray,
         device_inputs: tuple[torch.Tensor, torch.Tensor] | None,
         prompt_rows: list[int],
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """Run the model op by op; returns the logits of the sampling rows, and the hidden states of
-        `prompt_rows` (flat token rows) when given."""
+        """Run the model op by op; returns the logits of `logit_rows` (flat token rows of the sampling chunks'
+        last tokens), and the hidden states of `prompt_rows` (flat token rows) when given."""
+        num_logit_rows = len(logit_rows)
+        if self.pad_eager:
+            input_ids, positions, slot_mapping, layout = pad_batch(
+                input_ids,
+                positions,
+                slot_mapping,
+                layout,
+                eager_bucket(len(input_ids)),
+                self.num_kv_blocks,
+                self.block_size,
+            )
+            if len(logit_rows):
+                logit_rows = np.pad(logit_rows, (0, eager_bucket(len(logit_rows)) - len(logit_rows)), mode="edge")
         ctx = ForwardContext(
             self.attention, self.attention.build_metadata(layout, slot_mapping, self.staging.upload), self.kv_cache
         )
@@ -433,10 +449,10 @@ class ModelRunner:
             ids[device_inputs[0]] = device_inputs[1]
         hidden = self.model(ids, self.staging.upload(positions, torch.long), ctx)
         prompt_hidden = hidden[self.staging.upload(prompt_rows, torch.long)] if prompt_rows else None
-        if not sampling_rows:
+        if not len(logit_rows):
             return hidden.new_empty(0, 0), prompt_hidden
-        ends = np.cumsum(layout.query_lens) - 1
-        return self.model.compute_logits(hidden[self.staging.upload(ends[sampling_rows], torch.long)]), prompt_hidden
+        logits = self.model.compute_logits(hidden[self.staging.upload(logit_rows, torch.long)])
+        return logits[:num_logit_rows], prompt_hidden
 
     def _mirror_for(self, spec: NewRequestSpec) -> RequestMirror:
         s = spec.sampling
@@ -451,4 +467,7 @@ class ModelRunner:
                 self.token_counts = TokenCounts(len(self.last_tokens), self.model.vocab_size, self.device)
             self.token_counts.reset(slot, spec.token_ids[:prompt_len], spec.token_ids[prompt_len:])
         fresh = spec.num_sampled == 0 and s.prompt_logprobs is not None
-        return RequestMirror(list(spec.token_ids), [], s, spec.num_sampled, slot, prompt_len if fresh else 0)
+        self.num_prompt_logprob_mirrors += fresh and prompt_len > 0
+        self.batch.reset(slot)
+        self.sampling_rows.set(slot, s)
+        return RequestMirror(list(spec.token_ids), s, spec.num_sampled, slot, prompt_len if fresh else 0)

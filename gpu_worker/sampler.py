@@ -77,17 +77,85 @@ class SamplingBatch:
     ) -> SamplingBatch:
         """One row per sampled request: its parameters, the index of the token it samples in its output,
         (for penalties) its row in `counts`, and (for structured output) its allowed tokens."""
-        batch = cls(all_greedy=True)
+        rows = SamplingRows(len(params), vocab_size)
+        for row, p in enumerate(params):
+            rows.set(row, p)
+        index = np.asarray(output_index, dtype=np.int64)
+        return rows.batch(np.arange(len(params)), index, upload, slots, counts, eos_token_ids, bitmasks)
+
+
+class SamplingRows:
+    """Sampling parameters kept per slot in arrays, set when a request arrives: a step's batch is gathered
+    from them with numpy. Only rows with a `special` need (logit_bias, min_tokens, penalties, logprobs) are
+    visited one by one."""
+
+    def __init__(self, num_slots: int, vocab_size: int):
+        self.vocab_size = vocab_size
+        self.params: list[SamplingParams | None] = [None] * num_slots
+        self.temperature = np.zeros(num_slots, dtype=np.float32)  # 0 for greedy rows
+        self.top_p = np.ones(num_slots, dtype=np.float32)
+        self.top_k = np.full(num_slots, vocab_size, dtype=np.int64)  # vocab size where disabled
+        self.min_p = np.zeros(num_slots, dtype=np.float32)
+        self.seed = np.zeros(num_slots, dtype=np.int64)
+        self.greedy = np.ones(num_slots, dtype=bool)
+        self.special = np.zeros(num_slots, dtype=bool)
+
+    def set(self, slot: int, p: SamplingParams) -> None:
+        top_k = p.top_k if 0 < p.top_k < self.vocab_size else self.vocab_size
+        greedy = p.temperature == 0.0 or top_k == 1
+        self.params[slot] = p
+        self.temperature[slot] = 0.0 if greedy else p.temperature
+        self.top_p[slot], self.top_k[slot], self.min_p[slot] = p.top_p, top_k, p.min_p
+        self.seed[slot] = p.seed or 0
+        self.greedy[slot] = greedy
+        self.special[slot] = bool(p.logit_bias) or p.min_tokens > 0 or p.has_penalties or p.logprobs is not None
+
+    def batch(
+        self,
+        slots: np.ndarray,
+        output_index: np.ndarray,
+        upload: Callable[[Any, torch.dtype], torch.Tensor],
+        counts_slots: list[int] | None = None,
+        counts: TokenCounts | None = None,
+        eos_token_ids: list[int] = (),
+        bitmasks: list[bytes | None] | None = None,
+    ) -> SamplingBatch:
+        """The batch of these slots' rows, in this order. output_index: the index in its output of the token
+        each row samples; counts_slots: each row's row in `counts` (default: its slot)."""
+        batch = SamplingBatch(all_greedy=True)
         masked = [row for row, mask in enumerate(bitmasks or []) if mask is not None]
         if masked:
             words = np.stack([np.frombuffer(bitmasks[row], dtype=np.int32) for row in masked])
             batch.bitmask = (upload(masked, torch.long), upload(words, torch.int32))
+        special = np.flatnonzero(self.special[slots]).tolist()
+        if special:
+            self._special_rows(batch, special, slots, output_index, upload, counts_slots, counts, eos_token_ids)
+        greedy = self.greedy[slots]
+        if greedy.all():
+            return batch
+        top_k = self.top_k[slots]
+        top_p, min_p = self.top_p[slots], self.min_p[slots]
+        floats = upload(np.stack([self.temperature[slots], top_p, min_p]), torch.float32)
+        ints = upload(np.stack([top_k, self.seed[slots], output_index]), torch.long)
+        batch.all_greedy = False
+        batch.temperature, batch.top_p, batch.min_p = floats[0], floats[1], floats[2]
+        batch.top_k, batch.seed, batch.output_index = ints[0], ints[1], ints[2]
+        random = ~greedy
+        batch.any_top_k = bool((random & (top_k < self.vocab_size)).any())
+        batch.any_top_p = bool((random & (top_p < 1.0)).any())
+        batch.any_min_p = bool((random & (min_p > 0.0)).any())
+        return batch
+
+    def _special_rows(self, batch, rows, slots, output_index, upload, counts_slots, counts, eos_token_ids) -> None:
+        """logit_bias and min_tokens masks (as biases), penalties and logprobs, for the rows that ask."""
+        vocab_size = self.vocab_size
+        params = {row: self.params[slots[row]] for row in rows}
         bias_rows, bias_ids, bias_values = [], [], []
-        for row, (p, index) in enumerate(zip(params, output_index)):
+        for row, p in params.items():
             for token, value in p.logit_bias.items():
                 if token < vocab_size:
                     bias_rows.append(row), bias_ids.append(token), bias_values.append(value)
-            if index < p.min_tokens:
+            if output_index[row] < p.min_tokens:
                 for token in {*p.stop_token_ids, *([] if p.ignore_eos else eos_token_ids)}:
                     bias_rows.append(row), bias_ids.append(token), bias_values.append(float("-inf"))
         if bias_rows:
@@ -96,9 +164,10 @@ class SamplingBatch:
                 upload(bias_ids, torch.long),
                 upload(bias_values, torch.float32),
             )
-        penalized = [row for row, p in enumerate(params) if p.has_penalties]
+        penalized = [row for row, p in params.items() if p.has_penalties]
         if penalized:
-            assert counts is not None and slots is not None, "penalties read the token counts"
+            assert counts is not None, "penalties read the token counts"
+            counts_of = slots if counts_slots is None else counts_slots
             values = upload(
                 [
                     [params[r].presence_penalty, params[r].frequency_penalty, params[r].repetition_penalty]
@@ -108,38 +177,17 @@ class SamplingBatch:
             )
             batch.penalties = Penalties(
                 upload(penalized, torch.long),
-                upload([slots[r] for r in penalized], torch.long),
+                upload([int(counts_of[r]) for r in penalized], torch.long),
                 values[:, 0:1],
                 values[:, 1:2],
                 values[:, 2:3],
             )
             batch.counts = counts
-        wanting = [row for row, p in enumerate(params) if p.logprobs is not None]
+        wanting = [row for row, p in params.items() if p.logprobs is not None]
         if wanting:
             batch.num_top_logprobs = max(params[r].logprobs for r in wanting)
             batch.logprob_rows = upload(wanting, torch.long)
             batch.logprob_row_list = wanting
-
-        top_k = [p.top_k if 0 < p.top_k < vocab_size else vocab_size for p in params]
-        greedy = [p.temperature == 0.0 or k == 1 for p, k in zip(params, top_k)]
-        if all(greedy):
-            return batch
-        floats = upload(
-            [
-                [0.0 if g else p.temperature for g, p in zip(greedy, params)],
-                [p.top_p for p in params],
-                [p.min_p for p in params],
-            ],
-            torch.float32,
-        )
-        ints = upload([top_k, [p.seed or 0 for p in params], output_index], torch.long)
-        batch.all_greedy = False
-        batch.temperature, batch.top_p, batch.min_p = floats[0], floats[1], floats[2]
-        batch.top_k, batch.seed, batch.output_index = ints[0], ints[1], ints[2]
-        batch.any_top_k = any(not g and k < vocab_size for g, k in zip(greedy, top_k))
-        batch.any_top_p = any(not g and p.top_p < 1.0 for g, p in zip(greedy, params))
-        batch.any_min_p = any(not g and p.min_p > 0.0 for g, p in zip(greedy, params))
-        return batch
 
 
 @dataclass(slots=True)

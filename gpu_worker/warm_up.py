@@ -15,8 +15,12 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+import torch
+from torch import nn
+
 from common.messages import NewRequestSpec, ScheduledChunk, StepPlan
 from common.sampling_params import SamplingParams
+from gpu_worker.input_batch import eager_bucket
 
 if TYPE_CHECKING:
     from gpu_worker.model_runner import ModelRunner
@@ -53,3 +57,34 @@ def warm_up(runner: ModelRunner) -> None:
     for i, (specs, chunks) in enumerate(steps):
         runner.execute(StepPlan(-1 - i, specs, chunks, []))
     runner.execute(StepPlan(-9, [], [], list(lengths)))
+    if runner.pad_eager:
+        warm_up_matmuls(runner)
+
+
+@torch.inference_mode()
+def warm_up_matmuls(runner: ModelRunner) -> None:
+    """Each linear layer and the LM head once at every padded size an eager step may have (eager_bucket):
+    cuBLAS picks its kernel for a shape it has not seen at ~150 µs of host time per layer, which the
+    first prefill steps of every new size would otherwise pay (tens of milliseconds each)."""
+    model = runner.model
+    largest = runner.config.max_num_batched_tokens + runner.config.max_num_seqs
+    sizes = sorted({eager_bucket(n) for n in range(1, largest + 1)})
+    # One layer of each distinct shape is enough: the choice is cached per shape, not per weight. The LM head
+    # (vocabulary-wide) only ever sees the sampling rows, at most one per running request.
+    layers = {
+        (m.in_features, m.out_features, m.bias is not None): m
+        for m in model.modules()
+        if isinstance(m, nn.Linear) and m.out_features < model.vocab_size
+    }
+    width = next(m for m in model.modules() if isinstance(m, nn.Embedding)).embedding_dim
+
+    def zeros(rows: int, columns: int) -> torch.Tensor:
+        return torch.zeros(rows, columns, dtype=runner.dtype, device=runner.device)
+
+    for size in sizes:
+        for layer in layers.values():
+            layer(zeros(size, layer.in_features))
+        if size <= runner.config.max_num_seqs:
+            model.compute_logits(zeros(size, width))
+    if runner.device.type == "cuda":
+        torch.cuda.synchronize(runner.device)

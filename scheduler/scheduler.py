@@ -203,25 +203,32 @@ class Scheduler:
         """Running requests, oldest first: a decode computes its one new token, a prompt being chunked its
         next chunk from the budget. Short of blocks, the newest running requests are preempted."""
         bs = self.block_size
+        max_model_len = self.max_model_len
+        chunks = step.chunks
         for request in list(self.running):
             if request.status is not RequestStatus.RUNNING:
                 continue  # preempted earlier in this loop to make room
-            prefilling = request.is_prefilling
+            num_computed = request.num_computed
+            prefilling = num_computed < request.num_resume_tokens
             if prefilling:
-                n = min(request.num_resume_tokens - request.num_computed, step.budget)
+                n = min(request.num_resume_tokens - num_computed, step.budget)
                 if n == 0:
                     continue
-            elif request.num_tokens_planned == request.num_computed:
+            elif request.num_tokens_planned == num_computed:
                 continue  # its next token is in flight
             elif request.grammar is not None and request.num_samples_in_flight:
                 continue  # its mask needs the token in flight
-            elif request.num_computed < len(request.block_ids) * bs:
-                # The common case, kept cheap: the next token fits in the request's last block.
-                bitmask = self._bitmask(request)
-                step.chunks.append(ScheduledChunk(request.rid, request.num_computed, 1, [], True, bitmask))
-                request.num_computed += 1
-                self._count_sample(request)
-                if request.num_computed % bs == 0:
+            elif num_computed < len(request.block_ids) * bs:
+                # The common case, kept cheap (one step of every running request passes here): the next
+                # token fits in the request's last block. What _plan_chunk and _count_sample do, inline.
+                bitmask = None if request.grammar is None else request.grammar.next_bitmask()
+                chunks.append(ScheduledChunk(request.rid, num_computed, 1, [], True, bitmask))
+                request.num_computed = num_computed = num_computed + 1
+                request.num_samples_planned += 1
+                planned = len(request.prompt_ids) + request.num_samples_planned
+                if request.num_samples_planned >= request.max_tokens or planned >= max_model_len:
+                    self._last_sampled.append(request)  # can sample no more
+                if num_computed % bs == 0:
                     self._cache_computed_blocks(request)
                 step.decode_tokens += 1
                 continue
@@ -231,7 +238,7 @@ class Scheduler:
             step.preempted |= bool(victims)
             if request in victims:
                 continue
-            step.chunks.append(self._plan_chunk(request, n, worker_has_blocks=len(request.block_ids)))
+            chunks.append(self._plan_chunk(request, n, worker_has_blocks=len(request.block_ids)))
             if prefilling:
                 step.budget -= n
             else:
@@ -402,17 +409,19 @@ class Scheduler:
                 request.prompt_logprobs = item.logprobs
             else:
                 request.prompt_logprobs.extend(item.logprobs)
-        logprobs = {item.rid: item.logprobs for item in result.logprobs}
+        logprobs = {item.rid: item.logprobs for item in result.logprobs} if result.logprobs else None
+        requests, sampled_time = self.requests, result.sampled_time
         for rid, token in zip(result.rids, result.token_ids):
-            request = self.requests.get(rid)
+            request = requests.get(rid)
             if request is None:
                 continue  # finished while this step ran: the extra token is discarded
             request.output_ids.append(token)
-            self.stats.generated_tokens += 1
             reason = self._finish_reason(request, token)
             if request.grammar is not None and (not request.grammar.accept(token) or request.grammar.terminated):
                 reason = "stop"  # the grammar is complete (and EOS sampled), or (never, under its mask) broken
-            out = RequestTokens(rid, [token], result.sampled_time, reason, logprobs=logprobs.get(rid))
+            out = RequestTokens(rid, [token], sampled_time, reason)
+            if logprobs is not None:
+                out.logprobs = logprobs.get(rid)
             if not request.first_tokens_sent:
                 request.first_tokens_sent = True
                 out.first_scheduled = request.times.first_scheduled
@@ -422,6 +431,7 @@ class Scheduler:
             if reason is not None:
                 self._finish(request, reason)
             outputs.append(out)
+        self.stats.generated_tokens += len(outputs)
         return outputs
 
     @staticmethod

@@ -55,3 +55,13 @@ def test_unknown_tag_and_other_version_are_refused():
 def test_wrong_field_count_is_refused():
     with pytest.raises(WireError, match="expects 2 fields"):
         decode(msgpack.packb([AbortRequest.TAG, PROTOCOL_VERSION, 1, "x", "extra"]))
+
+
+def test_a_list_item_of_the_wrong_shape_is_refused():
+    chunk = [3, 0, 1, [], True, None]
+    good = msgpack.packb([StepPlan.TAG, PROTOCOL_VERSION, 1, [], [chunk], [], 0])
+    assert decode(good).chunks == [ScheduledChunk(3, 0, 1, [], True, None)]
+    for bad in ([*chunk, "extra"], chunk[:2], 7):
+        data = msgpack.packb([StepPlan.TAG, PROTOCOL_VERSION, 1, [], [bad], [], 0])
+        with pytest.raises(WireError, match="ScheduledChunk"):
+            decode(data)

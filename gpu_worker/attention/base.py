@@ -29,8 +29,8 @@ Upload = Callable[[Any, torch.dtype], torch.Tensor]
 
 @dataclass(slots=True)
 class BatchLayout:
-    query_lens: list[int]  # tokens computed this forward, per sequence
-    context_lens: list[int]  # KV length after this forward (cached + new), per sequence
+    query_lens: np.ndarray  # [S] int64, tokens computed this forward, per sequence
+    context_lens: np.ndarray  # [S] int64, KV length after this forward (cached + new), per sequence
     # [S, W] int32, the one padded form of the block tables every consumer reads: row i holds the blocks
     # sequence i's context uses, then zeros (never read); W is a power of two so kernels see few strides.
     block_table: np.ndarray
@@ -46,7 +46,12 @@ class BatchLayout:
         table = np.zeros((len(block_tables), width), dtype=np.int32)
         for row, blocks, n in zip(table, block_tables, used):
             row[:n] = blocks[:n]
-        return cls(query_lens, context_lens, table, sum(1 for n in query_lens if n > 1))
+        return cls(
+            np.asarray(query_lens, dtype=np.int64),
+            np.asarray(context_lens, dtype=np.int64),
+            table,
+            sum(1 for n in query_lens if n > 1),
+        )
 
     def slot_mapping(self, positions: np.ndarray, block_size: int) -> np.ndarray:
         """Flat KV-store slot of every computed token: its block (from its sequence's row) times block

@@ -1,0 +1,92 @@
+"""The worker's persistent batch: a step's inputs gathered from per-slot arrays equal those built from the
+plan afresh, and the padding of eager forwards changes no real row's output."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from common.messages import ScheduledChunk
+from common.sampling_params import SamplingParams
+from gpu_worker.attention.base import BatchLayout
+from gpu_worker.input_batch import PersistentBatch, eager_bucket, pad_batch
+from offline import LLM
+from tests.tiny_models import hf_greedy, random_prompts
+
+BLOCK = 4
+
+
+def test_a_mixed_step_matches_the_layout_built_from_the_block_tables():
+    batch = PersistentBatch(num_slots=8, max_blocks_per_request=6, block_size=BLOCK)
+    tables = {5: [10, 11, 12], 2: [3, 4], 7: [20]}  # slot -> blocks
+    for slot, blocks in tables.items():
+        batch.reset(slot)
+        batch.append_blocks(slot, blocks)
+    known = {5: [1] * 9 + [2, 3], 2: list(range(7)), 7: [9, 8]}  # tokens the host holds, per slot
+    # A decode listed before a prefill chunk: the batch must put multi-token chunks first.
+    chunks = [
+        ScheduledChunk(rid=50, start=7, num_tokens=1, new_block_ids=[], sample=True),  # slot 2, pending token
+        ScheduledChunk(rid=70, start=0, num_tokens=2, new_block_ids=[], sample=True),  # slot 7, prompt
+        ScheduledChunk(rid=51, start=8, num_tokens=3, new_block_ids=[], sample=False),  # slot 5, prompt chunk
+    ]
+    slot_of = {50: 2, 70: 7, 51: 5}
+    slots = np.array([slot_of[c.rid] for c in chunks])
+    inputs = batch.prepare(chunks, slots, np.array([len(known[s]) for s in slots]), lambda c: known[slot_of[c.rid]])
+
+    assert [c.rid for c in inputs.chunks] == [70, 51, 50]
+    expected = BatchLayout.build([2, 3, 1], [2, 11, 8], [tables[7], tables[5], tables[2]], BLOCK)
+    assert inputs.layout.query_lens.tolist() == [2, 3, 1]
+    assert inputs.layout.context_lens.tolist() == [2, 11, 8]
+    assert inputs.layout.num_prefill_seqs == 2
+    width = expected.block_table.shape[1]
+    for row, blocks in enumerate([tables[7], tables[5], tables[2]]):
+        used = -(-expected.context_lens[row] // BLOCK)
+        assert inputs.layout.block_table[row, :used].tolist() == blocks[:used]
+    assert inputs.layout.block_table.shape[1] == width
+    assert inputs.positions.tolist() == [0, 1, 8, 9, 10, 7]
+    assert inputs.slot_mapping.tolist() == expected.slot_mapping(inputs.positions, BLOCK).tolist()
+    assert inputs.input_ids.tolist() == [9, 8, 1, 2, 3, 0]  # the decode's token is only on the device
+    assert inputs.pending_rows.tolist() == [5] and inputs.pending_slots.tolist() == [2]
+    assert inputs.sampling_rows.tolist() == [0, 2] and inputs.logit_rows.tolist() == [1, 5]
+
+
+def test_a_position_two_steps_ahead_of_the_host_is_refused():
+    batch = PersistentBatch(num_slots=2, max_blocks_per_request=4, block_size=BLOCK)
+    batch.append_blocks(0, [1, 2])
+    chunk = ScheduledChunk(rid=9, start=5, num_tokens=1, new_block_ids=[], sample=True)
+    with pytest.raises(ValueError, match="request 9: position 5 is more than one step ahead"):
+        batch.prepare([chunk], np.array([0]), np.array([4]), lambda c: [0] * 4)
+
+
+def test_a_request_cannot_hold_more_blocks_than_its_context_allows():
+    batch = PersistentBatch(num_slots=1, max_blocks_per_request=3, block_size=BLOCK)
+    batch.append_blocks(0, [1, 2, 3, 4])  # 4 columns: a power of two of them is kept
+    with pytest.raises(ValueError, match="exceed"):
+        batch.append_blocks(0, [5])
+
+
+def test_eager_buckets_are_few_and_cover_every_count():
+    buckets = {eager_bucket(n) for n in range(1, 4500)}
+    assert all(eager_bucket(n) >= n for n in range(1, 4500))
+    assert all(eager_bucket(n) - n < 64 for n in range(65, 4500))
+    assert len(buckets) < 80
+
+
+def test_padding_rows_are_one_token_sequences_in_the_scratch_block():
+    layout = BatchLayout.build([3, 1], [3, 5], [[1], [2, 3]], BLOCK)
+    ids, pos, slots, padded = pad_batch(
+        np.array([5, 6, 7, 8]), np.array([0, 1, 2, 4]), np.array([4, 5, 6, 12]), layout, 6, 9, BLOCK
+    )
+    assert ids.tolist() == [5, 6, 7, 8, 0, 0] and pos.tolist() == [0, 1, 2, 4, 0, 0]
+    assert slots.tolist() == [4, 5, 6, 12, 36, 36]
+    assert padded.query_lens.tolist() == [3, 1, 1, 1] and padded.context_lens.tolist() == [3, 5, 1, 1]
+    assert padded.block_table[2:, 0].tolist() == [9, 9] and padded.num_prefill_seqs == 1
+
+
+def test_padded_eager_forwards_give_the_same_tokens(tiny_model):
+    """What CUDA runs (every eager forward padded to a bucket), forced on the CPU: still token-exact."""
+    prompts = random_prompts(5, [3, 17, 40, 9, 66], vocab=256, seed=3)
+    llm = LLM(str(tiny_model), device="cpu", dtype="float32", max_num_batched_tokens=48)
+    llm.runner.pad_eager = True
+    outs = llm.generate(prompts, SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True))
+    assert [o.token_ids for o in outs] == hf_greedy(tiny_model, prompts, 12)
