@@ -1,7 +1,9 @@
-"""Start the server: GPU worker, scheduler, tokenizer workers and K HTTP frontend processes, then watch them.
+"""Start the server: D engine replicas (a GPU worker and a scheduler each), tokenizer workers and K HTTP frontend
+processes, then watch them.
 
     python launch.py                       # the embedded default model, SmolLM2-135M-Instruct
     python launch.py --model gpt2          # a hub id (where the hub is reachable), a folder, or a .gguf file
+    python launch.py --data-parallel-size 2   # two engine replicas (on CUDA: cuda:0 and cuda:1)
 
 Every child is started with spawn (never fork: CUDA must not be inherited), dies with this process
 (PR_SET_PDEATHSIG), and is watched: if one dies, the server stops and exits non-zero naming it. The
@@ -20,7 +22,7 @@ import signal
 import socket
 import sys
 import time
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -65,6 +67,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--port", type=int, default=8000, help="HTTP port")
     parser.add_argument("--tokenizer-workers", type=int, default=2, help="tokenizer worker processes")
     parser.add_argument(
+        "--data-parallel-size",
+        "-dp",
+        type=int,
+        default=1,
+        help="engine replicas (a scheduler and a GPU worker each, replica i on cuda:i), each request routed to "
+        "the one with its longest cached prefix, else the least loaded",
+    )
+    parser.add_argument(
         "--api-server-count",
         type=int,
         default=default_api_server_count(),
@@ -107,6 +117,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         args.api_key = os.environ.get("CLEARSERVE_API_KEY")
     if args.tokenizer_workers < 1:
         parser.error("--tokenizer-workers must be at least 1")
+    if args.data_parallel_size < 1:
+        parser.error("--data-parallel-size must be at least 1")
     if args.default_max_tokens < 0:
         parser.error("--default-max-tokens must be 0 (the rest of the context) or more")
     if args.api_server_count < 1:
@@ -137,6 +149,16 @@ class ChildDied(RuntimeError):
     pass
 
 
+@dataclass(slots=True)
+class Engine:
+    """One engine replica as its processes reported it at start-up."""
+
+    index: int
+    device: str
+    num_kv_blocks: int
+    max_model_len: int
+
+
 class Launcher:
     def __init__(self, args: argparse.Namespace):
         from common.transport import Endpoints, make_run_dir
@@ -148,6 +170,7 @@ class Launcher:
         self.endpoints = Endpoints(self.run_dir)
         self.spawn = mp.get_context("spawn")
         self.children: dict[str, mp.process.BaseProcess] = {}
+        self.ready: dict = {}  # every READY received, by role
         self.serving = False
         self.exit_code = 0
 
@@ -180,8 +203,6 @@ class Launcher:
         from frontend import process as frontend_process
         from frontend.engine_client import EngineLimits
         from frontend.limits import HttpLimits
-        from gpu_worker import process as gpu_process
-        from scheduler import process as scheduler_process
         from tokenizer_worker import process as tokenizer_process
 
         config = replace(EngineConfig.from_args(args), model=str(folder))
@@ -189,24 +210,18 @@ class Launcher:
         ready = pull_socket(zmq.Context.instance(), self.endpoints.launcher_ready)
         tail = (self.run_dir, args.log_level, os.getpid(), self.profile)
         num_frontends = args.api_server_count
-        log.info("starting the GPU worker and %d tokenizer workers", args.tokenizer_workers)
-        self._start("gpu_worker", gpu_process.main, (config, info, *tail))
+        num_replicas = args.data_parallel_size
+        log.info("starting %d tokenizer workers", args.tokenizer_workers)
         for i in range(args.tokenizer_workers):
-            self._start(
-                f"tokenizer-{i}", tokenizer_process.main, (i, str(tokenizer), num_frontends, *tail, chat_template)
-            )
-        replies = self._wait_ready(ready, {"gpu_worker"})
-        num_blocks = replies["gpu_worker"].info["num_kv_blocks"]
-        self._start(
-            "scheduler",
-            scheduler_process.main,
-            (config, info, num_blocks, args.tokenizer_workers, num_frontends, *tail),
-        )
-        replies.update(self._wait_ready(ready, set(self.children) - set(replies)))
+            routing = (num_replicas, config.block_size)
+            tokenizer_args = (i, str(tokenizer), num_frontends, *tail, chat_template, *routing)
+            self._start(f"tokenizer-{i}", tokenizer_process.main, tokenizer_args)
+        engines = self._start_engine_replicas(ready, config, info, num_replicas, tail)
+        self._wait_ready(ready, set(self.children))
         limits = EngineLimits(
             served_model_name=args.served_model_name or default_served_name(args.model),
-            max_model_len=replies["scheduler"].info["max_model_len"],
-            num_kv_blocks=num_blocks,
+            max_model_len=min(engine.max_model_len for engine in engines.values()),
+            num_kv_blocks=min(engine.num_kv_blocks for engine in engines.values()),  # what one request may use
             block_size=config.block_size,
         )
         # The frontends' request metrics live in files here, so any of them can answer /metrics for all.
@@ -229,7 +244,37 @@ class Launcher:
         self._wait_ready(ready, set(frontends))
         ready.close()
         self.serving = True
-        self._announce(limits, clock.total_s())
+        self._announce(limits, engines, clock.total_s())
+
+    def _start_engine_replicas(self, ready_socket, config, info, num_replicas: int, tail: tuple) -> dict[str, Engine]:
+        """Start every replica's GPU worker, then, once each has sized its KV store, its scheduler; returns
+        each replica's engine under its scheduler's role, when all are ready."""
+        from common.engine_replica import engine_replicas
+        from gpu_worker import process as gpu_process
+        from scheduler import process as scheduler_process
+
+        replicas = engine_replicas(num_replicas)
+        log.info("starting %d engine replica%s", num_replicas, "" if num_replicas == 1 else "s")
+        for replica in replicas:
+            self._start(replica.gpu_worker_role, gpu_process.main, (config, info, *tail, replica))
+        workers = self._wait_ready(ready_socket, {replica.gpu_worker_role for replica in replicas})
+        for replica in replicas:
+            num_blocks = workers[replica.gpu_worker_role].info["num_kv_blocks"]
+            scheduler_args = (config, info, num_blocks, self.args.tokenizer_workers, self.args.api_server_count)
+            self._start(replica.scheduler_role, scheduler_process.main, (*scheduler_args, *tail, replica))
+        schedulers = self._wait_ready(ready_socket, {replica.scheduler_role for replica in replicas})
+        engines = {}
+        for replica in replicas:
+            worker = workers[replica.gpu_worker_role].info
+            engine = Engine(
+                replica.index,
+                worker["device"],
+                worker["num_kv_blocks"],
+                schedulers[replica.scheduler_role].info["max_model_len"],
+            )
+            log.info("engine replica %d: %d KV blocks on %s", engine.index, engine.num_kv_blocks, engine.device)
+            engines[replica.scheduler_role] = engine
+        return engines
 
     def _start(self, role: str, target, args: tuple) -> None:
         process = self.spawn.Process(target=target, args=args, name=role, daemon=False)
@@ -237,25 +282,27 @@ class Launcher:
         self.children[role] = process
 
     def _wait_ready(self, ready_socket, roles: set[str]) -> dict:
+        """The READY messages of `roles`, once each has sent its own (others' that come first are kept)."""
         from common.transport import recv
 
-        replies = {}
-        while roles - set(replies):
+        while roles - set(self.ready):
             self._raise_if_a_child_died()
             if ready_socket.poll(timeout=200):
                 message = recv(ready_socket)
-                replies[message.role] = message
-        return replies
+                self.ready[message.role] = message
+        return {role: self.ready[role] for role in roles}
 
     def _raise_if_a_child_died(self) -> None:
         for role, process in self.children.items():
             if process.exitcode is not None:
                 raise ChildDied(f"process {role} (pid {process.pid}) died with exit code {process.exitcode}")
 
-    def _announce(self, limits, elapsed_s: float) -> None:
+    def _announce(self, limits, engines: dict[str, Engine], elapsed_s: float) -> None:
+        blocks = [engine.num_kv_blocks for engine in engines.values()]
+        kv = f"{blocks[0]} KV blocks" if len(blocks) == 1 else f"{len(blocks)} engine replicas of {blocks} KV blocks"
         print(
             f"clearserve ready on http://{self.args.host}:{self.args.port} serving {limits.served_model_name!r}: "
-            f"{len(self.children)} processes ({self.args.api_server_count} HTTP), {limits.num_kv_blocks} KV blocks "
+            f"{len(self.children)} processes ({self.args.api_server_count} HTTP), {kv} "
             f"of {limits.block_size} tokens, context {limits.max_model_len} (started in {elapsed_s:.1f} s)",
             flush=True,
         )

@@ -62,6 +62,7 @@ from benchmarks.workloads import (
     send_offsets,
     unique_prompt,
 )
+from common.engine_replica import is_scheduler_role
 
 ROOT = Path(__file__).resolve().parent.parent
 SERVER_START_TIMEOUT_S = 300.0
@@ -292,11 +293,17 @@ async def served_model(client: httpx.AsyncClient) -> str | None:
 
 
 def server_view(before: dict[str, dict] | None, after: dict[str, dict] | None) -> dict | None:
-    """What the scheduler did during the run: counter deltas and per-step means."""
-    if not before or not after or "scheduler" not in before or "scheduler" not in after:
+    """What the schedulers did during the run (every engine replica's, summed): counter deltas and per-step
+    means (steps: of all replicas)."""
+    if not before or not after:
         return None
-    before, after = before["scheduler"], after["scheduler"]
-    delta = {key: after.get(key, 0) - before.get(key, 0) for key in SCHEDULER_COUNTERS}
+    schedulers = [role for role in after if is_scheduler_role(role) and role in before]
+    if not schedulers:
+        return None
+    delta = {
+        key: sum(after[role].get(key, 0) - before[role].get(key, 0) for role in schedulers)
+        for key in SCHEDULER_COUNTERS
+    }
     steps = delta["steps"]
     admitted = delta["prompt_tokens_admitted"]
     return {

@@ -76,6 +76,14 @@ class SchedulerStats:
         return asdict(self)
 
     @classmethod
+    def total(cls, replicas: list[SchedulerStats]) -> SchedulerStats | None:
+        """The server's figures from each engine replica's: every gauge and counter summed (the hit rate and
+        the usage, ratios of sums, follow). None for no replica."""
+        if not replicas:
+            return None
+        return cls(**{f.name: sum(getattr(s, f.name) for s in replicas) for f in fields(cls)})
+
+    @classmethod
     def from_payload(cls, payload: dict[str, Any]) -> SchedulerStats:
         """The stats in a control reply, which also carries the process's own activity keys."""
         return cls(**{f.name: payload[f.name] for f in fields(cls) if f.name in payload})

@@ -4,11 +4,12 @@ All endpoints are ipc:// files in one private run directory (mode 0700). The rec
 senders connect (fan-in where many send to one). One PUSH/PULL connection delivers in order, which is
 why a request and its abort, taking the same path, can never overtake each other.
 
-    frontend[k] ──tokenizer-{i}-requests──▶ tokenizer[i] ──scheduler-requests──▶ scheduler ──worker-plans──▶ gpu_worker
-    frontend[k] ◀──frontend-{k}-outputs── tokenizer[i] ◀──tokenizer-{i}-tokens── scheduler ◀──scheduler-results──┘
+    frontend[k] ─tokenizer-{i}-requests─▶ tokenizer[i] ─scheduler-{r}-requests─▶ scheduler[r] ─worker-{r}-plans─▶ gpu[r]
+    frontend[k] ◀─frontend-{k}-outputs─ tokenizer[i] ◀─tokenizer-{i}-tokens─ scheduler[r] ◀─scheduler-{r}-results─┘
     any ──launcher-ready──▶ launcher;   asker ──control-{role}──▶ any ──control-replies-{asker}──▶ asker
 
-Request ids route both ways (common/request_ids.py): tokenizer worker rid % N, frontend rid % K.
+Request ids route both ways (common/request_ids.py): tokenizer worker rid % N, frontend rid % K. The engine
+replica r is chosen by the tokenizer worker (tokenizer_worker/router.py), which remembers it for the abort.
 """
 
 from __future__ import annotations
@@ -39,17 +40,15 @@ class Endpoints:
     def frontend_outputs(self, index: int) -> str:
         return self._ipc(f"frontend-{index}-outputs")
 
-    @property
-    def scheduler_requests(self) -> str:
-        return self._ipc("scheduler-requests")
+    # One of each per engine replica (common/engine_replica.py): replicas share no socket.
+    def scheduler_requests(self, replica: int) -> str:
+        return self._ipc(f"scheduler-{replica}-requests")
 
-    @property
-    def worker_plans(self) -> str:
-        return self._ipc("worker-plans")
+    def worker_plans(self, replica: int) -> str:
+        return self._ipc(f"worker-{replica}-plans")
 
-    @property
-    def scheduler_results(self) -> str:
-        return self._ipc("scheduler-results")
+    def scheduler_results(self, replica: int) -> str:
+        return self._ipc(f"scheduler-{replica}-results")
 
     @property
     def launcher_ready(self) -> str:

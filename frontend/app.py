@@ -20,6 +20,7 @@ from fastapi.responses import JSONResponse
 from prometheus_client import CONTENT_TYPE_LATEST
 from pydantic import BaseModel
 
+from common.engine_replica import is_scheduler_role
 from common.messages import ControlReply
 from common.profiling import NOT_ENABLED, ProcessProfiler, merged_trace_path
 from frontend.auth import api_key_check
@@ -96,8 +97,9 @@ def build_app(
     @app.get("/metrics")
     async def prometheus_metrics() -> Response:
         replies = await client.control("stats", timeout=STATS_TIMEOUT_S)
-        scheduler = replies.get("scheduler")
-        body = metrics.render(scheduler.payload if scheduler is not None else None)
+        schedulers = [role for role in client.roles if is_scheduler_role(role)]  # one per engine replica
+        answered = all(role in replies for role in schedulers)
+        body = metrics.render([replies[role].payload for role in schedulers] if answered else None)
         return Response(body, media_type=CONTENT_TYPE_LATEST)
 
     # Profiling: the frontend starts first and stops last, so its own trace covers the whole exchange. Its own

@@ -9,7 +9,8 @@ Two sources:
   (arrival, tokenized, queued, first scheduled, each output's streamed time), so a latency breakdown
   and /metrics agree;
 - the scheduler's state and counters, asked for at scrape time (`control("stats")`) and exposed as the
-  metrics `common/scheduler_stats.py` names.
+  metrics `common/scheduler_stats.py` names. With several engine replicas, their schedulers' figures are
+  summed (blocks, requests, tokens: the server's totals); /stats has each replica's own.
 
 Every measure vLLM also has is exposed twice: as `clearserve_*`, and under vLLM's name (`vllm:*`, labelled
 `model_name` as vLLM's are) so Grafana dashboards made for vLLM work unchanged. README.md lists the pairs.
@@ -190,9 +191,12 @@ class FrontendMetrics:
         self.requests_finished.labels(finish_reason=finish_reason).inc()
         self.vllm_request_success.labels(model_name=self.model_name, finished_reason=finish_reason).inc()
 
-    def render(self, scheduler_stats: dict | None) -> bytes:
+    def render(self, scheduler_stats: list[dict] | None) -> bytes:
+        """`scheduler_stats`: every engine replica's scheduler's stats, summed into one set of metrics; None
+        (or none at all) when a scheduler did not answer."""
         # Set and render with no await between: concurrent scrapes each see their own snapshot.
-        self.scheduler.snapshot = SchedulerStats.from_payload(scheduler_stats) if scheduler_stats is not None else None
+        payloads = scheduler_stats or []
+        self.scheduler.snapshot = SchedulerStats.total([SchedulerStats.from_payload(p) for p in payloads]) or None
         if self.multiprocess_dir is None:
             return generate_latest(self.registry)
         every_frontend = CollectorRegistry()

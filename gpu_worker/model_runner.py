@@ -79,9 +79,17 @@ class LaunchedStep:
     prompt_logprobs: list[tuple[int, int, int, list[int], list[torch.Tensor]]] | None = None
 
 
-def resolve_device(name: str) -> torch.device:
+def resolve_device(name: str, index: int = 0) -> torch.device:
+    """`index`: which GPU "cuda" means (an engine replica's); a CPU has one device."""
     if name == "auto":
         name = "cuda" if torch.cuda.is_available() else "cpu"
+    if name == "cuda":
+        visible = torch.cuda.device_count()
+        if index >= visible:
+            raise RuntimeError(f"engine replica {index} runs on cuda:{index}, but {visible} GPU(s) are visible")
+        device = torch.device("cuda", index)
+        torch.cuda.set_device(device)  # what runs on "the current device" (graph pools, Triton launches) too
+        return device
     return torch.device(name)
 
 
@@ -89,12 +97,13 @@ class ModelRunner:
     """Loads the model, allocates the KV store (sized by kv_sizing.py) and runs plans. Its owners (the worker
     process, LLM) warm it up with warm_up.py before the first request."""
 
-    def __init__(self, config: EngineConfig, info: ModelInfo, phases: PhaseClock | None = None):
+    def __init__(self, config: EngineConfig, info: ModelInfo, phases: PhaseClock | None = None, device_index: int = 0):
         """`phases`: log each start-up phase (weights, KV store, CUDA graphs) there, with a progress bar for
-        the weights (the server's worker); None: quiet (tests, the offline engine)."""
+        the weights (the server's worker); None: quiet (tests, the offline engine). `device_index`: the GPU
+        to run on, an engine replica's own."""
         self.config = config
         self.info = info
-        self.device = resolve_device(config.device)
+        self.device = resolve_device(config.device, device_index)
         self.dtype = resolve_dtype(config.dtype, self.device)
         self.block_size = config.block_size
         # The Triton path is the whole forward: attention kernels and the models' fused elementwise ones;

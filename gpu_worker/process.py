@@ -1,6 +1,8 @@
 """The GPU worker process: load the model, allocate the KV store, warm up, then run plans in order.
 
-scheduler ──StepPlan──▶ [PULL worker-plans] ─ execute ─ [PUSH scheduler-results] ──StepResult──▶ scheduler
+scheduler[r] ──StepPlan──▶ [PULL worker-{r}-plans] ─ execute ─ [PUSH scheduler-{r}-results] ──StepResult──▶ scheduler[r]
+
+r: the engine replica (common/engine_replica.py); on CUDA, replica r runs on device cuda:r.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import zmq
 
 from common.config import EngineConfig
 from common.control import ControlServer
+from common.engine_replica import EngineReplica
 from common.messages import StepPlan, StepResult
 from common.model_info import ModelInfo
 from common.process import announce_ready, exit_child, init_child_process
@@ -21,9 +24,8 @@ from common.startup import PhaseClock
 from common.transport import Endpoints, pull_socket, push_socket, recv, send
 from gpu_worker.step_queue import StepQueue
 
-ROLE = "gpu_worker"
 CONTROL_POLL_MS = 100  # an idle worker wakes this often to answer control commands queued for its main thread
-log = logging.getLogger(ROLE)
+log = logging.getLogger("gpu_worker")
 
 
 def main(
@@ -33,8 +35,10 @@ def main(
     log_level: str,
     parent_pid: int,
     profile: ProfileConfig = ProfileConfig(),
+    replica: EngineReplica = EngineReplica(),
 ) -> None:
-    init_child_process(ROLE, log_level, parent_pid)
+    role = replica.gpu_worker_role
+    init_child_process(role, log_level, parent_pid)
     endpoints = Endpoints(run_dir)
     if config.load_format == "null":
         from gpu_worker.null_runner import NullRunner
@@ -46,20 +50,20 @@ def main(
         from gpu_worker.warm_up import warm_up
 
         phases = PhaseClock(log)
-        runner = ModelRunner(config, info, phases)
+        runner = ModelRunner(config, info, phases, device_index=replica.index)
         warm_up(runner)
         phases.done("warmed up: every kind of step ran once")
 
     ctx = zmq.Context.instance()
     worker = WorkerLoop(
         runner,
-        pull_socket(ctx, endpoints.worker_plans),
-        push_socket(ctx, endpoints.scheduler_results),
-        ProcessProfiler(profile, ROLE, TorchProfiler),
+        pull_socket(ctx, endpoints.worker_plans(replica.index)),
+        push_socket(ctx, endpoints.scheduler_results(replica.index)),
+        ProcessProfiler(profile, role, TorchProfiler),
     )
-    control = ControlServer(endpoints, ROLE, stats=worker.stats)
+    control = ControlServer(endpoints, role, stats=worker.stats)
     announce_ready(
-        run_dir, ROLE, {"num_kv_blocks": runner.num_kv_blocks, "device": str(runner.device), "dtype": str(runner.dtype)}
+        run_dir, role, {"num_kv_blocks": runner.num_kv_blocks, "device": str(runner.device), "dtype": str(runner.dtype)}
     )
     try:
         worker.run(control)

@@ -1,8 +1,10 @@
 """The scheduler process: admits requests, plans steps, and keeps the GPU busy with one plan queued ahead.
 
-    tokenizers ──TokenizedRequest/AbortRequest──▶ [PULL scheduler-requests]
-    [PUSH worker-plans] ──StepPlan──▶ gpu_worker ──StepResult──▶ [PULL scheduler-results]
+    tokenizers ──TokenizedRequest/AbortRequest──▶ [PULL scheduler-{r}-requests]
+    [PUSH worker-{r}-plans] ──StepPlan──▶ gpu_worker[r] ──StepResult──▶ [PULL scheduler-{r}-results]
     [PUSH tokenizer-{i}-tokens] ──RequestAccepted/Rejected, TokenBatch──▶ tokenizer[rid % N]
+
+r: the engine replica this scheduler belongs to (common/engine_replica.py); it knows no other replica.
 
 Overlap: plan N+1 is sent before result N is read, so the worker starts step N+1 the moment it finishes
 N, while the scheduler processes N's tokens and streams them. Hence at most PIPELINE_DEPTH plans are
@@ -20,6 +22,7 @@ import zmq
 
 from common.config import EngineConfig
 from common.control import ControlServer, frontend_role
+from common.engine_replica import EngineReplica
 from common.messages import (
     AbortRequest,
     ControlRequest,
@@ -37,9 +40,8 @@ from common.request_ids import tokenizer_of
 from common.transport import Endpoints, pull_socket, push_socket, recv, send
 from scheduler.scheduler import Scheduler
 
-ROLE = "scheduler"
 IDLE_POLL_MS = 100
-log = logging.getLogger(ROLE)
+log = logging.getLogger("scheduler")
 
 
 def main(
@@ -52,11 +54,12 @@ def main(
     log_level: str,
     parent_pid: int,
     profile: ProfileConfig = ProfileConfig(),
+    replica: EngineReplica = EngineReplica(),
 ) -> None:
-    init_child_process(ROLE, log_level, parent_pid)
+    init_child_process(replica.scheduler_role, log_level, parent_pid)
     scheduler = Scheduler(config, info, num_kv_blocks)
-    loop = SchedulerLoop(scheduler, Endpoints(run_dir), num_tokenizers, profile, num_frontends)
-    announce_ready(run_dir, ROLE, {"max_model_len": loop.scheduler.max_model_len})
+    loop = SchedulerLoop(scheduler, Endpoints(run_dir), num_tokenizers, profile, num_frontends, replica)
+    announce_ready(run_dir, replica.scheduler_role, {"max_model_len": loop.scheduler.max_model_len})
     try:
         loop.run()
     except SystemExit:
@@ -116,21 +119,25 @@ class SchedulerLoop:
         num_tokenizers: int,
         profile: ProfileConfig = ProfileConfig(),
         num_frontends: int = 1,
+        replica: EngineReplica = EngineReplica(),
     ):
         self.scheduler = scheduler
         self.endpoints = endpoints
+        role = replica.scheduler_role
         ctx: zmq.Context = zmq.Context.instance()
-        self.requests = pull_socket(ctx, endpoints.scheduler_requests)
-        self.results = pull_socket(ctx, endpoints.scheduler_results)
-        self.plans = push_socket(ctx, endpoints.worker_plans)
+        self.requests = pull_socket(ctx, endpoints.scheduler_requests(replica.index))
+        self.results = pull_socket(ctx, endpoints.scheduler_results(replica.index))
+        self.plans = push_socket(ctx, endpoints.worker_plans(replica.index))
         self.tokenizers = [push_socket(ctx, endpoints.tokenizer_tokens(i)) for i in range(num_tokenizers)]
-        self.control = ControlServer(endpoints, ROLE, stats=self.stats)
+        self.control = ControlServer(endpoints, role, stats=self.stats)
         self.activity = ProcessStats()
-        self.profiler = ProcessProfiler(profile, ROLE)
+        self.profiler = ProcessProfiler(profile, role)
         self.window = None
         if profile.steps:
-            others = [f"tokenizer-{i}" for i in range(num_tokenizers)]
-            others += [frontend_role(k) for k in range(num_frontends)]
+            others: list[str] = []
+            if replica.index == 0:  # every replica profiles its own window; replica 0 alone tells the others
+                others = [f"tokenizer-{i}" for i in range(num_tokenizers)]
+                others += [frontend_role(k) for k in range(num_frontends)]
             self.window = ProfileWindow(profile.steps, self.profiler, endpoints, others)
         self.in_flight = 0
         self.last_log = 0.0

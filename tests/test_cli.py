@@ -39,6 +39,15 @@ def test_vllm_flag_spellings_set_the_same_settings():
     assert parse_args(["--no-prefix-cache"]).enable_prefix_caching is False
     assert parse_args(["--no-enable-chunked-prefill"]).enable_chunked_prefill is False
     assert parse_args(["--num-gpu-blocks-override", "12"]).num_kv_blocks == 12
+    assert parse_args([]).data_parallel_size == 1
+    assert parse_args(["--data-parallel-size", "2"]).data_parallel_size == 2
+    assert parse_args(["-dp", "2"]).data_parallel_size == 2
+
+
+def test_no_engine_replicas_is_refused(capsys):
+    with pytest.raises(SystemExit):
+        parse_args(["--data-parallel-size", "0"])
+    assert "--data-parallel-size must be at least 1" in capsys.readouterr().err
 
 
 def test_help_shows_the_defaults(capsys):

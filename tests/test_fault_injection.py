@@ -32,9 +32,9 @@ STREAMS_END_WITHIN_S = {signal.SIGKILL: 3, signal.SIGSTOP: WATCHDOG_S + 1 + 1 + 
 LAUNCHER_EXITS_WITHIN_S = 20
 
 
-def start_server(model, tmp_path) -> ServerProcess:
+def start_server(model, tmp_path, *flags: str) -> ServerProcess:
     return ServerProcess(
-        model, "--max-num-seqs", "1", "--watchdog-timeout", str(WATCHDOG_S), log_path=tmp_path / "server.log"
+        model, "--max-num-seqs", "1", "--watchdog-timeout", str(WATCHDOG_S), *flags, log_path=tmp_path / "server.log"
     )
 
 
@@ -104,6 +104,22 @@ def test_a_dead_or_stuck_child_ends_every_open_stream_with_an_error(tiny_gpt2, t
         assert role in srv.log()
         if sig == signal.SIGSTOP:
             assert "answered no ping" in srv.log()
+        assert_nothing_left(srv, pids)
+    finally:
+        srv.stop(signal.SIGKILL)
+
+
+def test_a_dead_engine_replica_ends_the_server_as_any_child_does(tiny_gpt2, tmp_path):
+    srv = start_server(tiny_gpt2, tmp_path, "--data-parallel-size", "2")
+    try:
+        pids = srv.child_pids()
+        assert {"gpu_worker-0", "gpu_worker-1", "scheduler-0", "scheduler-1"} <= set(pids)
+        futures, started = open_streams(srv, STREAMS)
+        assert started.wait(60), "no stream started"
+        os.kill(pids["gpu_worker-1"], signal.SIGKILL)
+        assert_every_stream_ended_with_an_error_and_done(futures, STREAMS_END_WITHIN_S[signal.SIGKILL])
+        assert srv.proc.wait(timeout=LAUNCHER_EXITS_WITHIN_S) == 1
+        assert "process gpu_worker-1" in srv.log() and "died" in srv.log()
         assert_nothing_left(srv, pids)
     finally:
         srv.stop(signal.SIGKILL)

@@ -9,7 +9,7 @@ import os
 import shutil
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
@@ -33,6 +33,7 @@ from common.messages import (
     TokenizedRequest,
     TokenizeRequest,
 )
+from common.profiling import ProfileConfig
 from common.sampling_params import InvalidParameter, SamplingParams
 from common.transport import Endpoints, make_run_dir, pull_socket, push_socket, recv, send
 from tests.tiny_models import build_tokenizer
@@ -61,6 +62,7 @@ class Harness:
     control: zmq.Socket
     control_replies: zmq.Socket
     tokenizer: Tokenizer
+    other_replicas: list[zmq.Socket] = field(default_factory=list)  # replicas 1.. (to_scheduler is replica 0's)
 
     def submit(self, rid: int, sampling: SamplingParams | None = None, **prompt: Any) -> TokenizedRequest:
         send(self.requests, GenerateRequest(rid, sampling or SamplingParams(), 100.0, **prompt))
@@ -74,16 +76,19 @@ class Harness:
 
 
 @contextmanager
-def running_worker(model_folder: str) -> Iterator[Harness]:
+def running_worker(model_folder: str, num_replicas: int = 1) -> Iterator[Harness]:
     run_dir = make_run_dir()
     endpoints = Endpoints(run_dir)
     ctx = zmq.Context()
     to_frontend = pull_socket(ctx, endpoints.frontend_outputs(0))
-    to_scheduler = pull_socket(ctx, endpoints.scheduler_requests)
+    to_scheduler = pull_socket(ctx, endpoints.scheduler_requests(0))
+    other_replicas = [pull_socket(ctx, endpoints.scheduler_requests(r)) for r in range(1, num_replicas)]
     launcher = pull_socket(ctx, endpoints.launcher_ready)
     control_replies = pull_socket(ctx, endpoints.control_replies(ASKER))
     process = multiprocessing.get_context("spawn").Process(
-        target=main, args=(0, model_folder, 1, run_dir, "warning", os.getpid()), daemon=True
+        target=main,
+        args=(0, model_folder, 1, run_dir, "warning", os.getpid(), ProfileConfig(), None, num_replicas),
+        daemon=True,
     )
     process.start()
     try:
@@ -97,6 +102,7 @@ def running_worker(model_folder: str) -> Iterator[Harness]:
             push_socket(ctx, endpoints.control("tokenizer-0")),
             control_replies,
             Tokenizer.load(model_folder),
+            other_replicas,
         )
     finally:
         process.kill()
@@ -337,3 +343,19 @@ def test_logit_bias_outside_the_vocabulary_is_refused(worker, rid):
     send(worker.requests, GenerateRequest(rid, SamplingParams(logit_bias={10**6: 1.0}), 100.0, prompt="hi"))
     refused = receive(worker.to_frontend)
     assert isinstance(refused, RequestRejected) and refused.param == "logit_bias"
+
+
+def test_requests_are_spread_over_engine_replicas_and_each_abort_reaches_its_requests_replica(model_folder):
+    with running_worker(model_folder, num_replicas=2) as harness:
+        replicas = [harness.to_scheduler, *harness.other_replicas]
+        for rid, replica in [(1, 0), (2, 1), (3, 0)]:  # least load, then index
+            send(harness.requests, GenerateRequest(rid, SamplingParams(), 100.0, prompt=f"request {rid}"))
+            assert receive(replicas[replica]).rid == rid
+        send(harness.requests, AbortRequest(2))
+        assert receive(replicas[1]) == AbortRequest(2)
+        harness.step(tokens(1, [5], "length"))  # finished: replica 0 has one request left, replica 1 none
+        send(harness.requests, GenerateRequest(4, SamplingParams(), 100.0, prompt="request 4"))
+        assert receive(replicas[1]).rid == 4
+        send(harness.requests, AbortRequest(3))
+        assert receive(replicas[0]) == AbortRequest(3)
+        assert not any(replica.poll(100) for replica in replicas)

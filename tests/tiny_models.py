@@ -73,7 +73,7 @@ def build_model(kind: str, folder: Path, seed: int = 0, **overrides) -> Path:
         )
         model = GPT2LMHeadModel(config)
     elif kind == "llama":
-        config = LlamaConfig(
+        llama = dict(
             vocab_size=vocab,
             hidden_size=64,
             intermediate_size=128,
@@ -85,8 +85,8 @@ def build_model(kind: str, folder: Path, seed: int = 0, **overrides) -> Path:
             tie_word_embeddings=False,
             eos_token_id=0,
             bos_token_id=0,
-            **overrides,
         )
+        config = LlamaConfig(**{**llama, **overrides})
         model = LlamaForCausalLM(config)
     else:
         raise ValueError(kind)

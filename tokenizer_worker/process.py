@@ -1,9 +1,10 @@
 """The tokenizer worker's process: its sockets, its loop, its counters.
 
-    frontend[k] ──tokenizer-{i}-requests──▶ ┌───────────────┐ ──scheduler-requests──▶ scheduler
+    frontend[k] ──tokenizer-{i}-requests──▶ ┌───────────────┐ ──scheduler-{r}-requests──▶ scheduler[r]
                                             │ tokenizer[i]  │
-    frontend[k] ◀──frontend-{k}-outputs──── └───────────────┘ ◀──tokenizer-{i}-tokens── scheduler
+    frontend[k] ◀──frontend-{k}-outputs──── └───────────────┘ ◀──tokenizer-{i}-tokens──── every scheduler
 
+A tokenized request goes to the engine replica its router picks (router.py), which it keeps for its life.
 Aborts from the frontend go to the scheduler on the socket their request took, so they cannot overtake it.
 Outputs go to the frontend that holds the request (rid % K): one OutputBatch per frontend per step.
 """
@@ -36,6 +37,7 @@ from common.process import announce_ready, exit_child, init_child_process
 from common.profiling import ProcessProfiler, ProcessStats, ProfileConfig
 from common.request_ids import frontend_of
 from common.transport import Endpoints, pull_socket, push_socket, send
+from tokenizer_worker.router import ReplicaRouter
 from tokenizer_worker.tokenizer import Tokenizer
 from tokenizer_worker.worker import TokenizerWorker
 
@@ -60,18 +62,25 @@ class WorkerStats:
 
 class TokenizerProcess:
     def __init__(
-        self, index: int, tokenizer: Tokenizer, endpoints: Endpoints, num_frontends: int, profile: ProfileConfig
+        self,
+        index: int,
+        tokenizer: Tokenizer,
+        endpoints: Endpoints,
+        num_frontends: int,
+        profile: ProfileConfig,
+        router: ReplicaRouter,
     ):
         self.role = f"tokenizer-{index}"
         self.run_dir = endpoints.run_dir
         self.worker = TokenizerWorker(tokenizer)
+        self.router = router
         self.stats = WorkerStats()
         self.activity = ProcessStats()
         self.profiler = ProcessProfiler(profile, self.role)
         ctx = zmq.Context.instance()
         self.from_frontend = pull_socket(ctx, endpoints.tokenizer_requests(index))
         self.from_scheduler = pull_socket(ctx, endpoints.tokenizer_tokens(index))
-        self.to_scheduler = push_socket(ctx, endpoints.scheduler_requests)
+        self.to_schedulers = [push_socket(ctx, endpoints.scheduler_requests(r)) for r in range(len(router.in_flight))]
         self.to_frontends = [push_socket(ctx, endpoints.frontend_outputs(k)) for k in range(num_frontends)]
         self.control = ControlServer(endpoints, self.role, stats=self.stats_snapshot)
 
@@ -80,6 +89,8 @@ class TokenizerProcess:
             **self.activity.summary(),
             **dataclasses.asdict(self.stats),
             "active_requests": len(self.worker.requests),
+            "replicas_in_flight": list(self.router.in_flight),
+            "replicas_routed": list(self.router.routed),
         }
 
     def run(self) -> None:
@@ -100,7 +111,7 @@ class TokenizerProcess:
                     self.control.reply(command, self.profiler.answer(command.kind))
 
     def close(self) -> None:
-        for sock in (self.from_frontend, self.from_scheduler, self.to_scheduler, *self.to_frontends):
+        for sock in (self.from_frontend, self.from_scheduler, *self.to_schedulers, *self.to_frontends):
             sock.close(linger=0)
 
     # ------------------------------------------------------------------ messages
@@ -115,13 +126,14 @@ class TokenizerProcess:
                 self._send(self._frontend_of(reply.rid), reply)
             else:
                 self.stats.requests += 1
-                self._send(self.to_scheduler, reply)
+                self._send(self.to_schedulers[self.router.route(reply.rid, reply.prompt_token_ids)], reply)
         elif isinstance(message, (TokenizeRequest, DetokenizeRequest)):
             self._send(self._frontend_of(message.rid), self.worker.answer_text_request(message))
         elif isinstance(message, AbortRequest):
             if self.worker.drop(message.rid):  # untracked: it already ended, the scheduler has let it go
                 self.stats.aborted += 1
-                self._send(self.to_scheduler, message)
+                self._send(self._scheduler_of(message.rid), message)
+                self.router.release(message.rid)
         else:
             log.warning("unexpected %s from the frontend, dropped", type(message).__name__)
 
@@ -133,17 +145,27 @@ class TokenizerProcess:
             self.stats.tokens_detokenized += sum(len(out.token_ids) for out in outputs)
             self.stats.stop_string_aborts += len(aborts)
             for abort in aborts:
-                self._send(self.to_scheduler, abort)
+                self._send(self._scheduler_of(abort.rid), abort)
+            for output in outputs:
+                if output.finish_reason is not None:
+                    self.router.release(output.rid)
             self._send_outputs(outputs)
         elif isinstance(message, RequestAccepted):
             self._send(self._frontend_of(message.rid), message)
         elif isinstance(message, RequestRejected):
             self.worker.drop(message.rid)
+            self.router.release(message.rid)
             self._send(self._frontend_of(message.rid), message)
         else:
             log.warning("unexpected %s from the scheduler, dropped", type(message).__name__)
 
     # ------------------------------------------------------------------ sockets
+
+    def _scheduler_of(self, rid: int) -> zmq.Socket:
+        """The scheduler of the replica that holds a tracked request (routed when it was tokenized)."""
+        replica = self.router.owner(rid)
+        assert replica is not None, f"request {rid} is tracked but was never routed"
+        return self.to_schedulers[replica]
 
     def _frontend_of(self, rid: int) -> zmq.Socket:
         return self.to_frontends[frontend_of(rid, len(self.to_frontends))]
@@ -186,15 +208,18 @@ def main(
     parent_pid: int,
     profile: ProfileConfig = ProfileConfig(),
     chat_template: str | None = None,
+    num_replicas: int = 1,
+    block_size: int = 16,
 ) -> None:
     """Entry point of tokenizer worker `index`, started by the launcher with the spawn context; `chat_template`:
-    the --chat-template's text, for chat requests instead of the tokenizer's own."""
+    the --chat-template's text, for chat requests instead of the tokenizer's own; `num_replicas`: the engine
+    replicas it routes requests to, whose KV blocks hold `block_size` tokens."""
     init_child_process(f"tokenizer-{index}", log_level, parent_pid)
     process: TokenizerProcess | None = None
     try:
-        process = TokenizerProcess(
-            index, Tokenizer.load(model_folder, chat_template), Endpoints(run_dir), num_frontends, profile
-        )
+        tokenizer = Tokenizer.load(model_folder, chat_template)
+        router = ReplicaRouter(num_replicas, block_size)
+        process = TokenizerProcess(index, tokenizer, Endpoints(run_dir), num_frontends, profile, router)
         process.run()
     except SystemExit:  # SIGTERM from the launcher
         pass

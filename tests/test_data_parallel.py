@@ -1,0 +1,158 @@
+"""--data-parallel-size 2 through the real server: two engine replicas (a scheduler and a GPU worker each)
+behind one frontend and two tokenizer workers. A burst is answered in full and leaves both replicas' block
+accounting whole, greedy outputs are those of the single in-process engine, and requests that share a long
+prefix stay on the replica that cached it. (A replica's death: tests/test_fault_injection.py.)"""
+
+from __future__ import annotations
+
+import json
+import random
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import ExitStack
+
+import httpx
+import pytest
+
+from common.sampling_params import SamplingParams
+from offline import LLM
+from tests.server_process import ServerProcess, wait_until
+from tests.tiny_models import build_model
+
+REPLICAS = ("scheduler-0", "scheduler-1")
+BLOCK_SIZE = 16
+KV_BLOCKS = 512
+VOCAB = 500  # below the tiny tokenizer's 512 ids
+LONG = 6000  # tokens of a request that keeps a replica busy for seconds (the tiny model makes a token in ~1 ms)
+
+
+@pytest.fixture(scope="module")
+def long_llama(tmp_path_factory):
+    """The tiny Llama with room for requests long enough to still be running when the next ones are routed."""
+    return build_model("llama", tmp_path_factory.mktemp("long-llama"), max_position_embeddings=8192)
+
+
+@pytest.fixture(scope="module")
+def server(long_llama, tmp_path_factory):
+    srv = ServerProcess(
+        long_llama,
+        "--data-parallel-size",
+        "2",
+        "--num-kv-blocks",
+        str(KV_BLOCKS),
+        "--block-size",
+        str(BLOCK_SIZE),
+        log_path=tmp_path_factory.mktemp("log") / "server.log",
+    )
+    yield srv
+    srv.stop()
+
+
+def scheduler_stats(server: ServerProcess) -> dict[str, dict]:
+    replies = server.stats()
+    return {role: replies[role]["payload"] for role in REPLICAS}
+
+
+def assert_every_replica_idle_with_all_blocks_back(server: ServerProcess) -> None:
+    def idle() -> bool:
+        return all(
+            s["num_running"] == 0
+            and s["num_waiting"] == 0
+            and s["kv_blocks_used"] == 0
+            and s["kv_blocks_free"] + s["kv_blocks_cached"] == s["kv_blocks_total"] == KV_BLOCKS
+            for s in scheduler_stats(server).values()
+        )
+
+    wait_until(idle, timeout=10, what="every replica to be idle with all its blocks free or cached")
+    tokenizers = {role: r["payload"] for role, r in server.stats().items() if role.startswith("tokenizer-")}
+    assert all(t["replicas_in_flight"] == [0, 0] for t in tokenizers.values()), tokenizers
+
+
+def random_ids(rng: random.Random, length: int) -> list[int]:
+    return [rng.randrange(1, VOCAB) for _ in range(length)]
+
+
+def stream_completion(server: ServerProcess, prompt: list[int], max_tokens: int) -> list:
+    body = {"prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "ignore_eos": True, "stream": True}
+    events: list = []
+    with httpx.stream("POST", f"{server.url}/v1/completions", json=body, timeout=120) as response:
+        assert response.status_code == 200, response.read()
+        for line in response.iter_lines():
+            if line.startswith("data: "):
+                data = line[len("data: ") :]
+                events.append(data if data == "[DONE]" else json.loads(data))
+    return events
+
+
+def test_the_startup_line_names_both_replicas_and_every_process_answers(server):
+    assert f"2 engine replicas of [{KV_BLOCKS}, {KV_BLOCKS}] KV blocks" in server.log()
+    roles = set(server.child_pids())
+    assert roles == {"gpu_worker-0", "gpu_worker-1", *REPLICAS, "tokenizer-0", "tokenizer-1", "frontend-0"}
+    with server.client() as c:
+        assert c.get("/health").json() == {"status": "ok"}
+        metrics = c.get("/metrics").text
+    assert f"clearserve_kv_blocks_total {2 * KV_BLOCKS:.1f}" in metrics  # the replicas' schedulers, summed
+
+
+def test_a_burst_of_64_streams_is_answered_in_full_by_both_replicas_and_every_block_comes_back(server):
+    rng = random.Random(0)
+    prompts = [random_ids(rng, rng.randrange(8, 80)) for _ in range(64)]
+    before = scheduler_stats(server)
+    with ThreadPoolExecutor(64) as pool:
+        results = list(pool.map(lambda p: stream_completion(server, p, 12), prompts))
+    for events in results:
+        assert events[-1] == "[DONE]"
+        assert events[-2]["choices"][0]["finish_reason"] == "length"
+        assert sum(1 for e in events[:-1] if e["choices"] and e["choices"][0]["text"] is not None) >= 1
+    after = scheduler_stats(server)
+    admitted = {role: after[role]["prompt_tokens_admitted"] - before[role]["prompt_tokens_admitted"] for role in after}
+    assert all(admitted.values()), admitted  # both replicas served part of the burst
+    generated = sum(after[role]["generated_tokens"] - before[role]["generated_tokens"] for role in after)
+    assert generated >= 64 * 12
+    assert_every_replica_idle_with_all_blocks_back(server)
+
+
+def test_greedy_outputs_equal_the_single_engines(server, long_llama):
+    rng = random.Random(1)
+    prompts = [random_ids(rng, rng.randrange(4, 40)) for _ in range(16)]
+    single = LLM(str(long_llama), device="cpu", block_size=BLOCK_SIZE)
+    params = SamplingParams(max_tokens=16, temperature=0.0, ignore_eos=True)
+    expected = [output.token_ids for output in single.generate(prompts, params)]
+
+    def generate(prompt: list[int]) -> list[int]:
+        body = {"input_ids": prompt, "sampling_params": {"max_tokens": 16, "temperature": 0, "ignore_eos": True}}
+        with server.client() as c:
+            return c.post("/generate", json=body).json()["token_ids"]
+
+    with ThreadPoolExecutor(16) as pool:
+        assert list(pool.map(generate, prompts)) == expected
+
+
+def test_requests_sharing_a_long_prefix_stay_on_the_replica_that_cached_it(server):
+    rng = random.Random(2)
+    prefix = random_ids(rng, 8 * BLOCK_SIZE)
+    assert_every_replica_idle_with_all_blocks_back(server)
+    before = scheduler_stats(server)
+    # Four in a row: consecutive request ids, so each tokenizer worker's router sees the prefix go to replica 0
+    # (both idle: the lower index).
+    for i in range(4):
+        stream_completion(server, [*prefix, i + 1], 2)
+    # Two long requests without it, one per tokenizer worker, keep replica 0 busy (idle routers: replica 0) ...
+    body = {"max_tokens": LONG, "temperature": 0, "ignore_eos": True, "stream": True}
+    kept_lines = []  # each stream's line iterator, kept: a dropped one would close its connection (an abort)
+    with httpx.Client(base_url=server.url, timeout=60) as c, ExitStack() as open_streams:
+        for length in (20, 21):
+            response = open_streams.enter_context(
+                c.stream("POST", "/v1/completions", json={**body, "prompt": random_ids(rng, length)})
+            )
+            kept_lines.append(response.iter_lines())
+            assert next(line for line in kept_lines[-1] if line.startswith("data:"))
+        # ... yet the prefix's requests still go there, not to the idle replica 1.
+        for i in range(4):
+            stream_completion(server, [*prefix, 100 + i], 2)
+        assert scheduler_stats(server)["scheduler-0"]["num_running"] == 2  # the long ones, still running
+    # Closing the long streams aborted them: the aborts reached replica 0 too (every block comes back below).
+    after = scheduler_stats(server)
+    hits = {role: after[role]["cache_hit_tokens"] - before[role]["cache_hit_tokens"] for role in after}
+    assert hits["scheduler-0"] >= 7 * len(prefix), hits
+    assert after["scheduler-1"]["prompt_tokens_admitted"] == before["scheduler-1"]["prompt_tokens_admitted"]
+    assert_every_replica_idle_with_all_blocks_back(server)

@@ -1,0 +1,94 @@
+"""Which engine replica serves a request: the longest cached prefix, else the least load.
+
+Each tokenizer worker routes the requests it tokenized and remembers where each one went, so its abort
+reaches the same scheduler (and, taking the same socket, never overtakes it). The router asks the replicas
+nothing: it keeps its own picture of them.
+
+    prompt ids ─▶ block hashes h1 h2 h3 … (full blocks only, as the schedulers' prefix tries hold them;
+                  each chained to the one before, so a hash names a whole prefix, as a trie node does)
+    per replica:  the hashes of prompts recently routed there (LRU, bounded) ─▶ leading blocks matched
+                  requests routed there and not yet finished (in flight)
+
+    choose: most leading blocks matched, then fewest in flight, then lowest index, among the replicas
+            whose load is within `max_imbalance` of the least loaded one (which always qualifies)
+
+The guard keeps a popular prefix (a shared system prompt) from piling every request onto one replica: once
+its replica is `max_imbalance` requests ahead, the next request goes elsewhere and that replica learns the
+prefix too. The picture is approximate by design (a replica's trie may have evicted a prefix recorded
+here; other tokenizer workers route too): a wrong guess costs a prefill, never a wrong answer.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+
+PREFIX_MEMORY_BLOCKS = 32768  # block hashes remembered per replica (about 3 MB each)
+MAX_IMBALANCE = 8  # requests in flight a cached prefix may put a replica ahead of the least loaded one
+
+
+class ReplicaRouter:
+    def __init__(
+        self,
+        num_replicas: int,
+        block_size: int,
+        memory_blocks: int = PREFIX_MEMORY_BLOCKS,
+        max_imbalance: int = MAX_IMBALANCE,
+    ):
+        self.block_size = block_size
+        self.memory_blocks = memory_blocks
+        self.max_imbalance = max_imbalance
+        self.in_flight = [0] * num_replicas
+        self.routed = [0] * num_replicas  # requests routed to each replica, ever
+        self._prefixes: list[OrderedDict[int, None]] = [OrderedDict() for _ in range(num_replicas)]
+        self._owner: dict[int, int] = {}
+
+    def route(self, rid: int, prompt_ids: list[int]) -> int:
+        """The replica for a new request; it counts as in flight there until `release(rid)`."""
+        hashes = self.block_hashes(prompt_ids)
+        least = min(self.in_flight)
+        candidates = [r for r, load in enumerate(self.in_flight) if load - least <= self.max_imbalance]
+        replica = min(candidates, key=lambda r: (-self._matched_blocks(r, hashes), self.in_flight[r], r))
+        self._remember(replica, hashes)
+        self._owner[rid] = replica
+        self.in_flight[replica] += 1
+        self.routed[replica] += 1
+        return replica
+
+    def owner(self, rid: int) -> int | None:
+        return self._owner.get(rid)
+
+    def release(self, rid: int) -> int | None:
+        """The request ended (finished, aborted or refused): it no longer loads its replica. Returns that
+        replica, None for a request this router does not hold."""
+        replica = self._owner.pop(rid, None)
+        if replica is not None:
+            self.in_flight[replica] -= 1
+        return replica
+
+    def block_hashes(self, prompt_ids: list[int]) -> list[int]:
+        # Python's hash of a tuple of ints is the same in every process and run; a collision only misroutes.
+        hashes, parent, size = [], 0, self.block_size
+        for start in range(0, len(prompt_ids) - size + 1, size):
+            parent = hash((parent, *prompt_ids[start : start + size]))
+            hashes.append(parent)
+        return hashes
+
+    def remembered_blocks(self, replica: int) -> int:
+        return len(self._prefixes[replica])
+
+    def _matched_blocks(self, replica: int, hashes: list[int]) -> int:
+        known = self._prefixes[replica]
+        matched = 0
+        for h in hashes:
+            if h not in known:
+                break
+            matched += 1
+        return matched
+
+    def _remember(self, replica: int, hashes: list[int]) -> None:
+        known = self._prefixes[replica]
+        for h in hashes:
+            known[h] = None
+            known.move_to_end(h)
+        while len(known) > self.memory_blocks:
+            known.popitem(last=False)
