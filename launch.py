@@ -259,8 +259,15 @@ class Launcher:
             self._start(replica.gpu_worker_role, gpu_process.main, (config, info, *tail, replica))
         workers = self._wait_ready(ready_socket, {replica.gpu_worker_role for replica in replicas})
         for replica in replicas:
-            num_blocks = workers[replica.gpu_worker_role].info["num_kv_blocks"]
-            scheduler_args = (config, info, num_blocks, self.args.tokenizer_workers, self.args.api_server_count)
+            worker_info = workers[replica.gpu_worker_role].info
+            num_blocks = worker_info["num_kv_blocks"]
+            # The batch limits as the worker chose them for its device (common/config.py: with_batch_limits).
+            engine_config = replace(
+                config,
+                max_num_seqs=worker_info["max_num_seqs"],
+                max_num_batched_tokens=worker_info["max_num_batched_tokens"],
+            )
+            scheduler_args = (engine_config, info, num_blocks, self.args.tokenizer_workers, self.args.api_server_count)
             self._start(replica.scheduler_role, scheduler_process.main, (*scheduler_args, *tail, replica))
         schedulers = self._wait_ready(ready_socket, {replica.scheduler_role for replica in replicas})
         engines = {}
@@ -272,7 +279,14 @@ class Launcher:
                 worker["num_kv_blocks"],
                 schedulers[replica.scheduler_role].info["max_model_len"],
             )
-            log.info("engine replica %d: %d KV blocks on %s", engine.index, engine.num_kv_blocks, engine.device)
+            log.info(
+                "engine replica %d: %d KV blocks on %s, up to %d running requests, %d prompt tokens per step",
+                engine.index,
+                engine.num_kv_blocks,
+                engine.device,
+                worker["max_num_seqs"],
+                worker["max_num_batched_tokens"],
+            )
             engines[replica.scheduler_role] = engine
         return engines
 

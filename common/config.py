@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import argparse
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 
 
 @dataclass(slots=True)
@@ -20,8 +20,10 @@ class EngineConfig:
     gpu_memory_utilization: float = 0.90
     cpu_kv_cache_gib: float = 2.0
     max_model_len: int | None = None  # None: the model's own context length
-    max_num_seqs: int = 256
-    max_num_batched_tokens: int = 4096  # prompt tokens computed per step
+    # None: chosen for the device by the GPU worker (with_batch_limits, gpu_worker/kv_sizing.py), which reports
+    # them with its READY; the scheduler plans with what the worker chose.
+    max_num_seqs: int | None = None  # running requests (the decode batch)
+    max_num_batched_tokens: int | None = None  # prompt tokens computed per step
     max_prefill_requests: int | None = None  # requests admitted per step; None: no limit beyond max_num_seqs
     enable_prefix_caching: bool = True
     enable_chunked_prefill: bool = True
@@ -35,6 +37,33 @@ class EngineConfig:
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> EngineConfig:
         return cls(**{f.name: getattr(args, f.name) for f in fields(cls) if hasattr(args, f.name)})
+
+
+# Batch limits left to the device. Measured on an H100 (docs/benchmarks.md, "Batch limits"): prefill steps
+# cost ~12 ms of host time each whatever their size, so a larger budget takes fewer of them (W1's TTFT p50
+# 131 -> 74 ms from 4,096 to 16,384 tokens); 512 running requests where the KV store holds them at a typical
+# length. A CPU computes a step's tokens one core-second at a time: the smaller limits keep steps short.
+CPU_MAX_NUM_SEQS = 256
+CPU_MAX_NUM_BATCHED_TOKENS = 4096
+GPU_MAX_NUM_BATCHED_TOKENS = 16384
+GPU_MAX_NUM_SEQS = 512
+GPU_TYPICAL_REQUEST_TOKENS = 2048  # "holds N requests": N of this length (or the context, if shorter)
+
+
+def with_batch_limits(
+    config: EngineConfig, on_gpu: bool, requests_the_kv_store_holds: int | None = None
+) -> EngineConfig:
+    """The config with max_num_seqs and max_num_batched_tokens chosen where the flags left them to the device.
+    requests_the_kv_store_holds: on a GPU, how many requests of a typical length fit in the KV store (None:
+    not known yet, assume they fit)."""
+    seqs, budget = config.max_num_seqs, config.max_num_batched_tokens
+    if budget is None:
+        budget = GPU_MAX_NUM_BATCHED_TOKENS if on_gpu else CPU_MAX_NUM_BATCHED_TOKENS
+    if seqs is None:
+        seqs = CPU_MAX_NUM_SEQS
+        if on_gpu and (requests_the_kv_store_holds is None or requests_the_kv_store_holds >= GPU_MAX_NUM_SEQS):
+            seqs = GPU_MAX_NUM_SEQS
+    return replace(config, max_num_seqs=seqs, max_num_batched_tokens=budget)
 
 
 # A chat request that leaves out max_tokens should finish in seconds on a CPU, not run to an 8k context.
@@ -80,9 +109,19 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
         help="KV store size on CPU when --num-kv-blocks is not given",
     )
     g.add_argument("--max-model-len", type=int, default=d.max_model_len)
-    g.add_argument("--max-num-seqs", type=int, default=d.max_num_seqs, help="running requests (decode batch)")
     g.add_argument(
-        "--max-num-batched-tokens", type=int, default=d.max_num_batched_tokens, help="prompt tokens computed per step"
+        "--max-num-seqs",
+        type=int,
+        default=d.max_num_seqs,
+        help=f"running requests (decode batch); default: {GPU_MAX_NUM_SEQS} on a GPU whose KV store holds that many "
+        f"requests of {GPU_TYPICAL_REQUEST_TOKENS} tokens, else {CPU_MAX_NUM_SEQS}",
+    )
+    g.add_argument(
+        "--max-num-batched-tokens",
+        type=int,
+        default=d.max_num_batched_tokens,
+        help=f"prompt tokens computed per step; default: {GPU_MAX_NUM_BATCHED_TOKENS} on a GPU, "
+        f"{CPU_MAX_NUM_BATCHED_TOKENS} on a CPU",
     )
     g.add_argument(
         "--max-prefill-requests",

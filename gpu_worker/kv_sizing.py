@@ -2,19 +2,27 @@
 
 CUDA:  (total memory x --gpu-memory-utilization - peak of a forward at the largest step) / block bytes
 CPU:   --cpu-kv-cache-gib / block bytes
-and never more than every seat at full context could use.
+and never more than every seat at full context could use. On a GPU, the default number of seats is then
+chosen by how many requests of a typical length the store holds (common/config.py: with_batch_limits).
 """
 
 from __future__ import annotations
 
 import torch
 
-from common.config import EngineConfig
+from common.config import GPU_TYPICAL_REQUEST_TOKENS, EngineConfig
 from common.model_info import ModelInfo
 from gpu_worker.attention import AttentionBackend, BatchLayout
 from gpu_worker.host_copy import StagingRing
 from gpu_worker.kv_cache import PagedKVCache
 from gpu_worker.models.forward_context import ForwardContext
+
+
+def requests_held(num_blocks: int, max_model_len: int, block_size: int) -> int:
+    """How many requests of a typical length (GPU_TYPICAL_REQUEST_TOKENS, or the context if shorter) fit in
+    num_blocks: what the default --max-num-seqs on a GPU is chosen by."""
+    tokens = min(max_model_len, GPU_TYPICAL_REQUEST_TOKENS)
+    return num_blocks // -(-tokens // block_size)
 
 
 def size_kv_store(

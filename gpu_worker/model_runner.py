@@ -16,12 +16,12 @@ tensor holding its last sampled token, and such inputs are gathered from there o
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import torch
 
-from common.config import EngineConfig
+from common.config import EngineConfig, with_batch_limits
 from common.messages import (
     Logprobs,
     NewRequestSpec,
@@ -40,7 +40,7 @@ from gpu_worker.cuda_graphs import DecodeGraphs
 from gpu_worker.host_copy import StagingRing
 from gpu_worker.input_batch import PersistentBatch, eager_bucket, pad_batch
 from gpu_worker.kv_cache import PagedKVCache
-from gpu_worker.kv_sizing import size_kv_store
+from gpu_worker.kv_sizing import requests_held, size_kv_store
 from gpu_worker.model_loader import load_model, resolve_dtype
 from gpu_worker.models.forward_context import ForwardContext
 from gpu_worker.sampler import SampledLogprobs, SamplingRows, process_logits, sample, sampled_logprobs
@@ -101,9 +101,12 @@ class ModelRunner:
         """`phases`: log each start-up phase (weights, KV store, CUDA graphs) there, with a progress bar for
         the weights (the server's worker); None: quiet (tests, the offline engine). `device_index`: the GPU
         to run on, an engine replica's own."""
-        self.config = config
         self.info = info
         self.device = resolve_device(config.device, device_index)
+        on_gpu = self.device.type == "cuda"
+        # Batch limits left to the device: the prompt budget now, the seats once the KV store is sized.
+        seats_from_memory = config.max_num_seqs is None and on_gpu
+        self.config = config = with_batch_limits(config, on_gpu)
         self.dtype = resolve_dtype(config.dtype, self.device)
         self.block_size = config.block_size
         # The Triton path is the whole forward: attention kernels and the models' fused elementwise ones;
@@ -127,6 +130,9 @@ class ModelRunner:
         self.num_kv_blocks = config.num_kv_blocks or size_kv_store(
             config, info, self.model, self.attention, self.device, self.dtype
         )
+        if seats_from_memory:
+            holds = requests_held(self.num_kv_blocks, info.max_model_len, config.block_size)
+            self.config = config = with_batch_limits(replace(config, max_num_seqs=None), on_gpu, holds)
         # One block more than the scheduler is told of: a scratch block for CUDA-graph padding rows.
         self.kv_cache = PagedKVCache(
             num_layers, self.num_kv_blocks + 1, config.block_size, kv_heads, head_dim, self.dtype, self.device

@@ -11,7 +11,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
-from common.config import EngineConfig
+from common.config import EngineConfig, with_batch_limits
 from common.messages import StepPlan, StepResult, StepTimings
 from common.model_info import ModelInfo
 
@@ -32,6 +32,7 @@ class NullRunner:
     dtype = "none"
 
     def __init__(self, config: EngineConfig, info: ModelInfo):
+        self.config = with_batch_limits(config, on_gpu=False)  # no device: a CPU's limits where left open
         self.num_kv_blocks = config.num_kv_blocks or DEFAULT_NUM_KV_BLOCKS
         self._eos = set(info.eos_token_ids)
         self._vocab_size = info.vocab_size

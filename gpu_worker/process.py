@@ -63,7 +63,16 @@ def main(
     )
     control = ControlServer(endpoints, role, stats=worker.stats)
     announce_ready(
-        run_dir, role, {"num_kv_blocks": runner.num_kv_blocks, "device": str(runner.device), "dtype": str(runner.dtype)}
+        run_dir,
+        role,
+        {
+            "num_kv_blocks": runner.num_kv_blocks,
+            "device": str(runner.device),
+            "dtype": str(runner.dtype),
+            # As resolved for this device: the scheduler plans with them.
+            "max_num_seqs": runner.config.max_num_seqs,
+            "max_num_batched_tokens": runner.config.max_num_batched_tokens,
+        },
     )
     try:
         worker.run(control)

@@ -40,6 +40,7 @@ class LLM:
         self.config = EngineConfig(model=str(folder), **engine_args)
         self.info = ModelInfo.from_folder(folder, self.config.max_model_len)
         self.runner = ModelRunner(self.config, self.info)
+        self.config = self.runner.config  # with the batch limits the runner chose for its device
         warm_up(self.runner)
         self.scheduler = Scheduler(self.config, self.info, self.runner.num_kv_blocks)
         self._tokenizer = None

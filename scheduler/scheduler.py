@@ -27,7 +27,7 @@ import time
 from collections import deque
 from dataclasses import dataclass, field, replace
 
-from common.config import EngineConfig
+from common.config import EngineConfig, with_batch_limits
 from common.messages import (
     Logprobs,
     NewRequestSpec,
@@ -61,7 +61,11 @@ class _StepDraft:
 
 class Scheduler:
     def __init__(self, config: EngineConfig, info: ModelInfo, num_kv_blocks: int):
-        self.config = config
+        """config: as the GPU worker resolved it (with_batch_limits); limits still unset take a CPU's."""
+        self.config = config = with_batch_limits(config, on_gpu=False)
+        assert config.max_num_seqs is not None and config.max_num_batched_tokens is not None
+        self.max_num_seqs: int = config.max_num_seqs
+        self.max_num_batched_tokens: int = config.max_num_batched_tokens
         self.block_size = config.block_size
         self.blocks = BlockManager(num_kv_blocks, config.block_size)
         self.cache = PrefixCache(self.blocks) if config.enable_prefix_caching else None
@@ -179,7 +183,7 @@ class Scheduler:
     def schedule(self) -> StepPlan | None:
         """The next step's plan, or None when nothing can run."""
         self._retire_last_sampled()
-        step = _StepDraft(budget=self.config.max_num_batched_tokens)
+        step = _StepDraft(budget=self.max_num_batched_tokens)
         self._schedule_running(step)
         if not step.preempted:
             self._admit(step)
@@ -246,7 +250,7 @@ class Scheduler:
 
     def _emit(self, step: _StepDraft) -> StepPlan | None:
         """The draft as a plan, with the releases since the last one; the step's counters."""
-        self.stats.last_step_prefill_tokens = self.config.max_num_batched_tokens - step.budget
+        self.stats.last_step_prefill_tokens = self.max_num_batched_tokens - step.budget
         self.stats.last_step_decode_tokens = step.decode_tokens
         if not step.chunks and not self._released:
             return None
@@ -260,9 +264,9 @@ class Scheduler:
     def _admit(self, step: _StepDraft) -> None:
         """Waiting requests, FIFO, into the seats, the per-step admission limit and the budget left. The
         first that cannot be admitted stops admission: order is kept."""
-        full_budget = self.config.max_num_batched_tokens
-        free_seats = self.config.max_num_seqs - len(self.running)
-        limit = min(free_seats, self.config.max_prefill_requests or self.config.max_num_seqs)
+        full_budget = self.max_num_batched_tokens
+        free_seats = self.max_num_seqs - len(self.running)
+        limit = min(free_seats, self.config.max_prefill_requests or self.max_num_seqs)
         admitted = 0
         while self.waiting and step.budget > 0 and admitted < limit:
             request = self.waiting[0]
