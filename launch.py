@@ -111,6 +111,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         parser.error("--default-max-tokens must be 0 (the rest of the context) or more")
     if args.api_server_count < 1:
         parser.error("--api-server-count must be at least 1")
+    if args.tensor_parallel_size < 1:
+        parser.error("--tensor-parallel-size must be at least 1")
     if args.profile_steps is not None and (args.profile_steps < 1 or args.profile_dir is None):
         parser.error("--profile-steps needs --profile-dir and a count of at least 1")
     return args
@@ -174,7 +176,7 @@ class Launcher:
 
         from common.config import EngineConfig
         from common.control import frontend_role
-        from common.model_info import ModelInfo
+        from common.model_info import ModelInfo, check_tensor_parallel
         from common.model_source import default_served_name
         from common.transport import pull_socket
         from frontend import process as frontend_process
@@ -186,17 +188,23 @@ class Launcher:
 
         config = replace(EngineConfig.from_args(args), model=str(folder))
         info = ModelInfo.from_folder(folder, config.max_model_len)
+        check_tensor_parallel(folder, config.tensor_parallel_size)  # before any rank starts
         ready = pull_socket(zmq.Context.instance(), self.endpoints.launcher_ready)
         tail = (self.run_dir, args.log_level, os.getpid(), self.profile)
         num_frontends = args.api_server_count
-        log.info("starting the GPU worker and %d tokenizer workers", args.tokenizer_workers)
-        self._start("gpu_worker", gpu_process.main, (config, info, *tail))
+        log.info(
+            "starting %d GPU worker%s and %d tokenizer workers",
+            config.tensor_parallel_size,
+            "s (tensor-parallel ranks)" if config.tensor_parallel_size > 1 else "",
+            args.tokenizer_workers,
+        )
+        gpu_workers = self._start_gpu_workers(gpu_process.main, (config, info, *tail))
         for i in range(args.tokenizer_workers):
             self._start(
                 f"tokenizer-{i}", tokenizer_process.main, (i, str(tokenizer), num_frontends, *tail, chat_template)
             )
-        replies = self._wait_ready(ready, {"gpu_worker"})
-        num_blocks = replies["gpu_worker"].info["num_kv_blocks"]
+        replies = self._wait_ready(ready, gpu_workers)
+        num_blocks = replies["gpu_worker"].info["num_kv_blocks"]  # every rank has as many (the smallest)
         self._start(
             "scheduler",
             scheduler_process.main,
@@ -230,6 +238,18 @@ class Launcher:
         ready.close()
         self.serving = True
         self._announce(limits, clock.total_s())
+
+    def _start_gpu_workers(self, target, args: tuple) -> set[str]:
+        """One GPU worker per tensor-parallel rank (rank 0 is the scheduler's; gpu_worker/process.py), each a
+        child watched like any other: a rank that dies takes the server down. Returns their roles."""
+        from common.control import gpu_worker_role
+
+        roles = set()
+        for rank in range(args[0].tensor_parallel_size):
+            role = gpu_worker_role(rank)
+            self._start(role, target, (*args, rank))
+            roles.add(role)
+        return roles
 
     def _start(self, role: str, target, args: tuple) -> None:
         process = self.spawn.Process(target=target, args=args, name=role, daemon=False)
@@ -348,6 +368,7 @@ def main(argv: list[str] | None = None) -> int:
     from common.process import configure_logging
 
     configure_logging("launcher", args.log_level)
+    from common.model_info import TensorParallelError
     from common.model_source import ModelNotFound
     from tokenizer_worker.chat_template import ChatTemplateError
 
@@ -360,7 +381,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         launcher.start()
         launcher.watch()
-    except (ModelNotFound, ChatTemplateError) as exc:
+    except (ModelNotFound, ChatTemplateError, TensorParallelError) as exc:
         log.error("%s", exc)
         launcher.exit_code = 2
     except ChildDied as exc:

@@ -27,6 +27,11 @@ def frontend_role(index: int) -> str:
     return f"frontend-{index}"
 
 
+def gpu_worker_role(rank: int) -> str:
+    """Tensor-parallel rank 0 is the GPU worker the scheduler talks to; the others follow it."""
+    return "gpu_worker" if rank == 0 else f"gpu_worker-{rank}"
+
+
 class ReplySockets:
     """One PUSH socket per asker, made on first use. ZeroMQ sockets belong to one thread: one of these each."""
 

@@ -6,6 +6,7 @@ why a request and its abort, taking the same path, can never overtake each other
 
     frontend[k] ──tokenizer-{i}-requests──▶ tokenizer[i] ──scheduler-requests──▶ scheduler ──worker-plans──▶ gpu_worker
     frontend[k] ◀──frontend-{k}-outputs── tokenizer[i] ◀──tokenizer-{i}-tokens── scheduler ◀──scheduler-results──┘
+    gpu_worker (rank 0) ──worker-plans-rank{r}──▶ gpu_worker-{r}     (tensor parallelism: each plan's bytes, relayed)
     any ──launcher-ready──▶ launcher;   asker ──control-{role}──▶ any ──control-replies-{asker}──▶ asker
 
 Request ids route both ways (common/request_ids.py): tokenizer worker rid % N, frontend rid % K.
@@ -46,6 +47,15 @@ class Endpoints:
     @property
     def worker_plans(self) -> str:
         return self._ipc("worker-plans")
+
+    def worker_rank_plans(self, rank: int) -> str:
+        """Tensor-parallel rank `rank` > 0: the plans rank 0 relays to it."""
+        return self._ipc(f"worker-plans-rank{rank}")
+
+    @property
+    def tensor_parallel_init(self) -> str:
+        """The file where the tensor-parallel ranks meet (torch.distributed's file:// rendezvous); not ZeroMQ."""
+        return os.path.join(self.run_dir, "tensor-parallel-init")
 
     @property
     def scheduler_results(self) -> str:

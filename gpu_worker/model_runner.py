@@ -43,6 +43,7 @@ from gpu_worker.kv_cache import PagedKVCache
 from gpu_worker.kv_sizing import size_kv_store
 from gpu_worker.model_loader import load_model, resolve_dtype
 from gpu_worker.models.forward_context import ForwardContext
+from gpu_worker.parallel import SINGLE, TensorParallel
 from gpu_worker.sampler import SampledLogprobs, SamplingRows, process_logits, sample, sampled_logprobs
 from gpu_worker.token_counts import TokenCounts
 from gpu_worker.warm_up import WARM_UP_REQUESTS
@@ -90,12 +91,17 @@ class ModelRunner:
     """Loads the model, allocates the KV store (sized by kv_sizing.py) and runs plans. Its owners (the worker
     process, LLM) warm it up with warm_up.py before the first request."""
 
-    def __init__(self, config: EngineConfig, info: ModelInfo, phases: PhaseClock | None = None):
+    def __init__(
+        self, config: EngineConfig, info: ModelInfo, phases: PhaseClock | None = None, tp: TensorParallel = SINGLE
+    ):
         """`phases`: log each start-up phase (weights, KV store, CUDA graphs) there, with a progress bar for
-        the weights (the server's worker); None: quiet (tests, the offline engine)."""
+        the weights (the server's worker); None: quiet (tests, the offline engine). `tp`: this runner is one
+        rank of a tensor-parallel group (gpu_worker/parallel.py): it holds that rank's share of the weights
+        and of the KV heads, and runs every plan in step with the other ranks."""
         self.config = config
         self.info = info
-        self.device = resolve_device(config.device)
+        self.tp = tp
+        self.device = tp.device_for(resolve_device(config.device))
         self.dtype = resolve_dtype(config.dtype, self.device)
         self.block_size = config.block_size
         # The Triton path is the whole forward: attention kernels and the models' fused elementwise ones;
@@ -110,14 +116,17 @@ class ModelRunner:
             config.seed,
             progress=phases is not None,
             fused_kernels=backend == "triton",
+            tp=tp,
         )
         if phases is not None:
             params = sum(p.numel() for p in self.model.parameters())
             what = "random weights" if config.load_format == "dummy" else "weights loaded"
             phases.done(f"{what}: {params / 1e6:.0f}M parameters, {self.dtype} on {self.device}")
-        num_layers, kv_heads, head_dim = self.model.kv_shape
-        self.num_kv_blocks = config.num_kv_blocks or size_kv_store(
-            config, info, self.model, self.attention, self.device, self.dtype
+        num_layers, kv_heads, head_dim = self.model.kv_shape  # this rank's KV heads
+        # Every rank must have every block the scheduler hands out: the smallest store of any rank.
+        self.num_kv_blocks = tp.min(
+            config.num_kv_blocks or size_kv_store(config, info, self.model, self.attention, self.device, self.dtype),
+            self.device,
         )
         # One block more than the scheduler is told of: a scratch block for CUDA-graph padding rows.
         self.kv_cache = PagedKVCache(
