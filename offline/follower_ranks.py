@@ -65,7 +65,9 @@ class FollowerRanks:
     def check_alive(self) -> None:
         for role, process in self.processes.items():
             if process.exitcode is not None:
-                raise RuntimeError(f"tensor-parallel rank {role} (pid {process.pid}) died with exit code {process.exitcode}")
+                raise RuntimeError(
+                    f"tensor-parallel rank {role} (pid {process.pid}) died with exit code {process.exitcode}"
+                )
 
     def send(self, plan_bytes: bytes) -> None:
         for relay in self._relays:

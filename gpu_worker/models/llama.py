@@ -70,9 +70,7 @@ class LlamaDecoderLayer(nn.Module):
         self.input_layernorm = RMSNorm(h, config.rms_norm_eps, fused_kernels)
         q_full, kv_full = config.num_attention_heads * self.head_dim, config.num_key_value_heads * self.head_dim
         self.qkv_proj = ColumnParallelLinear(h, [q_full, kv_full, kv_full], tp, qkv_bias, "attention features")
-        self.o_proj = RowParallelLinear(
-            q_full, h, tp, getattr(config, "attention_bias", False), "attention features"
-        )
+        self.o_proj = RowParallelLinear(q_full, h, tp, getattr(config, "attention_bias", False), "attention features")
         self.post_attention_layernorm = RMSNorm(h, config.rms_norm_eps, fused_kernels)
         inter = config.intermediate_size
         self.intermediate = tp.shard(inter, "MLP features (intermediate_size)")

@@ -15,7 +15,6 @@ from gpu_worker.models.weights import padded_vocab_size
 from gpu_worker.parallel import TensorParallel
 
 
-
 def _check_shape(got: torch.Size, want: tuple[int, ...]) -> None:
     if tuple(got) != tuple(want):
         raise ValueError(f"checkpoint shape {tuple(got)} != model shape {tuple(want)}")
