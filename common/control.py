@@ -29,7 +29,7 @@ def frontend_role(index: int) -> str:
 
 def gpu_worker_role(rank: int) -> str:
     """Tensor-parallel rank 0 is the GPU worker the scheduler talks to; the others follow it."""
-    return "gpu_worker" if rank == 0 else f"gpu_worker-{rank}"
+    return "gpu_worker" if rank == 0 else f"gpu_worker-rank{rank}"
 
 
 class ReplySockets:

@@ -6,7 +6,7 @@ why a request and its abort, taking the same path, can never overtake each other
 
     frontend[k] ──tokenizer-{i}-requests──▶ tokenizer[i] ──scheduler-requests──▶ scheduler ──worker-plans──▶ gpu_worker
     frontend[k] ◀──frontend-{k}-outputs── tokenizer[i] ◀──tokenizer-{i}-tokens── scheduler ◀──scheduler-results──┘
-    gpu_worker (rank 0) ──worker-plans-rank{r}──▶ gpu_worker-{r}     (tensor parallelism: each plan's bytes, relayed)
+    gpu_worker ──worker-plans-rank{r}──▶ gpu_worker-rank{r}     (tensor-parallel ranks: each plan's bytes, relayed)
     any ──launcher-ready──▶ launcher;   asker ──control-{role}──▶ any ──control-replies-{asker}──▶ asker
 
 Request ids route both ways (common/request_ids.py): tokenizer worker rid % N, frontend rid % K.

@@ -16,6 +16,8 @@ The process group is torch.distributed's default group: gloo on a CPU, NCCL on C
 
 from __future__ import annotations
 
+import os
+import sys
 from dataclasses import dataclass
 
 import torch
@@ -71,9 +73,17 @@ def init_tensor_parallel(rank: int, size: int, init_file: str, device_type: str)
     until every rank has joined."""
     if size == 1:
         return SINGLE
-    backend = "nccl" if device_type == "cuda" else "gloo"
     if device_type == "cuda":
+        visible = torch.cuda.device_count()
+        if visible < size:
+            raise RuntimeError(f"--tensor-parallel-size {size} needs {size} GPUs, one per rank; {visible} visible")
         torch.cuda.set_device(rank)
+        backend = "nccl"
+    else:
+        backend = "gloo"
+        if sys.platform.startswith("linux"):
+            # Every rank is on this host: loopback, not whatever interface the hostname resolves to (if any).
+            os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
     dist.init_process_group(backend, init_method=f"file://{init_file}", rank=rank, world_size=size)
     return TensorParallel(rank, size)
 

@@ -4,12 +4,12 @@ scheduler ──StepPlan──▶ [PULL worker-plans] ─ execute ─ [PUSH sche
 
 With --tensor-parallel-size N, N of these processes are one torch.distributed group (gpu_worker/parallel.py),
 each on its own device with its share of the model. Rank 0 ("gpu_worker") is the one the scheduler knows;
-it relays each plan's bytes, as received, to ranks 1..N-1 ("gpu_worker-{r}") before running it. Every rank
-runs every plan and samples the same tokens (all of them need them, for their device's last-token slots);
+it relays each plan's bytes, as received, to ranks 1..N-1 ("gpu_worker-rank{r}") before running it. Every
+rank runs every plan and samples the same tokens (all of them need them, for their device's last-token slots);
 only rank 0 sends StepResults:
 
-    scheduler ──▶ gpu_worker ─┬─ worker-plans-rank1 ──▶ gpu_worker-1    ...collectives in each forward...
-        ▲             │       └─ worker-plans-rank2 ──▶ gpu_worker-2
+    scheduler ──▶ gpu_worker ─┬─ worker-plans-rank1 ──▶ gpu_worker-rank1   (collectives in each forward)
+        ▲             │       └─ worker-plans-rank2 ──▶ gpu_worker-rank2
         └─StepResult──┘
 """
 

@@ -105,10 +105,10 @@ def test_the_server_with_two_ranks_matches_one_rank_in_process(server, tiny_llam
 
 def test_a_killed_rank_stops_the_server_naming_it_and_nothing_is_left(server):
     pids = server.child_pids()
-    assert {"gpu_worker", "gpu_worker-1"} <= set(pids)
-    os.kill(pids["gpu_worker-1"], signal.SIGKILL)
+    assert {"gpu_worker", "gpu_worker-rank1"} <= set(pids)
+    os.kill(pids["gpu_worker-rank1"], signal.SIGKILL)
     assert server.proc.wait(timeout=30) == 1
-    assert "process gpu_worker-1" in server.log()
+    assert "process gpu_worker-rank1" in server.log()
     wait_until(lambda: not any(pid_alive(p) for p in pids.values()), timeout=10, what="every child to exit")
     with pytest.raises(httpx.TransportError):
         httpx.get(f"{server.url}/health", timeout=2)
