@@ -198,7 +198,7 @@ class Launcher:
             "s (tensor-parallel ranks)" if config.tensor_parallel_size > 1 else "",
             args.tokenizer_workers,
         )
-        gpu_workers = self._start_gpu_workers(gpu_process.main, (config, info, *tail))
+        gpu_workers = self._start_gpu_workers(config.tensor_parallel_size, gpu_process.main, (config, info, *tail))
         for i in range(args.tokenizer_workers):
             self._start(
                 f"tokenizer-{i}", tokenizer_process.main, (i, str(tokenizer), num_frontends, *tail, chat_template)
@@ -239,13 +239,13 @@ class Launcher:
         self.serving = True
         self._announce(limits, clock.total_s())
 
-    def _start_gpu_workers(self, target, args: tuple) -> set[str]:
+    def _start_gpu_workers(self, ranks: int, target, args: tuple) -> set[str]:
         """One GPU worker per tensor-parallel rank (rank 0 is the scheduler's; gpu_worker/process.py), each a
         child watched like any other: a rank that dies takes the server down. Returns their roles."""
         from common.control import gpu_worker_role
 
         roles = set()
-        for rank in range(args[0].tensor_parallel_size):
+        for rank in range(ranks):
             role = gpu_worker_role(rank)
             self._start(role, target, (*args, rank))
             roles.add(role)

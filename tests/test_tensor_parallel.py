@@ -11,9 +11,12 @@ import sys
 
 import httpx
 import pytest
+import torch
 
 from common.model_info import TensorParallelError
 from common.sampling_params import SamplingParams
+from gpu_worker.model_loader import load_model
+from gpu_worker.parallel import TensorParallel
 from offline import LLM
 from tests.server_process import ROOT, ServerProcess, pid_alive, wait_until
 from tests.tiny_models import random_prompts
@@ -42,6 +45,38 @@ def generate(folder, tensor_parallel_size: int, prompts) -> list[list[int]]:
 def test_two_ranks_match_one_token_for_token(tiny_model):
     prompts = random_prompts(4, [5, 13, 17, 35], vocab=512, seed=3)
     assert generate(tiny_model, 2, prompts) == generate(tiny_model, 1, prompts)
+
+
+def unshard(shards: list, parts: list[int]):
+    """Rank tensors [part0_r | part1_r | ...] (rows) back into the whole [part0 | part1 | ...]."""
+    splits = [shard.split([p // len(shards) for p in parts]) for shard in shards]
+    return torch.cat([torch.cat([split[i] for split in splits]) for i in range(len(parts))])
+
+
+@pytest.mark.parametrize("load_format", ["auto", "dummy"])
+def test_each_rank_holds_its_slice_of_the_same_model(tiny_llama, load_format):
+    """Checkpoint and dummy weights alike (dummy ones are drawn whole, then split): no process group needed."""
+
+    def params(rank: int, size: int) -> dict:
+        model = load_model(
+            str(tiny_llama), load_format, torch.float32, torch.device("cpu"), tp=TensorParallel(rank, size)
+        )
+        return dict(model.named_parameters())
+
+    whole, ranks = params(0, 1), [params(0, 2), params(1, 2)]
+    layer = "layers.1."
+    q, kv, inter = 64, 32, 128  # 4 heads and 2 KV heads of 16; intermediate_size
+    assert torch.equal(
+        unshard([r[layer + "qkv_proj.weight"] for r in ranks], [q, kv, kv]), whole[layer + "qkv_proj.weight"]
+    )
+    assert torch.equal(
+        unshard([r[layer + "gate_up_proj.weight"] for r in ranks], [inter, inter]), whole[layer + "gate_up_proj.weight"]
+    )
+    for name in (layer + "o_proj.weight", layer + "down_proj.weight"):
+        assert torch.equal(torch.cat([r[name] for r in ranks], dim=1), whole[name])
+    for name in ("embed_tokens.weight", "lm_head.weight"):
+        assert torch.equal(torch.cat([r[name] for r in ranks])[:512], whole[name][:512])
+    assert torch.equal(ranks[1]["norm.weight"], whole["norm.weight"])
 
 
 @pytest.mark.parametrize(
