@@ -2,7 +2,8 @@
 
 Each layer loads the checkpoint's whole tensor (`load`) and keeps its rank's part; `full_shape` is that
 tensor's shape, so that random (dummy) weights are drawn whole and split the same way: every
-tensor-parallel size then holds the same model. With one rank each layer is the plain one.
+tensor-parallel size then holds the same model. Each is the torch layer it replaces (nn.Linear, nn.Embedding)
+with this rank's sizes, so code that looks for those finds them; with one rank it is exactly that layer.
 """
 
 from __future__ import annotations
@@ -20,22 +21,16 @@ def _check_shape(got: torch.Size, want: tuple[int, ...]) -> None:
         raise ValueError(f"checkpoint shape {tuple(got)} != model shape {tuple(want)}")
 
 
-class ColumnParallelLinear(nn.Module):
+class ColumnParallelLinear(nn.Linear):
     """A projection whose outputs are split across ranks. Fused projections (q|k|v, gate|up) list their
     parts: each part is split on its own, so a rank holds [its q | its k | its v], whole heads of each."""
 
     def __init__(self, in_features: int, parts: list[int], tp: TensorParallel, bias: bool, what: str):
-        super().__init__()
+        local_parts = [tp.shard(p, what) for p in parts]
+        super().__init__(in_features, sum(local_parts), bias=bias)
         self.tp = tp
-        self.in_features = in_features
         self.parts = parts
-        self.local_parts = [tp.shard(p, what) for p in parts]
-        out = sum(self.local_parts)
-        self.weight = nn.Parameter(torch.empty(out, in_features))
-        self.bias = nn.Parameter(torch.empty(out)) if bias else None
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.linear(x, self.weight, self.bias)
+        self.local_parts = local_parts
 
     def full_shape(self, name: str) -> tuple[int, ...]:
         return (sum(self.parts), self.in_features) if name == "weight" else (sum(self.parts),)
@@ -55,17 +50,14 @@ class ColumnParallelLinear(nn.Module):
             source += self.parts[i]
 
 
-class RowParallelLinear(nn.Module):
+class RowParallelLinear(nn.Linear):
     """A projection whose inputs are split across ranks (the outputs of a column-parallel one): each rank
     multiplies its share, one all-reduce sums them, then the bias is added once."""
 
     def __init__(self, in_features: int, out_features: int, tp: TensorParallel, bias: bool, what: str):
-        super().__init__()
+        super().__init__(tp.shard(in_features, what), out_features, bias=bias)
         self.tp = tp
-        self.in_features = in_features
-        self.out_features = out_features
-        self.weight = nn.Parameter(torch.empty(out_features, tp.shard(in_features, what)))
-        self.bias = nn.Parameter(torch.empty(out_features)) if bias else None
+        self.full_in_features = in_features
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.tp.size == 1:
@@ -74,30 +66,29 @@ class RowParallelLinear(nn.Module):
         return y if self.bias is None else y + self.bias
 
     def full_shape(self, name: str) -> tuple[int, ...]:
-        return (self.out_features, self.in_features) if name == "weight" else (self.out_features,)
+        return (self.out_features, self.full_in_features) if name == "weight" else (self.out_features,)
 
     def load(self, name: str, full: torch.Tensor, part: int | None = None) -> None:
         param = getattr(self, name)
         _check_shape(full.shape, self.full_shape(name))
         if name == "weight":
-            local = param.shape[1]
+            local = self.in_features
             full = full[:, self.tp.rank * local : (self.tp.rank + 1) * local]
         param.data.copy_(full)
 
 
-class VocabParallelEmbedding(nn.Module):
+class VocabParallelEmbedding(nn.Embedding):
     """Embedding rows (and, as a head, logits) split by vocabulary: rank r holds rows [r*n, (r+1)*n) of the
     vocabulary padded to a multiple of 64 x ranks. Padding rows are zero: never looked up (ids are checked
     against the real vocabulary upstream), and their logits are cut off before sampling."""
 
     def __init__(self, vocab_size: int, dim: int, tp: TensorParallel):
-        super().__init__()
+        rows = padded_vocab_size(vocab_size, tp.size) // tp.size
+        super().__init__(rows, dim)
         self.tp = tp
         self.vocab_size = vocab_size
-        self.dim = dim
-        self.rows = padded_vocab_size(vocab_size, tp.size) // tp.size
-        self.start = tp.rank * self.rows
-        self.weight = nn.Parameter(torch.empty(self.rows, dim))
+        self.rows = rows
+        self.start = tp.rank * rows
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         if self.tp.size == 1:
@@ -113,13 +104,10 @@ class VocabParallelEmbedding(nn.Module):
         return self.tp.all_gather_columns(local)[:, : self.vocab_size].float()
 
     def full_shape(self, name: str) -> tuple[int, ...]:
-        return (self.vocab_size, self.dim)
+        return (self.vocab_size, self.embedding_dim)
 
     def load(self, name: str, full: torch.Tensor, part: int | None = None) -> None:
         _check_shape(full.shape, self.full_shape(name))
         mine = full[self.start : self.start + self.rows]
         self.weight.data.zero_()
         self.weight.data[: len(mine)].copy_(mine)
-
-
-SHARDED_LAYERS = (ColumnParallelLinear, RowParallelLinear, VocabParallelEmbedding)
