@@ -123,6 +123,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         parser.error("--default-max-tokens must be 0 (the rest of the context) or more")
     if args.api_server_count < 1:
         parser.error("--api-server-count must be at least 1")
+    if args.tensor_parallel_size < 1:
+        parser.error("--tensor-parallel-size must be at least 1")
     if args.profile_steps is not None and (args.profile_steps < 1 or args.profile_dir is None):
         parser.error("--profile-steps needs --profile-dir and a count of at least 1")
     return args
@@ -197,7 +199,7 @@ class Launcher:
 
         from common.config import EngineConfig
         from common.control import frontend_role
-        from common.model_info import ModelInfo
+        from common.model_info import ModelInfo, check_tensor_parallel
         from common.model_source import default_served_name
         from common.transport import pull_socket
         from frontend import process as frontend_process
@@ -207,6 +209,7 @@ class Launcher:
 
         config = replace(EngineConfig.from_args(args), model=str(folder))
         info = ModelInfo.from_folder(folder, config.max_model_len)
+        check_tensor_parallel(folder, config.tensor_parallel_size)  # before any rank starts
         ready = pull_socket(zmq.Context.instance(), self.endpoints.launcher_ready)
         tail = (self.run_dir, args.log_level, os.getpid(), self.profile)
         num_frontends = args.api_server_count
@@ -254,10 +257,18 @@ class Launcher:
         from scheduler import process as scheduler_process
 
         replicas = engine_replicas(num_replicas)
-        log.info("starting %d engine replica%s", num_replicas, "" if num_replicas == 1 else "s")
+        ranks = config.tensor_parallel_size
+        log.info(
+            "starting %d engine replica%s%s",
+            num_replicas,
+            "" if num_replicas == 1 else "s",
+            f" of {ranks} tensor-parallel GPU workers each" if ranks > 1 else "",
+        )
+        gpu_workers: set[str] = set()
         for replica in replicas:
-            self._start(replica.gpu_worker_role, gpu_process.main, (config, info, *tail, replica))
-        workers = self._wait_ready(ready_socket, {replica.gpu_worker_role for replica in replicas})
+            gpu_workers |= self._start_gpu_workers(replica, ranks, gpu_process.main, (config, info, *tail))
+        # Rank 0 of each replica speaks for it (every rank has as many blocks: the smallest).
+        workers = self._wait_ready(ready_socket, gpu_workers)
         for replica in replicas:
             worker_info = workers[replica.gpu_worker_role].info
             num_blocks = worker_info["num_kv_blocks"]
@@ -289,6 +300,17 @@ class Launcher:
             )
             engines[replica.scheduler_role] = engine
         return engines
+
+    def _start_gpu_workers(self, replica, ranks: int, target, args: tuple) -> set[str]:
+        """A replica's GPU workers, one per tensor-parallel rank (rank 0 is the scheduler's;
+        gpu_worker/process.py), each a child watched like any other: a rank that dies takes the server down.
+        Returns their roles."""
+        roles = set()
+        for rank in range(ranks):
+            role = replica.gpu_worker_rank_role(rank)
+            self._start(role, target, (*args, replica, rank))
+            roles.add(role)
+        return roles
 
     def _start(self, role: str, target, args: tuple) -> None:
         process = self.spawn.Process(target=target, args=args, name=role, daemon=False)
@@ -409,6 +431,7 @@ def main(argv: list[str] | None = None) -> int:
     from common.process import configure_logging
 
     configure_logging("launcher", args.log_level)
+    from common.model_info import TensorParallelError
     from common.model_source import ModelNotFound
     from tokenizer_worker.chat_template import ChatTemplateError
 
@@ -421,7 +444,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         launcher.start()
         launcher.watch()
-    except (ModelNotFound, ChatTemplateError) as exc:
+    except (ModelNotFound, ChatTemplateError, TensorParallelError) as exc:
         log.error("%s", exc)
         launcher.exit_code = 2
     except ChildDied as exc:

@@ -33,6 +33,7 @@ class EngineConfig:
     default_max_tokens: int | None = None
     attention_backend: str = "auto"  # "auto" | "torch" | "triton"
     enforce_eager: bool = False  # CUDA only: no CUDA graphs for decode
+    tensor_parallel_size: int = 1  # GPU worker ranks, one device each, sharing one model (gpu_worker/parallel.py)
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> EngineConfig:
@@ -153,3 +154,11 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
     )
     g.add_argument("--attention-backend", choices=["auto", "torch", "triton"], default=d.attention_backend)
     g.add_argument("--enforce-eager", action="store_true", help="CUDA: run decode without CUDA graphs")
+    g.add_argument(
+        "--tensor-parallel-size",
+        "-tp",
+        type=int,
+        default=d.tensor_parallel_size,
+        help="GPU worker processes, one GPU each (cuda:0 ...), each holding 1/N of the model's heads and "
+        "vocabulary; on a CPU they share it (gloo)",
+    )

@@ -29,6 +29,10 @@ class EngineReplica:
     def gpu_worker_role(self) -> str:
         return self._role(GPU_WORKER)
 
+    def gpu_worker_rank_role(self, rank: int) -> str:
+        """Tensor-parallel rank 0 is the GPU worker the scheduler talks to; the others follow it."""
+        return self.gpu_worker_role if rank == 0 else f"{self.gpu_worker_role}-rank{rank}"
+
     def _role(self, process: str) -> str:
         return process if self.count == 1 else f"{process}-{self.index}"
 

@@ -32,3 +32,31 @@ class ModelInfo:
                 if token is not None and token not in eos:
                     eos.append(int(token))
         return cls(config["model_type"], int(context), eos, int(config["vocab_size"]))
+
+
+class TensorParallelError(ValueError):
+    """The model cannot be split over this many tensor-parallel ranks."""
+
+
+def shard_size(total: int, ranks: int, what: str) -> int:
+    """Each rank's share of `total` heads or features; an error naming both numbers when it does not divide."""
+    if total % ranks:
+        raise TensorParallelError(f"--tensor-parallel-size {ranks} does not divide the model's {total} {what}")
+    return total // ranks
+
+
+def check_tensor_parallel(folder: str | Path, ranks: int) -> None:
+    """Fail before any rank starts when the model's heads or MLP width do not split over `ranks` (each
+    model checks its own again as it is built: gpu_worker/models/)."""
+    config = json.loads((Path(folder) / "config.json").read_text())
+    if "n_head" in config:  # GPT-2
+        sizes = {"attention heads": config["n_head"], "MLP features": config.get("n_inner") or 4 * config["n_embd"]}
+    else:
+        heads = config["num_attention_heads"]
+        sizes = {
+            "attention heads": heads,
+            "KV heads": config.get("num_key_value_heads") or heads,
+            "MLP features (intermediate_size)": config["intermediate_size"],
+        }
+    for what, total in sizes.items():
+        shard_size(total, ranks, what)

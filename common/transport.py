@@ -6,6 +6,7 @@ why a request and its abort, taking the same path, can never overtake each other
 
     frontend[k] ─tokenizer-{i}-requests─▶ tokenizer[i] ─scheduler-{r}-requests─▶ scheduler[r] ─worker-{r}-plans─▶ gpu[r]
     frontend[k] ◀─frontend-{k}-outputs─ tokenizer[i] ◀─tokenizer-{i}-tokens─ scheduler[r] ◀─scheduler-{r}-results─┘
+    gpu_worker-{r} ─worker-{r}-plans-rank{t}─▶ gpu_worker-{r}-rank{t}    (tensor-parallel ranks: plans relayed)
     any ──launcher-ready──▶ launcher;   asker ──control-{role}──▶ any ──control-replies-{asker}──▶ asker
 
 Request ids route both ways (common/request_ids.py): tokenizer worker rid % N, frontend rid % K. The engine
@@ -49,6 +50,15 @@ class Endpoints:
 
     def scheduler_results(self, replica: int) -> str:
         return self._ipc(f"scheduler-{replica}-results")
+
+    def worker_rank_plans(self, replica: int, rank: int) -> str:
+        """Tensor-parallel rank `rank` > 0 of a replica: the plans its rank 0 relays to it."""
+        return self._ipc(f"worker-{replica}-plans-rank{rank}")
+
+    def tensor_parallel_init(self, replica: int) -> str:
+        """The file where a replica's tensor-parallel ranks meet (torch.distributed's file:// rendezvous); not
+        ZeroMQ."""
+        return os.path.join(self.run_dir, f"tensor-parallel-init-{replica}")
 
     @property
     def launcher_ready(self) -> str:

@@ -86,7 +86,9 @@ class DecodeGraphs:
                     self.model.compute_logits(self.model(ids, pos, ctx))
                 torch.cuda.current_stream(self.device).wait_stream(stream)
                 graph = torch.cuda.CUDAGraph()
-                with torch.cuda.graph(graph, pool=pool):
+                # thread_local: a CUDA call on another thread (NCCL's watchdog polling its events, with tensor
+                # parallelism; the control thread) must not invalidate this thread's capture.
+                with torch.cuda.graph(graph, pool=pool, capture_error_mode="thread_local"):
                     self.logits[bucket] = self.model.compute_logits(self.model(ids, pos, ctx))
             self.graphs[bucket] = graph
         torch.cuda.synchronize(self.device)

@@ -11,6 +11,8 @@ from transformers import AutoConfig
 
 from common.model_source import checkpoint_files
 from gpu_worker.models import model_class_for
+from gpu_worker.models.weights import load_tensor
+from gpu_worker.parallel import SINGLE, TensorParallel
 
 
 def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
@@ -27,12 +29,14 @@ def load_model(
     seed: int = 0,
     progress: bool = False,
     fused_kernels: bool = False,
+    tp: TensorParallel = SINGLE,
 ) -> torch.nn.Module:
-    """fused_kernels: the model's Triton kernels for elementwise steps (CUDA) instead of torch ops."""
+    """fused_kernels: the model's Triton kernels for elementwise steps (CUDA) instead of torch ops.
+    tp: this rank's share of the model (each layer takes its share of the whole tensors it is given)."""
     hf_config = AutoConfig.from_pretrained(folder)
     cls = model_class_for(hf_config)
     with _default_dtype(dtype), device:
-        model = cls(hf_config, fused_kernels=fused_kernels)
+        model = cls(hf_config, fused_kernels=fused_kernels, tp=tp)
     if load_format == "dummy":
         _init_dummy(model, hf_config, seed)
     else:
@@ -84,14 +88,19 @@ def _read_tensors(files: list[str]) -> Iterator[tuple[str, torch.Tensor]]:
 
 
 def _init_dummy(model: torch.nn.Module, hf_config, seed: int) -> None:
-    """Random weights with the checkpoint's scale, so activations stay in a realistic range."""
+    """Random weights with the checkpoint's scale, so activations stay in a realistic range. A tensor-parallel
+    layer's are drawn whole and split (load_tensor), so every tensor-parallel size gets the same model."""
     std = getattr(hf_config, "initializer_range", 0.02)
     gen = torch.Generator(device="cpu").manual_seed(seed)
-    for name, param in model.named_parameters():
+    params = dict(model.named_parameters())
+    for name, param in params.items():
+        owner, _, attr = name.rpartition(".")
+        module = model.get_submodule(owner)
+        shape = module.full_shape(attr) if hasattr(module, "full_shape") else param.shape
         if "norm" in name or "ln_" in name:
-            values = torch.ones(param.shape) if name.endswith("weight") else torch.zeros(param.shape)
+            values = torch.ones(shape) if name.endswith("weight") else torch.zeros(shape)
         elif name.endswith("bias"):
-            values = torch.zeros(param.shape)
+            values = torch.zeros(shape)
         else:
-            values = torch.randn(param.shape, generator=gen) * std
-        param.data.copy_(values)
+            values = torch.randn(shape, generator=gen) * std
+        load_tensor(model, params, name, values.to(param.dtype))

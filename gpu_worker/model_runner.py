@@ -43,6 +43,7 @@ from gpu_worker.kv_cache import PagedKVCache
 from gpu_worker.kv_sizing import requests_held, size_kv_store
 from gpu_worker.model_loader import load_model, resolve_dtype
 from gpu_worker.models.forward_context import ForwardContext
+from gpu_worker.parallel import SINGLE, TensorParallel
 from gpu_worker.sampler import SampledLogprobs, SamplingRows, process_logits, sample, sampled_logprobs
 from gpu_worker.token_counts import TokenCounts
 from gpu_worker.warm_up import WARM_UP_REQUESTS
@@ -80,13 +81,16 @@ class LaunchedStep:
 
 
 def resolve_device(name: str, index: int = 0) -> torch.device:
-    """`index`: which GPU "cuda" means (an engine replica's); a CPU has one device."""
+    """`index`: which GPU "cuda" means (an engine replica's rank's); a CPU has one device."""
     if name == "auto":
         name = "cuda" if torch.cuda.is_available() else "cpu"
     if name == "cuda":
         visible = torch.cuda.device_count()
         if index >= visible:
-            raise RuntimeError(f"engine replica {index} runs on cuda:{index}, but {visible} GPU(s) are visible")
+            raise RuntimeError(
+                f"this GPU worker runs on cuda:{index} (one GPU per engine replica and tensor-parallel rank), "
+                f"but {visible} GPU(s) are visible"
+            )
         device = torch.device("cuda", index)
         torch.cuda.set_device(device)  # what runs on "the current device" (graph pools, Triton launches) too
         return device
@@ -97,11 +101,21 @@ class ModelRunner:
     """Loads the model, allocates the KV store (sized by kv_sizing.py) and runs plans. Its owners (the worker
     process, LLM) warm it up with warm_up.py before the first request."""
 
-    def __init__(self, config: EngineConfig, info: ModelInfo, phases: PhaseClock | None = None, device_index: int = 0):
+    def __init__(
+        self,
+        config: EngineConfig,
+        info: ModelInfo,
+        phases: PhaseClock | None = None,
+        tp: TensorParallel = SINGLE,
+        device_index: int = 0,
+    ):
         """`phases`: log each start-up phase (weights, KV store, CUDA graphs) there, with a progress bar for
-        the weights (the server's worker); None: quiet (tests, the offline engine). `device_index`: the GPU
-        to run on, an engine replica's own."""
+        the weights (the server's worker); None: quiet (tests, the offline engine). `tp`: this runner is one
+        rank of a tensor-parallel group (gpu_worker/parallel.py): it holds that rank's share of the weights
+        and of the KV heads, and runs every plan in step with the other ranks. `device_index`: the GPU to run
+        on (an engine replica's rank's own: gpu_worker/process.py)."""
         self.info = info
+        self.tp = tp
         self.device = resolve_device(config.device, device_index)
         on_gpu = self.device.type == "cuda"
         # Batch limits left to the device: the prompt budget now, the seats once the KV store is sized.
@@ -121,14 +135,17 @@ class ModelRunner:
             config.seed,
             progress=phases is not None,
             fused_kernels=backend == "triton",
+            tp=tp,
         )
         if phases is not None:
             params = sum(p.numel() for p in self.model.parameters())
             what = "random weights" if config.load_format == "dummy" else "weights loaded"
             phases.done(f"{what}: {params / 1e6:.0f}M parameters, {self.dtype} on {self.device}")
-        num_layers, kv_heads, head_dim = self.model.kv_shape
-        self.num_kv_blocks = config.num_kv_blocks or size_kv_store(
-            config, info, self.model, self.attention, self.device, self.dtype
+        num_layers, kv_heads, head_dim = self.model.kv_shape  # this rank's KV heads
+        # Every rank must have every block the scheduler hands out: the smallest store of any rank.
+        self.num_kv_blocks = tp.min(
+            config.num_kv_blocks or size_kv_store(config, info, self.model, self.attention, self.device, self.dtype),
+            self.device,
         )
         if seats_from_memory:
             holds = requests_held(self.num_kv_blocks, info.max_model_len, config.block_size)

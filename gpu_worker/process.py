@@ -2,7 +2,18 @@
 
 scheduler[r] ──StepPlan──▶ [PULL worker-{r}-plans] ─ execute ─ [PUSH scheduler-{r}-results] ──StepResult──▶ scheduler[r]
 
-r: the engine replica (common/engine_replica.py); on CUDA, replica r runs on device cuda:r.
+r: the engine replica (common/engine_replica.py). With --tensor-parallel-size N, N of these processes are one
+torch.distributed group (gpu_worker/parallel.py), each on its own device with its share of the model. Rank 0
+("gpu_worker", or "gpu_worker-{r}" among replicas) is the one the scheduler knows; it relays each plan's bytes,
+as received, to ranks 1..N-1 ("gpu_worker-rank{t}", "gpu_worker-{r}-rank{t}") before running it. Every rank
+runs every plan and samples the same tokens (all of them need them, for their device's last-token slots);
+only rank 0 sends StepResults:
+
+    scheduler ──▶ gpu_worker ─┬─ worker-0-plans-rank1 ──▶ gpu_worker-rank1   (collectives in each forward)
+        ▲             │       └─ worker-0-plans-rank2 ──▶ gpu_worker-rank2
+        └─StepResult──┘
+
+On CUDA, replica r's rank t runs on cuda:(r·N + t).
 """
 
 from __future__ import annotations
@@ -21,11 +32,10 @@ from common.model_info import ModelInfo
 from common.process import announce_ready, exit_child, init_child_process
 from common.profiling import ProcessProfiler, ProcessStats, ProfileConfig, TorchProfiler, epoch_us
 from common.startup import PhaseClock
-from common.transport import Endpoints, pull_socket, push_socket, recv, send
+from common.transport import Endpoints, pull_socket, push_socket, send
 from gpu_worker.step_queue import StepQueue
 
 CONTROL_POLL_MS = 100  # an idle worker wakes this often to answer control commands queued for its main thread
-log = logging.getLogger("gpu_worker")
 
 
 def main(
@@ -36,31 +46,42 @@ def main(
     parent_pid: int,
     profile: ProfileConfig = ProfileConfig(),
     replica: EngineReplica = EngineReplica(),
+    rank: int = 0,
 ) -> None:
-    role = replica.gpu_worker_role
+    """`replica`: the engine this worker belongs to; `rank`: its tensor-parallel rank there (0: the only one,
+    or the one the scheduler talks to)."""
+    role = replica.gpu_worker_rank_role(rank)
     init_child_process(role, log_level, parent_pid)
     endpoints = Endpoints(run_dir)
+    ranks = config.tensor_parallel_size
+    device_index = replica.index * ranks + rank
     if config.load_format == "null":
         from gpu_worker.null_runner import NullRunner
 
         runner = NullRunner(config, info)
     else:
         # torch is imported here, in the child, never before spawn.
-        from gpu_worker.model_runner import ModelRunner
+        from gpu_worker.model_runner import ModelRunner, resolve_device
+        from gpu_worker.parallel import init_tensor_parallel
         from gpu_worker.warm_up import warm_up
 
-        phases = PhaseClock(log)
-        runner = ModelRunner(config, info, phases, device_index=replica.index)
-        warm_up(runner)
-        phases.done("warmed up: every kind of step ran once")
+        device_type = resolve_device(config.device, device_index).type
+        tp = init_tensor_parallel(rank, ranks, endpoints.tensor_parallel_init(replica.index), device_type, device_index)
+        phases = PhaseClock(logging.getLogger(role)) if rank == 0 else None  # rank 0 speaks for all
+        runner = ModelRunner(config, info, phases, tp, device_index)
+        warm_up(runner)  # every rank runs the same warm-up plans: their collectives pair up
+        if phases is not None:
+            phases.done("warmed up: every kind of step ran once")
 
     ctx = zmq.Context.instance()
-    worker = WorkerLoop(
-        runner,
-        pull_socket(ctx, endpoints.worker_plans(replica.index)),
-        push_socket(ctx, endpoints.scheduler_results(replica.index)),
-        ProcessProfiler(profile, role, TorchProfiler),
-    )
+    r = replica.index
+    if rank == 0:
+        plans = pull_socket(ctx, endpoints.worker_plans(r))
+        results: zmq.Socket | None = push_socket(ctx, endpoints.scheduler_results(r))
+        relays = [push_socket(ctx, endpoints.worker_rank_plans(r, t)) for t in range(1, ranks)]
+    else:
+        plans, results, relays = pull_socket(ctx, endpoints.worker_rank_plans(r, rank)), None, []
+    worker = WorkerLoop(runner, plans, results, ProcessProfiler(profile, role, TorchProfiler), relays)
     control = ControlServer(endpoints, role, stats=worker.stats)
     announce_ready(
         run_dir,
@@ -92,10 +113,21 @@ class StepTotals:
 
 
 class WorkerLoop:
-    def __init__(self, runner, plans: zmq.Socket, results: zmq.Socket, profiler: ProcessProfiler):
+    """`results`: None on a tensor-parallel rank other than 0 (its results are rank 0's). `relays`: on rank 0,
+    one socket to each other rank, which gets every plan before rank 0 runs it."""
+
+    def __init__(
+        self,
+        runner,
+        plans: zmq.Socket,
+        results: zmq.Socket | None,
+        profiler: ProcessProfiler,
+        relays: list[zmq.Socket] | None = None,
+    ):
         self.runner = runner
         self.plans = plans
         self.results = results
+        self.relays = relays or []
         self.profiler = profiler
         self.totals = StepTotals()
         self.activity = ProcessStats()
@@ -124,7 +156,7 @@ class WorkerLoop:
                         self._send(steps.finish_oldest())
                 continue
             with self.activity.busy():
-                plan: StepPlan = recv(self.plans, stats=self.activity.sockets)
+                plan = self._receive()
                 if steps and steps.oldest_step_id == self.profile_last_step:
                     self._send(steps.finish_oldest())  # closes the profile window before anything else runs
                 if plan.profile_steps:
@@ -140,6 +172,14 @@ class WorkerLoop:
                 for result in results:
                     self._send(result)
 
+    def _receive(self) -> StepPlan:
+        """The next plan. Its bytes go to the other ranks first, as received (no second encoding), so every
+        rank runs every plan, in the same order."""
+        data = self.plans.recv(copy=True)
+        for relay in self.relays:
+            relay.send(data)
+        return self.activity.sockets.decode(data)
+
     def _mark_step(self, plan: StepPlan, started: float) -> None:
         """The step's marker in the trace (launch; on a CPU, the whole step): the scheduler's plan of the same
         step id says how its tokens split into prefill and decode."""
@@ -153,7 +193,8 @@ class WorkerLoop:
         self.profiler.mark(f"step {plan.step_id}", started, args)
 
     def _send(self, result: StepResult) -> None:
-        send(self.results, result, self.activity.sockets)
+        if self.results is not None:
+            send(self.results, result, self.activity.sockets)
         self.totals.steps += 1
         self.totals.prepare_s += result.timings.prepare_s
         self.totals.forward_s += result.timings.forward_s
@@ -163,5 +204,6 @@ class WorkerLoop:
             self.profiler.stop()  # after the result is sent: writing the trace delays no one
 
     def close(self) -> None:
-        self.plans.close()
-        self.results.close()
+        for sock in [self.plans, self.results, *self.relays]:
+            if sock is not None:
+                sock.close()

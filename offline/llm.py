@@ -18,6 +18,7 @@ from common.model_source import resolve_model
 from common.sampling_params import InvalidParameter, SamplingParams
 from common.wire import decode, encode
 from gpu_worker.model_runner import ModelRunner
+from gpu_worker.parallel import SINGLE
 from gpu_worker.step_queue import StepQueue
 from gpu_worker.warm_up import warm_up
 from scheduler.scheduler import Scheduler
@@ -35,13 +36,28 @@ class CompletionOutput:
 
 
 class LLM:
+    """With tensor_parallel_size N > 1 this process is rank 0 and spawns ranks 1..N-1
+    (offline/follower_ranks.py); `close()` (or leaving a `with` block) stops them."""
+
     def __init__(self, model: str | None = None, **engine_args):
         folder = resolve_model(model)
         self.config = EngineConfig(model=str(folder), **engine_args)
         self.info = ModelInfo.from_folder(folder, self.config.max_model_len)
-        self.runner = ModelRunner(self.config, self.info)
-        self.config = self.runner.config  # with the batch limits the runner chose for its device
-        warm_up(self.runner)
+        self._followers = None
+        if self.config.tensor_parallel_size > 1:
+            from offline.follower_ranks import FollowerRanks
+
+            self._followers = FollowerRanks(self.config, self.info)
+        try:
+            tp = SINGLE if self._followers is None else self._followers.tp
+            self.runner = ModelRunner(self.config, self.info, tp=tp)
+            self.config = self.runner.config  # with the batch limits the runner chose for its device
+            warm_up(self.runner)
+            if self._followers is not None:
+                self._followers.wait_ready()
+        except BaseException:
+            self.close()
+            raise
         self.scheduler = Scheduler(self.config, self.info, self.runner.num_kv_blocks)
         self._tokenizer = None
         self._rids = itertools.count()
@@ -53,6 +69,18 @@ class LLM:
         self.steps_run = 0
         # Steps launched before the oldest one's tokens are read; None: as the worker process runs (StepQueue).
         self.plans_in_flight: int | None = None
+
+    def close(self) -> None:
+        """Stop the other tensor-parallel ranks (nothing to do with one)."""
+        if self._followers is not None:
+            self._followers.close()
+            self._followers = None
+
+    def __enter__(self) -> LLM:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
 
     @classmethod
     def from_config(cls, config: EngineConfig) -> LLM:
@@ -96,8 +124,12 @@ class LLM:
         return self._process(self.runner.execute(self._sent(plan)))
 
     def _sent(self, plan: StepPlan) -> StepPlan:
-        """The plan as the worker receives it (through the wire codec); recorded if asked."""
-        plan = decode(encode(plan))
+        """The plan as the worker receives it (through the wire codec); recorded if asked. Its bytes go to
+        the other tensor-parallel ranks first, as the worker process relays them."""
+        data = encode(plan)
+        if self._followers is not None:
+            self._followers.send(data)
+        plan = decode(data)
         if self.record_plans:
             self.plans_executed.append(plan)
         return plan

@@ -10,24 +10,29 @@ import torch.nn.functional as F
 from torch import nn
 
 from gpu_worker.models.forward_context import ForwardContext
-from gpu_worker.models.weights import check_all_loaded, copy_param, padded_vocab_size
+from gpu_worker.models.parallel_layers import ColumnParallelLinear, RowParallelLinear, VocabParallelEmbedding
+from gpu_worker.models.weights import check_all_loaded, load_tensor
+from gpu_worker.parallel import SINGLE, TensorParallel
 
 
 class GPT2Block(nn.Module):
-    def __init__(self, config, layer_index: int):
+    """With tensor parallelism a rank holds num_heads / N heads (q, k and v: HF's fused c_attn is split
+    per q/k/v first) and a 1/N share of the MLP; attn_out and fc_out all-reduce."""
+
+    def __init__(self, config, layer_index: int, tp: TensorParallel):
         super().__init__()
         h = config.n_embd
         self.layer_index = layer_index
-        self.num_heads = config.n_head
+        self.num_heads = tp.shard(config.n_head, "attention heads")
         self.head_dim = h // config.n_head
         self.scale = 1.0 / math.sqrt(self.head_dim) if config.scale_attn_weights else 1.0
         inner = config.n_inner or 4 * h
         self.ln_1 = nn.LayerNorm(h, eps=config.layer_norm_epsilon)
-        self.qkv = nn.Linear(h, 3 * h)
-        self.attn_out = nn.Linear(h, h)
+        self.qkv = ColumnParallelLinear(h, [h, h, h], tp, bias=True, what="attention features")
+        self.attn_out = RowParallelLinear(h, h, tp, bias=True, what="attention features")
         self.ln_2 = nn.LayerNorm(h, eps=config.layer_norm_epsilon)
-        self.fc_in = nn.Linear(h, inner)
-        self.fc_out = nn.Linear(inner, h)
+        self.fc_in = ColumnParallelLinear(h, [inner], tp, bias=True, what="MLP features")
+        self.fc_out = RowParallelLinear(inner, h, tp, bias=True, what="MLP features")
 
     def forward(self, x: torch.Tensor, ctx: ForwardContext) -> torch.Tensor:
         t = x.shape[0]
@@ -39,7 +44,7 @@ class GPT2Block(nn.Module):
 
 
 class GPT2ForCausalLM(nn.Module):
-    def __init__(self, config, fused_kernels: bool = False):
+    def __init__(self, config, fused_kernels: bool = False, tp: TensorParallel = SINGLE):
         # fused_kernels changes nothing here: LayerNorm and GELU are already one torch kernel each.
         super().__init__()
         unsupported = [
@@ -51,15 +56,16 @@ class GPT2ForCausalLM(nn.Module):
             raise ValueError(f"GPT-2 options not supported: {unsupported or config.activation_function}")
         self.config = config
         self.vocab_size = config.vocab_size
-        self.wte = nn.Embedding(padded_vocab_size(config.vocab_size), config.n_embd)
+        self.wte = VocabParallelEmbedding(config.vocab_size, config.n_embd, tp)
         self.wpe = nn.Embedding(config.n_positions, config.n_embd)
-        self.blocks = nn.ModuleList(GPT2Block(config, i) for i in range(config.n_layer))
+        self.blocks = nn.ModuleList(GPT2Block(config, i, tp) for i in range(config.n_layer))
         self.ln_f = nn.LayerNorm(config.n_embd, eps=config.layer_norm_epsilon)
 
     @property
     def kv_shape(self) -> tuple[int, int, int]:
-        """(layers, kv heads, head dim)"""
-        return self.config.n_layer, self.config.n_head, self.config.n_embd // self.config.n_head
+        """(layers, this rank's kv heads, head dim)"""
+        block = self.blocks[0]
+        return len(self.blocks), block.num_heads, block.head_dim
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, ctx: ForwardContext) -> torch.Tensor:
         x = self.wte(input_ids) + self.wpe(positions)
@@ -68,7 +74,7 @@ class GPT2ForCausalLM(nn.Module):
         return self.ln_f(x)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        return F.linear(hidden, self.wte.weight)[:, : self.vocab_size].float()
+        return self.wte.logits(hidden)
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
         """Hugging Face GPT-2 names -> ours. HF's Conv1D stores [in, out]; nn.Linear wants [out, in]."""
@@ -86,6 +92,6 @@ class GPT2ForCausalLM(nn.Module):
                         name = name.replace(f".{old}.", f".{new}.")
                         if name.endswith(".weight"):
                             tensor = tensor.t()
-            copy_param(params, name, tensor, slice(0, tensor.shape[0]) if name == "wte.weight" else None)
+            load_tensor(self, params, name, tensor)
             loaded.add(name)
         check_all_loaded(params, loaded)

@@ -15,8 +15,10 @@ import torch.nn.functional as F
 from torch import nn
 
 from gpu_worker.models.forward_context import ForwardContext
+from gpu_worker.models.parallel_layers import ColumnParallelLinear, RowParallelLinear, VocabParallelEmbedding
 from gpu_worker.models.rotary import RotaryEmbedding
-from gpu_worker.models.weights import check_all_loaded, copy_param, padded_vocab_size
+from gpu_worker.models.weights import check_all_loaded, load_tensor
+from gpu_worker.parallel import SINGLE, TensorParallel
 
 
 class RMSNorm(nn.Module):
@@ -47,14 +49,18 @@ class RMSNorm(nn.Module):
 
 
 class LlamaDecoderLayer(nn.Module):
-    def __init__(self, config, layer_index: int, rotary: RotaryEmbedding, fused_kernels: bool):
+    """With tensor parallelism a rank holds num_heads / N query heads, num_kv_heads / N KV heads (its KV
+    store holds only those) and a 1/N share of the MLP; o_proj and down_proj all-reduce. Sizes below are
+    this rank's."""
+
+    def __init__(self, config, layer_index: int, rotary: RotaryEmbedding, fused_kernels: bool, tp: TensorParallel):
         super().__init__()
         self.fused_kernels = fused_kernels
         h = config.hidden_size
         self.layer_index = layer_index
-        self.num_heads = config.num_attention_heads
-        self.num_kv_heads = config.num_key_value_heads
-        self.head_dim = getattr(config, "head_dim", None) or h // self.num_heads
+        self.head_dim = getattr(config, "head_dim", None) or h // config.num_attention_heads
+        self.num_heads = tp.shard(config.num_attention_heads, "attention heads")
+        self.num_kv_heads = tp.shard(config.num_key_value_heads, "KV heads")
         self.q_size = self.num_heads * self.head_dim
         self.kv_size = self.num_kv_heads * self.head_dim
         self.scale = self.head_dim**-0.5
@@ -62,12 +68,14 @@ class LlamaDecoderLayer(nn.Module):
         mlp_bias = getattr(config, "mlp_bias", False)
         self.rotary = rotary
         self.input_layernorm = RMSNorm(h, config.rms_norm_eps, fused_kernels)
-        self.qkv_proj = nn.Linear(h, self.q_size + 2 * self.kv_size, bias=qkv_bias)
-        self.o_proj = nn.Linear(self.q_size, h, bias=getattr(config, "attention_bias", False))
+        q_full, kv_full = config.num_attention_heads * self.head_dim, config.num_key_value_heads * self.head_dim
+        self.qkv_proj = ColumnParallelLinear(h, [q_full, kv_full, kv_full], tp, qkv_bias, "attention features")
+        self.o_proj = RowParallelLinear(q_full, h, tp, getattr(config, "attention_bias", False), "attention features")
         self.post_attention_layernorm = RMSNorm(h, config.rms_norm_eps, fused_kernels)
-        self.intermediate = config.intermediate_size
-        self.gate_up_proj = nn.Linear(h, 2 * config.intermediate_size, bias=mlp_bias)
-        self.down_proj = nn.Linear(config.intermediate_size, h, bias=mlp_bias)
+        inter = config.intermediate_size
+        self.intermediate = tp.shard(inter, "MLP features (intermediate_size)")
+        self.gate_up_proj = ColumnParallelLinear(h, [inter, inter], tp, mlp_bias, "MLP features (intermediate_size)")
+        self.down_proj = RowParallelLinear(inter, h, tp, mlp_bias, "MLP features (intermediate_size)")
         if config.hidden_act != "silu":
             raise ValueError(f"hidden_act {config.hidden_act!r} is not supported (silu only)")
 
@@ -100,19 +108,19 @@ class LlamaDecoderLayer(nn.Module):
 
 
 class LlamaForCausalLM(nn.Module):
-    def __init__(self, config, fused_kernels: bool = False):
+    def __init__(self, config, fused_kernels: bool = False, tp: TensorParallel = SINGLE):
         super().__init__()
         self.config = config
         self.tied = bool(getattr(config, "tie_word_embeddings", False))
         self.vocab_size = config.vocab_size
-        vocab = padded_vocab_size(config.vocab_size)
-        self.embed_tokens = nn.Embedding(vocab, config.hidden_size)
+        self.embed_tokens = VocabParallelEmbedding(config.vocab_size, config.hidden_size, tp)
         self.rotary = RotaryEmbedding(config, fused_kernels)
         self.layers = nn.ModuleList(
-            LlamaDecoderLayer(config, i, self.rotary, fused_kernels) for i in range(config.num_hidden_layers)
+            LlamaDecoderLayer(config, i, self.rotary, fused_kernels, tp) for i in range(config.num_hidden_layers)
         )
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, fused_kernels)
-        self.lm_head = None if self.tied else nn.Linear(config.hidden_size, vocab, bias=False)
+        # The head is split by vocabulary like the embedding (an embedding's weight, used only for logits).
+        self.lm_head = None if self.tied else VocabParallelEmbedding(config.vocab_size, config.hidden_size, tp)
 
     @property
     def kv_shape(self) -> tuple[int, int, int]:
@@ -126,20 +134,17 @@ class LlamaForCausalLM(nn.Module):
         return self.norm(x, residual)[0]
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        weight = self.embed_tokens.weight if self.tied else self.lm_head.weight
-        return F.linear(hidden, weight)[:, : self.vocab_size].float()
+        return (self.embed_tokens if self.lm_head is None else self.lm_head).logits(hidden)
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
-        """Hugging Face Llama names -> ours, writing q/k/v and gate/up into their fused projections."""
-        layer = self.layers[0]
-        q, kv, inter = layer.q_size, layer.kv_size, layer.intermediate
+        """Hugging Face Llama names -> ours, writing q/k/v and gate/up as parts of their fused projections."""
         shards = {
-            "self_attn.q_proj": ("qkv_proj", slice(0, q)),
-            "self_attn.k_proj": ("qkv_proj", slice(q, q + kv)),
-            "self_attn.v_proj": ("qkv_proj", slice(q + kv, q + 2 * kv)),
+            "self_attn.q_proj": ("qkv_proj", 0),
+            "self_attn.k_proj": ("qkv_proj", 1),
+            "self_attn.v_proj": ("qkv_proj", 2),
             "self_attn.o_proj": ("o_proj", None),
-            "mlp.gate_proj": ("gate_up_proj", slice(0, inter)),
-            "mlp.up_proj": ("gate_up_proj", slice(inter, 2 * inter)),
+            "mlp.gate_proj": ("gate_up_proj", 0),
+            "mlp.up_proj": ("gate_up_proj", 1),
             "mlp.down_proj": ("down_proj", None),
         }
         params = dict(self.named_parameters())
@@ -149,12 +154,12 @@ class LlamaForCausalLM(nn.Module):
             name = name.removeprefix("model.")
             if "rotary_emb" in name or (self.tied and name == "lm_head.weight"):
                 continue
-            rows = slice(0, tensor.shape[0]) if name in ("embed_tokens.weight", "lm_head.weight") else None
-            for hf, (ours, rows_slice) in shards.items():
+            part = None
+            for hf, (ours, index) in shards.items():
                 if f".{hf}." in name:
-                    name, rows = name.replace(f".{hf}.", f".{ours}."), rows_slice
+                    name, part = name.replace(f".{hf}.", f".{ours}."), index
                     break
-            copy_param(params, name, tensor, rows)
+            load_tensor(self, params, name, tensor, part)
             shard_count[name] = shard_count.get(name, 0) + 1
             loaded.add(name)
         fused_parts = {"qkv_proj": 3, "gate_up_proj": 2}

@@ -6,15 +6,29 @@ import torch
 from torch import nn
 
 
-def copy_param(params: dict[str, nn.Parameter], name: str, tensor: torch.Tensor, rows: slice | None = None) -> None:
-    """Copy `tensor` into parameter `name` (into rows `rows` of it, for fused projections)."""
+def copy_param(params: dict[str, nn.Parameter], name: str, tensor: torch.Tensor) -> None:
+    """Copy `tensor` into parameter `name`."""
     param = params.get(name)
     if param is None:
         raise ValueError(f"checkpoint tensor {name!r} has no place in the model")
-    target = param.data if rows is None else param.data[rows]
+    target = param.data
     if target.shape != tensor.shape:
         raise ValueError(f"{name}: checkpoint shape {tuple(tensor.shape)} != model shape {tuple(target.shape)}")
     target.copy_(tensor)
+
+
+def load_tensor(model: nn.Module, params: dict[str, nn.Parameter], name: str, tensor: torch.Tensor, part=None) -> None:
+    """Copy checkpoint tensor `name` into the model: a tensor-parallel layer keeps its rank's share (of part
+    `part` of a fused projection, or all of it); any other parameter takes it whole."""
+    owner, _, attr = name.rpartition(".")
+    module = model.get_submodule(owner) if name in params else None
+    if module is not None and hasattr(module, "full_shape"):
+        try:
+            module.load(attr, tensor, part)
+        except ValueError as exc:
+            raise ValueError(f"{name}: {exc}") from None
+    else:
+        copy_param(params, name, tensor)
 
 
 def check_all_loaded(params: dict[str, nn.Parameter], loaded: set[str]) -> None:
@@ -26,8 +40,9 @@ def check_all_loaded(params: dict[str, nn.Parameter], loaded: set[str]) -> None:
 VOCAB_ALIGNMENT = 64
 
 
-def padded_vocab_size(vocab_size: int) -> int:
-    """Embedding and head rows rounded up to a multiple of 64: the logits matmul then runs on aligned
-    tiles (GPT-2's 50257 rows made cuBLAS pick a kernel several times slower). Extra rows are never
-    looked up, and their logits are cut off."""
-    return -(-vocab_size // VOCAB_ALIGNMENT) * VOCAB_ALIGNMENT
+def padded_vocab_size(vocab_size: int, ranks: int = 1) -> int:
+    """Embedding and head rows rounded up to a multiple of 64 per tensor-parallel rank: the logits matmul
+    then runs on aligned tiles (GPT-2's 50257 rows made cuBLAS pick a kernel several times slower), and
+    every rank holds as many. Extra rows are never looked up, and their logits are cut off."""
+    multiple = VOCAB_ALIGNMENT * ranks
+    return -(-vocab_size // multiple) * multiple

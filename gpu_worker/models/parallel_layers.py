@@ -1,0 +1,113 @@
+"""Layers split across tensor-parallel ranks (the collectives and where they happen: gpu_worker/parallel.py).
+
+Each layer loads the checkpoint's whole tensor (`load`) and keeps its rank's part; `full_shape` is that
+tensor's shape, so that random (dummy) weights are drawn whole and split the same way: every
+tensor-parallel size then holds the same model. Each is the torch layer it replaces (nn.Linear, nn.Embedding)
+with this rank's sizes, so code that looks for those finds them; with one rank it is exactly that layer.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from gpu_worker.models.weights import padded_vocab_size
+from gpu_worker.parallel import TensorParallel
+
+
+def _check_shape(got: torch.Size, want: tuple[int, ...]) -> None:
+    if tuple(got) != tuple(want):
+        raise ValueError(f"checkpoint shape {tuple(got)} != model shape {tuple(want)}")
+
+
+class ColumnParallelLinear(nn.Linear):
+    """A projection whose outputs are split across ranks. Fused projections (q|k|v, gate|up) list their
+    parts: each part is split on its own, so a rank holds [its q | its k | its v], whole heads of each."""
+
+    def __init__(self, in_features: int, parts: list[int], tp: TensorParallel, bias: bool, what: str):
+        local_parts = [tp.shard(p, what) for p in parts]
+        super().__init__(in_features, sum(local_parts), bias=bias)
+        self.tp = tp
+        self.parts = parts
+        self.local_parts = local_parts
+
+    def full_shape(self, name: str) -> tuple[int, ...]:
+        return (sum(self.parts), self.in_features) if name == "weight" else (sum(self.parts),)
+
+    def load(self, name: str, full: torch.Tensor, part: int | None = None) -> None:
+        """Copy this rank's rows of part `part` of the whole tensor (all parts, stacked, when None)."""
+        param = getattr(self, name)
+        indices = range(len(self.parts)) if part is None else [part]
+        expected = sum(self.parts[i] for i in indices)
+        _check_shape(full.shape, (expected, *param.shape[1:]))
+        source = 0
+        for i in indices:
+            local = self.local_parts[i]
+            target = sum(self.local_parts[:i])
+            rows = full[source + self.tp.rank * local : source + (self.tp.rank + 1) * local]
+            param.data[target : target + local].copy_(rows)
+            source += self.parts[i]
+
+
+class RowParallelLinear(nn.Linear):
+    """A projection whose inputs are split across ranks (the outputs of a column-parallel one): each rank
+    multiplies its share, one all-reduce sums them, then the bias is added once."""
+
+    def __init__(self, in_features: int, out_features: int, tp: TensorParallel, bias: bool, what: str):
+        super().__init__(tp.shard(in_features, what), out_features, bias=bias)
+        self.tp = tp
+        self.full_in_features = in_features
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.tp.size == 1:
+            return F.linear(x, self.weight, self.bias)
+        y = self.tp.all_reduce(F.linear(x, self.weight))
+        return y if self.bias is None else y + self.bias
+
+    def full_shape(self, name: str) -> tuple[int, ...]:
+        return (self.out_features, self.full_in_features) if name == "weight" else (self.out_features,)
+
+    def load(self, name: str, full: torch.Tensor, part: int | None = None) -> None:
+        param = getattr(self, name)
+        _check_shape(full.shape, self.full_shape(name))
+        if name == "weight":
+            local = self.in_features
+            full = full[:, self.tp.rank * local : (self.tp.rank + 1) * local]
+        param.data.copy_(full)
+
+
+class VocabParallelEmbedding(nn.Embedding):
+    """Embedding rows (and, as a head, logits) split by vocabulary: rank r holds rows [r*n, (r+1)*n) of the
+    vocabulary padded to a multiple of 64 x ranks. Padding rows are zero: never looked up (ids are checked
+    against the real vocabulary upstream), and their logits are cut off before sampling."""
+
+    def __init__(self, vocab_size: int, dim: int, tp: TensorParallel):
+        rows = padded_vocab_size(vocab_size, tp.size) // tp.size
+        super().__init__(rows, dim)
+        self.tp = tp
+        self.vocab_size = vocab_size
+        self.rows = rows
+        self.start = tp.rank * rows
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        if self.tp.size == 1:
+            return F.embedding(ids, self.weight)
+        local = ids - self.start
+        outside = (local < 0) | (local >= self.rows)
+        out = F.embedding(local.masked_fill(outside, 0), self.weight)
+        return self.tp.all_reduce(out.masked_fill_(outside[:, None], 0.0))
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """[n, vocab] float32 logits, the same on every rank."""
+        local = F.linear(hidden, self.weight)
+        return self.tp.all_gather_columns(local)[:, : self.vocab_size].float()
+
+    def full_shape(self, name: str) -> tuple[int, ...]:
+        return (self.vocab_size, self.embedding_dim)
+
+    def load(self, name: str, full: torch.Tensor, part: int | None = None) -> None:
+        _check_shape(full.shape, self.full_shape(name))
+        mine = full[self.start : self.start + self.rows]
+        self.weight.data.zero_()
+        self.weight.data[: len(mine)].copy_(mine)
