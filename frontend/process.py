@@ -34,6 +34,7 @@ log = logging.getLogger(__name__)
 GRACEFUL_SHUTDOWN_S = 3  # responses get this long to end; the launcher kills what is left after 5 s
 MAX_HEADER_BYTES = 64 * 1024  # a request's line and headers; more: 400 and the connection closed (h11)
 STOPPING = "the server is stopping"
+GARBAGE_COLLECTION_PERIOD_S = 10.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,9 +85,11 @@ async def serve(spec: FrontendSpec, sock: socket.socket, run_dir: str, profile: 
         h11_max_incomplete_event_size=MAX_HEADER_BYTES,
     )
     server = AnnouncingServer(config, lambda: announce_ready(run_dir, role), client)
+    collector = asyncio.create_task(collect_request_garbage())
     try:
         await server.serve(sockets=[sock])
     finally:
+        collector.cancel()
         await client.close()
 
 
@@ -101,17 +104,23 @@ def raise_open_file_limit() -> None:
 
 def freeze_startup_objects() -> None:
     """Take what start-up left alive (FastAPI, pydantic, their modules: ~65,000 objects) out of the cyclic
-    collector's sight, so that the garbage requests leave in reference cycles is collected soon after it is made.
-
-    CPython collects its oldest generation only once the objects waiting there pass a quarter of those it
-    already holds. Requests leave cycles (an asyncio transport refers to itself through a bound method; a
-    FastAPI request's exit stack, a cancelled task's traceback), and their objects outlive the young
-    collections while the request runs. Against 65,000 start-up objects, some 16,000 of them piled up before
-    each full collection, and the allocator kept every new peak: the frontend's RSS crept up in the soak
-    (docs/benchmarks.md). Frozen, start-up objects are neither counted nor traversed again."""
+    collector's sight: the full collections below then traverse only what requests left, a millisecond or so."""
     gc.collect()
     gc.freeze()
-    gc.collect()  # the oldest generation is now empty: the next full collections are measured against requests'
+    gc.collect()  # the oldest generation is now empty: CPython's own thresholds count requests' objects only
+
+
+async def collect_request_garbage(period_s: float = GARBAGE_COLLECTION_PERIOD_S) -> None:
+    """A full collection every `period_s`. Requests and connections leave garbage in reference cycles (an
+    asyncio transport refers to itself through a bound method, uvicorn's protocol and h11 state to its
+    transport, FastAPI's exit stack per request, a cancelled task's traceback), and it outlives the young
+    collections while the request runs. CPython collects its oldest generation only after ten middle ones
+    and once a quarter of its size is waiting: in a frontend that is a few full collections an hour, with
+    thousands of dead connections waiting in between, and the allocator keeps each new peak (the soak's
+    creeping RSS, docs/benchmarks.md). Collected every few seconds, that garbage never piles up."""
+    while True:
+        await asyncio.sleep(period_s)
+        gc.collect()
 
 
 class ReadDeadlineProtocol(H11Protocol):

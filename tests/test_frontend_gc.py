@@ -1,14 +1,15 @@
-"""The frontend freezes what start-up left alive (frontend/process.py `freeze_startup_objects`), so that the
-garbage requests leave in reference cycles is collected at the collector's own pace, however much start-up
-left: without it, CPython's oldest generation waits for a quarter of the start-up objects' count in garbage
-before collecting it (the soak's creeping RSS, docs/benchmarks.md)."""
+"""The frontend's garbage in reference cycles (dead connections, requests' exit stacks) is collected within a
+period, not when CPython's thresholds get round to it (the soak's creeping RSS, docs/benchmarks.md):
+start-up's objects are frozen, so they neither delay nor slow a full collection, and one runs every
+GARBAGE_COLLECTION_PERIOD_S (frontend/process.py)."""
 
 from __future__ import annotations
 
+import asyncio
 import collections
 import gc
 
-from frontend.process import freeze_startup_objects
+from frontend.process import collect_request_garbage, freeze_startup_objects
 
 STARTUP_OBJECTS = 400_000  # about 6 times a real frontend's; unfrozen, ~100,000 garbage objects would pile up
 REQUESTS = 400_000
@@ -48,3 +49,21 @@ def test_request_garbage_does_not_pile_up_in_proportion_to_what_startup_left_ali
         gc.unfreeze()
         del startup
     assert peak < STARTUP_OBJECTS / 10  # ~28,000 frozen (the collector's own pace), ~98,000 unfrozen
+
+
+def test_garbage_left_in_cycles_is_collected_within_the_period():
+    async def leave_garbage_then_wait() -> int:
+        gc.collect()  # what earlier tests left
+        collector = asyncio.create_task(collect_request_garbage(period_s=0.05))
+        RequestState.freed = 0
+        gc.disable()  # only the periodic collection may free it
+        try:
+            for _ in range(1_000):
+                RequestState()
+            await asyncio.sleep(0.2)
+        finally:
+            gc.enable()
+            collector.cancel()
+        return RequestState.freed
+
+    assert asyncio.run(leave_garbage_then_wait()) == 1_000
