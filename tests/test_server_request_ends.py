@@ -84,6 +84,7 @@ def timed_out(srv: ServerProcess) -> None:
     with scheduler_stopped(srv), srv.client() as c:
         response = c.post("/v1/completions", json=LONG)
     assert response.status_code == 504
+    assert response.json()["error"]["code"] == "request_timeout"
 
 
 def tokenized(srv: ServerProcess) -> None:
