@@ -116,8 +116,8 @@ async def collect_request_garbage(period_s: float = GARBAGE_COLLECTION_PERIOD_S)
     transport, FastAPI's exit stack per request, a cancelled task's traceback), and it outlives the young
     collections while the request runs. CPython collects its oldest generation only after ten middle ones
     and once a quarter of its size is waiting: in a frontend that is a few full collections an hour, with
-    thousands of dead connections waiting in between, and the allocator keeps each new peak (the soak's
-    creeping RSS, docs/benchmarks.md). Collected every few seconds, that garbage never piles up."""
+    thousands of dead connections waiting in between (docs/benchmarks.md, the soak). Collected every few
+    seconds, that garbage never piles up."""
     while True:
         await asyncio.sleep(period_s)
         gc.collect()
