@@ -19,6 +19,7 @@ from fastapi.openapi.utils import get_openapi
 from fastapi.responses import JSONResponse
 from prometheus_client import CONTENT_TYPE_LATEST
 from pydantic import BaseModel
+from starlette.requests import ClientDisconnect
 
 from common.engine_replica import is_scheduler_role
 from common.messages import ControlReply
@@ -53,6 +54,7 @@ def build_app(
     app = FastAPI(title="clearserve", docs_url=None, redoc_url=None, openapi_url=None)
     install_error_handlers(app)
     app.add_exception_handler(ClientDisconnected, _client_gone)  # type: ignore[arg-type]
+    app.add_exception_handler(ClientDisconnect, _client_gone)  # gone while sending its body (or cut: --timeout-body)
     app.add_middleware(RequestBodyGuard, max_body_bytes=limits.max_request_body_bytes)  # type: ignore[arg-type]
     metrics = FrontendMetrics(client.limits.served_model_name)
     created = int(time.time())
@@ -224,6 +226,6 @@ async def _json_args(request: Request) -> dict:
     return args
 
 
-async def _client_gone(_: Request, __: ClientDisconnected) -> Response:
+async def _client_gone(_: Request, __: ClientDisconnected | ClientDisconnect) -> Response:
     # Nobody is left to read this; 499 (nginx's "client closed request") keeps access logs honest.
     return Response(status_code=499)

@@ -214,7 +214,9 @@ class ZmqEngineClient(EngineClient):
         )
 
     def stats(self) -> dict:
-        return self.activity.summary()
+        # requests_open: requests this frontend still routes outputs to. Every way a request ends (finished,
+        # refused, aborted by its client, timed out, failed at shutdown) removes it: at rest this is 0.
+        return {**self.activity.summary(), "requests_open": len(self._streams)}
 
     async def submit(self, request: EngineRequest) -> RequestStream:
         request.rid = next(self._rids)

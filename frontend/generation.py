@@ -19,7 +19,7 @@ from collections.abc import AsyncGenerator
 from starlette.types import Receive
 
 from common.messages import GenerateRequest, RequestAccepted, RequestOutput, RequestRejected
-from frontend.engine_client import EngineClient, RequestStream
+from frontend.engine_client import REQUEST_TIMED_OUT, SERVER_STOPPING, EngineClient, RequestStream
 from frontend.errors import ApiError
 from frontend.metrics import FrontendMetrics
 from frontend.streaming import unless_disconnected
@@ -52,7 +52,9 @@ class Generation:
             raise
         if isinstance(first, RequestRejected):
             metrics.rejected(first.status)
-            raise ApiError(first.status, first.message, param=first.param)
+            # A 504 is --request-timeout, before the verdict as after it; a 503 may be the queue limit here.
+            code = _ERROR_CODES[REQUEST_TIMED_OUT] if first.status == REQUEST_TIMED_OUT else None
+            raise ApiError(first.status, first.message, param=first.param, code=code)
         assert isinstance(first, RequestAccepted), f"an accepted or rejected verdict comes first, got {first!r}"
         metrics.accepted(first.prompt_tokens, first.times)
         return cls(stream, first, metrics)
@@ -131,4 +133,4 @@ def _output(event: object) -> RequestOutput:
     return event
 
 
-_ERROR_CODES = {503: "server_stopping", 504: "request_timeout"}
+_ERROR_CODES = {SERVER_STOPPING: "server_stopping", REQUEST_TIMED_OUT: "request_timeout"}

@@ -5,6 +5,7 @@
     stop strings      how many, and how long each                         400 naming `stop`
     connections       open per frontend (uvicorn's limit_concurrency)     503 beyond it
     header timeout    a connection must send a request's headers within   closed
+    body timeout      ... and then its body within                        closed
     keep-alive        idle time between requests                          closed
 
 A tokenizer worker serves every request routed to it in turn, so a prompt of 48 MB (or 200,000 stop
@@ -28,6 +29,7 @@ class HttpLimits:
     max_stop_string_chars: int = 256
     max_connections: int = 1024
     timeout_headers_s: float = 10.0
+    timeout_body_s: float = 30.0  # 16 MiB (the default body bound) at 4.5 Mbit/s
     timeout_keep_alive_s: float = 5.0
     request_timeout_s: float | None = None  # a request still unfinished after this long is ended
 
@@ -68,6 +70,13 @@ def add_http_limit_args(parser: argparse.ArgumentParser) -> None:
         type=float,
         default=d.timeout_headers_s,
         help="seconds a connection has to send a request's headers before it is closed (slowloris)",
+    )
+    g.add_argument(
+        "--timeout-body",
+        dest="timeout_body_s",
+        type=float,
+        default=d.timeout_body_s,
+        help="seconds a request has, after its headers, to send its whole body before the connection is closed",
     )
     g.add_argument(
         "--timeout-keep-alive",

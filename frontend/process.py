@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import logging
 import resource
 import signal
@@ -33,6 +34,7 @@ log = logging.getLogger(__name__)
 GRACEFUL_SHUTDOWN_S = 3  # responses get this long to end; the launcher kills what is left after 5 s
 MAX_HEADER_BYTES = 64 * 1024  # a request's line and headers; more: 400 and the connection closed (h11)
 STOPPING = "the server is stopping"
+GARBAGE_COLLECTION_PERIOD_S = 10.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,10 +72,11 @@ async def serve(spec: FrontendSpec, sock: socket.socket, run_dir: str, profile: 
     client.start()
     app = build_app(client, api_key=spec.api_key, profiler=profiler, limits=spec.http)
     raise_open_file_limit()
-    HeaderDeadlineProtocol.timeout_headers_s = spec.http.timeout_headers_s
+    ReadDeadlineProtocol.timeout_headers_s = spec.http.timeout_headers_s
+    ReadDeadlineProtocol.timeout_body_s = spec.http.timeout_body_s
     config = uvicorn.Config(
         app,
-        http=HeaderDeadlineProtocol,
+        http=ReadDeadlineProtocol,
         log_level=spec.log_level,
         access_log=spec.log_level == "debug",
         timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S,
@@ -82,9 +85,11 @@ async def serve(spec: FrontendSpec, sock: socket.socket, run_dir: str, profile: 
         h11_max_incomplete_event_size=MAX_HEADER_BYTES,
     )
     server = AnnouncingServer(config, lambda: announce_ready(run_dir, role), client)
+    collector = asyncio.create_task(collect_request_garbage())
     try:
         await server.serve(sockets=[sock])
     finally:
+        collector.cancel()
         await client.close()
 
 
@@ -97,45 +102,83 @@ def raise_open_file_limit() -> None:
         resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
 
 
-class HeaderDeadlineProtocol(H11Protocol):
-    """uvicorn's HTTP/1.1 protocol, plus a deadline for a request's headers: a connection that opens and
-    trickles (slowloris), or never sends anything, is closed after `timeout_headers_s` instead of holding
-    a socket forever. Idle keep-alive connections are uvicorn's own timeout_keep_alive."""
+def freeze_startup_objects() -> None:
+    """Take what start-up left alive (FastAPI, pydantic, their modules: ~65,000 objects) out of the cyclic
+    collector's sight: the full collections below then traverse only what requests left, a millisecond or so."""
+    gc.collect()
+    gc.freeze()
+    gc.collect()  # the oldest generation is now empty: CPython's own thresholds count requests' objects only
+
+
+async def collect_request_garbage(period_s: float = GARBAGE_COLLECTION_PERIOD_S) -> None:
+    """A full collection every `period_s`. Requests and connections leave garbage in reference cycles (an
+    asyncio transport refers to itself through a bound method, uvicorn's protocol and h11 state to its
+    transport, FastAPI's exit stack per request, a cancelled task's traceback), and it outlives the young
+    collections while the request runs. CPython collects its oldest generation only after ten middle ones
+    and once a quarter of its size is waiting: in a frontend that is a few full collections an hour, with
+    thousands of dead connections waiting in between (docs/benchmarks.md, the soak). Collected every few
+    seconds, that garbage never piles up."""
+    while True:
+        await asyncio.sleep(period_s)
+        gc.collect()
+
+
+class ReadDeadlineProtocol(H11Protocol):
+    """uvicorn's HTTP/1.1 protocol, plus deadlines for reading a request, so that a client that trickles its
+    bytes (slowloris) or stops sending cannot hold a socket, or a task waiting on a body, forever:
+
+        connection opened, or the previous response ended ── timeout_headers_s ──▶ the request's headers
+        the request's headers ───────────────────────────── timeout_body_s ────▶ the end of its body
+
+    A deadline missed closes the connection (an app waiting on the body sees the client leave). Idle
+    keep-alive connections are uvicorn's own timeout_keep_alive."""
 
     timeout_headers_s = 10.0
-    _headers_deadline: asyncio.TimerHandle | None = None
+    timeout_body_s = 30.0
+    _read_deadline: asyncio.TimerHandle | None = None
+    _body_clock_of: object = None  # the request cycle whose body the deadline is timing
 
     def connection_made(self, transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
-        self._arm_headers_deadline()
+        self._arm_read_deadline(self.timeout_headers_s)
 
     def data_received(self, data: bytes) -> None:
-        if self._headers_deadline is None and self._waiting_for_headers():
-            self._arm_headers_deadline()  # a keep-alive connection's next request starts its own clock
+        if self._read_deadline is None and self._waiting_for_headers():
+            self._arm_read_deadline(self.timeout_headers_s)  # a keep-alive connection's next request: its own clock
         super().data_received(data)
+        if self._reading_body():
+            if self._body_clock_of is not self.cycle:  # a request whose headers are in: its body's clock starts
+                self._body_clock_of = self.cycle
+                self._arm_read_deadline(self.timeout_body_s)
+        elif not self._waiting_for_headers():
+            self._disarm_read_deadline()  # the request is read whole
 
     def on_response_complete(self) -> None:
-        self._disarm_headers_deadline()
+        self._disarm_read_deadline()
         super().on_response_complete()
 
     def connection_lost(self, exc: Exception | None) -> None:
-        self._disarm_headers_deadline()
+        self._disarm_read_deadline()
         super().connection_lost(exc)
 
     def _waiting_for_headers(self) -> bool:
         return self.cycle is None or self.cycle.response_complete
 
-    def _arm_headers_deadline(self) -> None:
-        self._headers_deadline = self.loop.call_later(self.timeout_headers_s, self._headers_late)
+    def _reading_body(self) -> bool:
+        return self.cycle is not None and self.cycle.more_body and not self.cycle.response_complete
 
-    def _disarm_headers_deadline(self) -> None:
-        if self._headers_deadline is not None:
-            self._headers_deadline.cancel()
-            self._headers_deadline = None
+    def _arm_read_deadline(self, seconds: float) -> None:
+        self._disarm_read_deadline()
+        self._read_deadline = self.loop.call_later(seconds, self._read_late)
 
-    def _headers_late(self) -> None:
-        self._headers_deadline = None
-        if self._waiting_for_headers() and not self.transport.is_closing():
+    def _disarm_read_deadline(self) -> None:
+        if self._read_deadline is not None:
+            self._read_deadline.cancel()
+            self._read_deadline = None
+
+    def _read_late(self) -> None:
+        self._read_deadline = None
+        if (self._waiting_for_headers() or self._reading_body()) and not self.transport.is_closing():
             self.transport.close()
 
 
@@ -151,6 +194,7 @@ class AnnouncingServer(uvicorn.Server):
     async def startup(self, sockets=None) -> None:
         await super().startup(sockets)
         if self.started:
+            freeze_startup_objects()
             self.on_listening()
 
     async def shutdown(self, sockets=None) -> None:

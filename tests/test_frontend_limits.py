@@ -186,3 +186,11 @@ def test_a_request_past_its_timeout_ends_with_a_504_error_event_and_is_aborted(e
     assert engine.aborted == [engine.submitted[-1].rid]
     whole = http.post("/v1/completions", json={"prompt": "hi"})
     assert_error(whole, 504, None, type="server_error")
+
+
+def test_a_request_past_its_timeout_before_its_verdict_is_a_504_request_timeout_and_is_aborted(engine):
+    engine.script = Script(answer=False)  # stuck before the scheduler
+    http = TestClient(build_app(engine, limits=HttpLimits(request_timeout_s=0.2)))
+    error = assert_error(http.post("/v1/completions", json={"prompt": "hi"}), 504, None, type="server_error")
+    assert error["code"] == "request_timeout"
+    assert engine.aborted == [engine.submitted[-1].rid]

@@ -13,6 +13,7 @@ from tests.server_process import ServerProcess, wait_until
 
 BODY_LIMIT = 1_000_000
 HEADER_TIMEOUT_S = 1.0
+BODY_TIMEOUT_S = 2.0
 
 
 @pytest.fixture(scope="module")
@@ -23,6 +24,8 @@ def server(tiny_gpt2, tmp_path_factory):
         str(BODY_LIMIT),
         "--timeout-headers",
         str(HEADER_TIMEOUT_S),
+        "--timeout-body",
+        str(BODY_TIMEOUT_S),
         "--max-connections",
         "64",
         log_path=tmp_path_factory.mktemp("log") / "server.log",
@@ -84,6 +87,54 @@ def test_a_slowloris_connection_is_closed_after_the_header_timeout(server):
             closed = sock.recv(1024) == b""
     assert closed
     assert time.monotonic() - opened < HEADER_TIMEOUT_S + 3
+
+
+def post_headers(content_length: int) -> bytes:
+    return (
+        "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        f"Content-Length: {content_length}\r\n\r\n"
+    ).encode()
+
+
+def closed_while_trickling(sock: socket.socket, piece: bytes, seconds: float) -> bool:
+    """Send `piece` every 0.1 s for up to `seconds`: whether the server closed the connection meanwhile."""
+    sock.settimeout(0.1)
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        try:
+            sock.sendall(piece)
+            if sock.recv(1024) == b"":
+                return True
+        except TimeoutError:
+            continue  # nothing to read: the trickle goes on
+        except OSError:
+            return True
+    return False
+
+
+@pytest.mark.parametrize("trickle", [b"x", b""], ids=["trickled", "stopped"])
+def test_a_body_not_sent_in_time_closes_the_connection(server, trickle):
+    headers = post_headers(content_length=1000)
+    with socket.create_connection(("127.0.0.1", server.port)) as sock:
+        sent = time.monotonic()
+        sock.sendall(headers + b'{"prompt": "')  # the headers in time (the header deadline is met), then a trickle
+        assert closed_while_trickling(sock, trickle, BODY_TIMEOUT_S + 5)
+        assert BODY_TIMEOUT_S - 0.5 < time.monotonic() - sent < BODY_TIMEOUT_S + 3
+    scheduler = server.stats()["scheduler"]["payload"]
+    assert scheduler["num_running"] == 0 and scheduler["num_waiting"] == 0
+    assert "Traceback" not in server.log()
+    assert_serving(server)
+
+
+def test_a_body_sent_slowly_within_the_deadline_is_served(server):
+    body = b'{"prompt": "hi", "max_tokens": 2}'
+    with socket.create_connection(("127.0.0.1", server.port)) as sock:
+        sock.settimeout(10)
+        sock.sendall(post_headers(content_length=len(body)))
+        for i in range(0, len(body), 4):  # longer than the header deadline, shorter than the body's
+            sock.sendall(body[i : i + 4])
+            time.sleep(HEADER_TIMEOUT_S * 1.2 / (len(body) / 4))
+        assert sock.recv(1024).startswith(b"HTTP/1.1 200")
 
 
 def test_idle_connections_are_closed_and_do_not_starve_the_server(server):
