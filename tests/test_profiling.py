@@ -265,9 +265,9 @@ def traces_by_role(paths) -> dict[str, tuple[int, list[dict]]]:
     return traces
 
 
-def all_traces_written(folder: Path) -> dict | None:
+def all_traces_written(folder: Path, processes: int) -> dict | None:
     """The traces once one per process is there and whole (a trace being written does not parse yet)."""
-    if len(list(folder.iterdir())) < len(ROLES):
+    if len(list(folder.iterdir())) < processes:
         return None
     try:
         return traces_by_role(folder.iterdir())
@@ -384,12 +384,16 @@ def test_profile_steps_profiles_that_many_steps_in_every_process_then_stops(tiny
         str(folder),
         "--profile-steps",
         "3",
+        "--tokenizer-workers",
+        "1",
         log_path=tmp_path / "server.log",
     )
     try:
         pids = server_pids(server)
         generate(server, n=1, max_tokens=8)  # 8 steps: the window closes after the third
-        traces = wait_until(lambda: all_traces_written(folder), timeout=60, what="a trace from every process")
+        traces = wait_until(
+            lambda: all_traces_written(folder, len(pids)), timeout=60, what="a trace from every process"
+        )
         assert {role: pid for role, (pid, _) in traces.items()} == pids
         for role, (_, events) in traces.items():
             assert events, f"{role}'s trace has no events"

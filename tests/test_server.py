@@ -207,7 +207,7 @@ def _byte_to_unicode() -> dict[int, str]:
 @pytest.fixture(scope="module")
 def scripted_server(scripted, tmp_path_factory):
     folder, _, _ = scripted
-    srv = ServerProcess(folder, log_path=tmp_path_factory.mktemp("log") / "scripted.log")
+    srv = ServerProcess(folder, "--tokenizer-workers", "1", log_path=tmp_path_factory.mktemp("log") / "scripted.log")
     yield srv
     srv.stop()
 
@@ -260,6 +260,8 @@ def busy_server(tiny_llama, tmp_path_factory):
         "--max-num-seqs",
         "1",
         "--max-waiting-requests",
+        "1",
+        "--tokenizer-workers",
         "1",
         log_path=tmp_path_factory.mktemp("log") / "busy.log",
     )
