@@ -27,8 +27,6 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 # every parallel op make a CPU forward several times slower. Set before torch is imported.
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
-from tests.tiny_models import build_model  # noqa: E402
-
 # Session fixtures that stand for one expensive thing shared across modules, by xdist group: every module
 # that uses one runs in the same worker, so that the thing is made once.
 SHARED_GROUPS = {
@@ -37,6 +35,14 @@ SHARED_GROUPS = {
     "tiny_server": "tiny_server",
     "guarded_server": "guarded_server",
 }
+
+
+def pytest_xdist_auto_num_workers(config):
+    """`-n auto`: one worker per core, plus one. A server test often waits with its core idle (a watchdog's
+    timeout, the grace a stopped process gets, a header timeout), and the extra worker fills that time."""
+    if os.environ.get("PYTEST_XDIST_AUTO_NUM_WORKERS"):
+        return None  # xdist's own hook takes it
+    return len(os.sched_getaffinity(0)) + 1
 
 
 @pytest.hookimpl(tryfirst=True)  # before xdist's own hook, which reads the groups
@@ -85,11 +91,15 @@ def uses_a_module_fixture(item) -> bool:
 
 @pytest.fixture(scope="session")
 def tiny_gpt2(tmp_path_factory):
+    from tests.tiny_models import build_model  # here: xdist's controller process, which runs no test, never needs torch
+
     return build_model("gpt2", tmp_path_factory.mktemp("tiny-gpt2"))
 
 
 @pytest.fixture(scope="session")
 def tiny_llama(tmp_path_factory):
+    from tests.tiny_models import build_model
+
     return build_model("llama", tmp_path_factory.mktemp("tiny-llama"))
 
 
