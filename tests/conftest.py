@@ -37,14 +37,6 @@ SHARED_GROUPS = {
 }
 
 
-def pytest_xdist_auto_num_workers(config):
-    """`-n auto`: one worker per core, plus one. A server test often waits with its core idle (a watchdog's
-    timeout, the grace a stopped process gets, a header timeout), and the extra worker fills that time."""
-    if os.environ.get("PYTEST_XDIST_AUTO_NUM_WORKERS"):
-        return None  # xdist's own hook takes it
-    return len(os.sched_getaffinity(0)) + 1
-
-
 @pytest.hookimpl(tryfirst=True)  # before xdist's own hook, which reads the groups
 def pytest_collection_modifyitems(config, items):
     """xdist groups (--dist loadgroup): a module that uses a shared fixture runs in that fixture's group, a
