@@ -3,7 +3,8 @@ that several test modules share; and how pytest-xdist keeps each shared server t
 
 Writing a fast server test (each server start costs about 5 s of CPU, 5 processes importing torch):
 - Only sends requests, never stops or breaks the server, needs no flag of its own? Use `tiny_server` (the
-  tiny random Llama) or `smollm2_server` (SmolLM2's real weights): one start for the whole run.
+  tiny random Llama), `smollm2_server` (SmolLM2's real weights) or `guarded_server` (no model, tight HTTP
+  limits: for hostile input): one start for the whole run. A new one of these goes into SHARED_GROUPS.
 - Needs flags of its own (limits, several frontends, a model of its own)? One module-scoped fixture that
   the module's tests share; a test that ends that server comes last in the module, on the same server,
   instead of starting another.
@@ -83,7 +84,7 @@ def uses_a_module_fixture(item) -> bool:
 
 @pytest.fixture(scope="session")
 def tiny_gpt2(tmp_path_factory):
-    from tests.tiny_models import build_model  # here: xdist's controller process, which runs no test, never needs torch
+    from tests.tiny_models import build_model  # imports torch: not at the top, which xdist's controller runs too
 
     return build_model("gpt2", tmp_path_factory.mktemp("tiny-gpt2"))
 
