@@ -14,6 +14,13 @@ import httpx
 
 ROOT = Path(__file__).resolve().parent.parent
 START_TIMEOUT_S = 180
+# The HTTP limits of the shared server for hostile input (tests/conftest.py's guarded_server).
+GUARDED_LIMITS = {
+    "--max-request-body-bytes": 1_000_000,
+    "--timeout-headers": 1.0,
+    "--timeout-body": 2.0,
+    "--max-connections": 64,
+}
 
 
 def free_port() -> int:
@@ -23,10 +30,17 @@ def free_port() -> int:
 
 
 class ServerProcess:
-    def __init__(self, model: Path | str, *flags: str, log_path: Path):
+    """`python launch.py --model MODEL` on a free port, 2 tokenizer workers and 1 HTTP process unless `flags`
+    say otherwise (a flag given twice: the last one counts). With `profile_dir`, profiling is available on
+    request (--profile-dir)."""
+
+    def __init__(self, model: Path | str, *flags: str, log_path: Path, profile_dir: Path | None = None):
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log_path = log_path
+        self.profile_dir = profile_dir
+        if profile_dir is not None:
+            flags = ("--profile-dir", str(profile_dir), *flags)
         self._log = open(log_path, "wb")  # noqa: SIM115 (closed by stop())
         cmd = [
             sys.executable,

@@ -2,8 +2,9 @@
 included, integer bounds and all: frontend/app.py) and sends them to a real server. Whatever it sends,
 the answer is never a 5xx, and the server is healthy afterwards.
 
-The engine runs no model (--load-format null: placeholder tokens at once), so a generated request for
-n=128 choices of thousands of tokens costs milliseconds, not minutes."""
+The server is the session's guarded_server (tests/conftest.py): its engine runs no model (--load-format
+null: placeholder tokens at once), so a generated request for n=128 choices of thousands of tokens costs
+milliseconds, not minutes."""
 
 from __future__ import annotations
 
@@ -14,17 +15,13 @@ import pytest
 schemathesis = pytest.importorskip("schemathesis")
 from hypothesis import HealthCheck, given, settings  # noqa: E402
 
-from tests.server_process import ServerProcess  # noqa: E402
-
 EXAMPLES_PER_OPERATION = 40
 BODIES = {"/v1/completions", "/v1/chat/completions", "/generate", "/tokenize", "/detokenize"}
 
 
-@pytest.fixture(scope="module")
-def fuzz_server(tiny_gpt2, tmp_path_factory):
-    srv = ServerProcess(tiny_gpt2, "--load-format", "null", log_path=tmp_path_factory.mktemp("log") / "server.log")
-    yield srv
-    srv.stop()
+@pytest.fixture
+def fuzz_server(guarded_server):
+    return guarded_server
 
 
 def test_no_generated_request_gets_a_server_error(fuzz_server):

@@ -4,7 +4,8 @@ non-zero naming the process, nothing is left running, and the run directory is g
 open ends it the same way (exit code 0).
 
 Each case needs a server of its own (it ends it): the tiny GPT-2, one request running at a time, so the
-streams behind the first are still open when the fault comes."""
+streams behind the first are still open when the fault comes, and one tokenizer worker (a start costs
+seconds of CPU per process)."""
 
 from __future__ import annotations
 
@@ -34,7 +35,15 @@ LAUNCHER_EXITS_WITHIN_S = 20
 
 def start_server(model, tmp_path, *flags: str) -> ServerProcess:
     return ServerProcess(
-        model, "--max-num-seqs", "1", "--watchdog-timeout", str(WATCHDOG_S), *flags, log_path=tmp_path / "server.log"
+        model,
+        "--max-num-seqs",
+        "1",
+        "--watchdog-timeout",
+        str(WATCHDOG_S),
+        "--tokenizer-workers",
+        "1",
+        *flags,
+        log_path=tmp_path / "server.log",
     )
 
 
@@ -79,7 +88,7 @@ def assert_every_stream_ended_with_an_error_and_done(futures, within_s: float) -
             assert last["error"]["type"] == "service_unavailable"
         else:  # a stream that finished before the fault
             assert last["choices"][0]["finish_reason"] == "length"
-    # A stream the fault touched ends in an error; others (on the other tokenizer worker) may finish first.
+    # At least one stream was still open when the fault came, and ended in an error.
     assert errors >= 1
 
 
@@ -102,8 +111,7 @@ def test_a_dead_or_stuck_child_ends_every_open_stream_with_an_error(tiny_gpt2, t
         assert time.monotonic() - faulted < STREAMS_END_WITHIN_S[sig]
         assert srv.proc.wait(timeout=LAUNCHER_EXITS_WITHIN_S) == 1
         assert role in srv.log()
-        if sig == signal.SIGSTOP:
-            assert "answered no ping" in srv.log()
+        assert ("answered no ping" if sig == signal.SIGSTOP else "died") in srv.log()
         assert_nothing_left(srv, pids)
     finally:
         srv.stop(signal.SIGKILL)

@@ -37,7 +37,10 @@ metric_list:
 
 
 @pytest.fixture(scope="module")
-def task_dir(tmp_path_factory) -> Path:
+def task_manager(tmp_path_factory):
+    """Our two tasks alone: the harness's built-in tasks (thousands of files) are not indexed."""
+    from lm_eval.tasks import TaskManager
+
     folder = tmp_path_factory.mktemp("lm_eval_tasks")
     for name, body in TASKS.items():
         head = (
@@ -45,7 +48,7 @@ def task_dir(tmp_path_factory) -> Path:
             f'test_split: test\ndoc_to_text: "{PROMPT}"\n'
         )
         (folder / f"{name}.yaml").write_text(head + body)
-    return folder
+    return TaskManager(include_path=str(folder), include_defaults=False)
 
 
 @pytest.fixture(scope="module")
@@ -53,17 +56,9 @@ def server(smollm2_server):
     return smollm2_server
 
 
-def evaluate(model: str, model_args: str, tasks: list[str], task_dir: Path, **kwargs) -> dict:
-    from lm_eval.tasks import TaskManager
-
-    return lm_eval.simple_evaluate(
-        model=model,
-        model_args=model_args,
-        tasks=tasks,
-        task_manager=TaskManager(include_path=str(task_dir)),
-        log_samples=True,
-        **kwargs,
-    )
+def evaluate(model, tasks: list[str], task_manager, **kwargs) -> dict:
+    """`model`: a harness model name (with model_args=...) or a harness LM object."""
+    return lm_eval.simple_evaluate(model=model, tasks=tasks, task_manager=task_manager, log_samples=True, **kwargs)
 
 
 def loglikelihoods(results: dict) -> list[float]:
@@ -71,24 +66,31 @@ def loglikelihoods(results: dict) -> list[float]:
     return [float(resp[0][0]) for s in samples for resp in s["resps"]]
 
 
-def test_local_completions_and_chat_completions_run_and_score_like_the_hf_backend(server, smollm2_folder, task_dir):
+def test_local_completions_and_chat_completions_run_and_score_like_the_hf_backend(
+    server, smollm2_folder, smollm2_hf_model, task_manager, monkeypatch
+):
+    from lm_eval.models.huggingface import HFLM
+
+    # The results' environment report runs `pip list` and more in subprocesses at every evaluation; nothing
+    # here reads it.
+    monkeypatch.setattr("lm_eval.evaluator.add_env_info", lambda results: None)
+
     common = f"model={MODEL},tokenizer={smollm2_folder},tokenizer_backend=huggingface,num_concurrent=2,max_retries=1"
     served = evaluate(
         "local-completions",
-        f"base_url={server.url}/v1/completions,{common}",
         ["clearserve_capitals_mc", "clearserve_capitals_gen"],
-        task_dir,
+        task_manager,
+        model_args=f"base_url={server.url}/v1/completions,{common}",
     )
     chat = evaluate(
         "local-chat-completions",
-        f"base_url={server.url}/v1/chat/completions,{common}",
         ["clearserve_capitals_gen"],
-        task_dir,
+        task_manager,
+        model_args=f"base_url={server.url}/v1/chat/completions,{common}",
         apply_chat_template=True,
     )
-    reference = evaluate(
-        "hf", f"pretrained={smollm2_folder},dtype=float32,device=cpu", ["clearserve_capitals_mc"], task_dir
-    )
+    # The harness's `hf` backend on the session's float32 CPU copy of the weights (loaded once for every test).
+    reference = evaluate(HFLM(pretrained=smollm2_hf_model), ["clearserve_capitals_mc"], task_manager)
 
     assert loglikelihoods(served) == pytest.approx(loglikelihoods(reference), abs=TOLERANCE)
     assert (

@@ -22,10 +22,8 @@ def server(smollm2_server):
 
 
 @pytest.fixture(scope="module")
-def hf_model(smollm2_folder):
-    from transformers import AutoModelForCausalLM
-
-    return AutoModelForCausalLM.from_pretrained(smollm2_folder, dtype=torch.float32).eval()
+def hf_model(smollm2_hf_model):
+    return smollm2_hf_model
 
 
 @pytest.fixture(scope="module")

@@ -253,10 +253,10 @@ def test_a_process_that_refuses_makes_the_answer_a_409_naming_it(tmp_path):
 # ---------------------------------------------------------------- a real server on CPU
 
 
-def traces_by_role(folder: Path) -> dict[str, tuple[int, list[dict]]]:
-    """Every process's trace in `folder` by role: (pid from the file name, its complete events)."""
+def traces_by_role(paths) -> dict[str, tuple[int, list[dict]]]:
+    """Every process's trace among `paths` by role: (pid from the file name, its complete events)."""
     traces = {}
-    for path in folder.iterdir():
+    for path in paths:
         if path.name.startswith("merged-"):
             continue
         match = TRACE_NAME.fullmatch(path.name)
@@ -265,12 +265,12 @@ def traces_by_role(folder: Path) -> dict[str, tuple[int, list[dict]]]:
     return traces
 
 
-def all_traces_written(folder: Path) -> dict | None:
+def all_traces_written(folder: Path, processes: int) -> dict | None:
     """The traces once one per process is there and whole (a trace being written does not parse yet)."""
-    if len(list(folder.iterdir())) < len(ROLES):
+    if len(list(folder.iterdir())) < processes:
         return None
     try:
-        return traces_by_role(folder)
+        return traces_by_role(folder.iterdir())
     except json.JSONDecodeError:
         return None
 
@@ -294,24 +294,14 @@ def generate(server: ServerProcess, n: int, max_tokens: int) -> None:
             assert response.status_code == 200, response.text
 
 
-@pytest.fixture(scope="module")
-def profiled_server(tiny_llama, tmp_path_factory):
-    folder = tmp_path_factory.mktemp("traces")
-    srv = ServerProcess(
-        tiny_llama,
-        "--num-kv-blocks",
-        "64",
-        "--profile-dir",
-        str(folder),
-        log_path=tmp_path_factory.mktemp("log") / "server.log",
-    )
-    yield srv, folder
-    srv.stop()
+# The shared tiny server profiles on request into its profile_dir (tests/conftest.py); every profiled run
+# there writes new files, so each test looks at the files of its own run.
 
 
-def test_a_profiled_run_writes_one_chrome_trace_per_process_named_by_role_and_pid(profiled_server):
-    server, folder = profiled_server
+def test_a_profiled_run_writes_one_chrome_trace_per_process_named_by_role_and_pid(tiny_server):
+    server, folder = tiny_server, tiny_server.profile_dir
     pids = server_pids(server)
+    before = set(folder.iterdir())
     with server.client() as c:
         started = c.post("/start_profile").json()
         assert started["silent"] == []
@@ -323,10 +313,11 @@ def test_a_profiled_run_writes_one_chrome_trace_per_process_named_by_role_and_pi
     stopped = replies_with_frontend(body)
 
     assert set(stopped) == ROLES
-    traces = traces_by_role(folder)
+    written = set(folder.iterdir()) - before
+    traces = traces_by_role(written)
     assert {role: pid for role, (pid, _) in traces.items()} == pids
     assert {Path(r["payload"]["trace"]).name for r in stopped.values()} | {Path(body["merged_trace"]).name} == {
-        p.name for p in folder.iterdir()
+        p.name for p in written
     }
     for role, (_, events) in traces.items():
         assert events, f"{role}'s trace has no events"
@@ -334,8 +325,9 @@ def test_a_profiled_run_writes_one_chrome_trace_per_process_named_by_role_and_pi
     assert named(traces["gpu_worker"][1], "aten::embedding")
 
 
-def test_every_trace_is_on_one_clock_with_a_marker_per_step_and_merged_into_one(profiled_server, tmp_path):
-    server, folder = profiled_server
+def test_every_trace_is_on_one_clock_with_a_marker_per_step_and_merged_into_one(tiny_server):
+    server, folder = tiny_server, tiny_server.profile_dir
+    files_before = set(folder.iterdir())
     with server.client() as c:
         before = epoch_us()
         assert c.post("/start_profile").status_code == 200
@@ -346,9 +338,7 @@ def test_every_trace_is_on_one_clock_with_a_marker_per_step_and_merged_into_one(
         assert c.post("/stop_profile").status_code == 409
 
     traces = {role: complete_events(r["payload"]["trace"]) for role, r in body["replies"].items()}
-    assert all(Path(r["payload"]["trace"]).name.endswith("-2.trace.json") for r in body["replies"].values()), (
-        "a second run writes new files"
-    )
+    assert not {Path(r["payload"]["trace"]) for r in body["replies"].values()} & files_before, "a run writes new files"
     for role, events in traces.items():
         assert all(before <= e["ts"] <= after for e in events), f"{role}'s trace is not on the Unix epoch clock"
     plans, steps = markers(traces["scheduler"], "plan"), markers(traces["gpu_worker"], "step")
@@ -370,8 +360,8 @@ def test_every_trace_is_on_one_clock_with_a_marker_per_step_and_merged_into_one(
     )
 
 
-def test_stats_report_busy_idle_and_messages_for_every_process(profiled_server):
-    server, _ = profiled_server
+def test_stats_report_busy_idle_and_messages_for_every_process(tiny_server):
+    server = tiny_server
     generate(server, n=1, max_tokens=2)
     with server.client() as c:
         stats = replies_with_frontend(c.get("/stats").json())
@@ -394,12 +384,16 @@ def test_profile_steps_profiles_that_many_steps_in_every_process_then_stops(tiny
         str(folder),
         "--profile-steps",
         "3",
+        "--tokenizer-workers",
+        "1",
         log_path=tmp_path / "server.log",
     )
     try:
         pids = server_pids(server)
         generate(server, n=1, max_tokens=8)  # 8 steps: the window closes after the third
-        traces = wait_until(lambda: all_traces_written(folder), timeout=60, what="a trace from every process")
+        traces = wait_until(
+            lambda: all_traces_written(folder, len(pids)), timeout=60, what="a trace from every process"
+        )
         assert {role: pid for role, (pid, _) in traces.items()} == pids
         for role, (_, events) in traces.items():
             assert events, f"{role}'s trace has no events"

@@ -1,5 +1,8 @@
 """Issue 12's probes against the real server: huge bodies and prompts, integers beyond 64 bits, slowloris
-and idle connections. Each refusal is quick, leaves nothing behind, and the server keeps serving."""
+and idle connections. Each refusal is quick, leaves nothing behind, and the server keeps serving.
+
+The server is the session's guarded_server (tests/conftest.py), shared with the API fuzzing: the limits
+are the frontend's, so the engine behind runs no model."""
 
 from __future__ import annotations
 
@@ -9,29 +12,16 @@ import time
 import httpx
 import pytest
 
-from tests.server_process import ServerProcess, wait_until
+from tests.server_process import GUARDED_LIMITS, ServerProcess, wait_until
 
-BODY_LIMIT = 1_000_000
-HEADER_TIMEOUT_S = 1.0
-BODY_TIMEOUT_S = 2.0
+HEADER_TIMEOUT_S = GUARDED_LIMITS["--timeout-headers"]
+BODY_TIMEOUT_S = GUARDED_LIMITS["--timeout-body"]
+MAX_CONNECTIONS = GUARDED_LIMITS["--max-connections"]
 
 
-@pytest.fixture(scope="module")
-def server(tiny_gpt2, tmp_path_factory):
-    srv = ServerProcess(
-        tiny_gpt2,
-        "--max-request-body-bytes",
-        str(BODY_LIMIT),
-        "--timeout-headers",
-        str(HEADER_TIMEOUT_S),
-        "--timeout-body",
-        str(BODY_TIMEOUT_S),
-        "--max-connections",
-        "64",
-        log_path=tmp_path_factory.mktemp("log") / "server.log",
-    )
-    yield srv
-    srv.stop()
+@pytest.fixture
+def server(guarded_server):
+    return guarded_server
 
 
 def assert_serving(srv: ServerProcess) -> None:
@@ -154,7 +144,7 @@ def test_idle_connections_are_closed_and_do_not_starve_the_server(server):
 
 
 def test_beyond_the_connection_cap_requests_get_a_503(server):
-    sockets = [socket.create_connection(("127.0.0.1", server.port)) for _ in range(70)]
+    sockets = [socket.create_connection(("127.0.0.1", server.port)) for _ in range(MAX_CONNECTIONS + 6)]
     try:
         wait_until(
             lambda: httpx.get(f"{server.url}/health", timeout=5).status_code == 503,

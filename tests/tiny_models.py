@@ -3,6 +3,7 @@ Llama checkpoints saved the way Hugging Face saves them. Nothing is downloaded."
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 from pathlib import Path
@@ -25,6 +26,12 @@ MULTIBYTE_LINES = [
 
 
 def build_tokenizer(folder: Path, vocab_size: int = 512) -> None:
+    _trained_tokenizer(vocab_size).save_pretrained(folder)
+
+
+@functools.cache
+def _trained_tokenizer(vocab_size: int):
+    """Trained once per process (a second of CPU each time), then saved into every folder that needs it."""
     import json as json_module
     import textwrap as textwrap_module
 
@@ -47,7 +54,7 @@ def build_tokenizer(folder: Path, vocab_size: int = 512) -> None:
         tokenizer_object=tokenizer, eos_token="<|endoftext|>", bos_token="<|endoftext|>", unk_token="<|endoftext|>"
     )
     fast.chat_template = CHATML_TEMPLATE
-    fast.save_pretrained(folder)
+    return fast
 
 
 def build_model(kind: str, folder: Path, seed: int = 0, **overrides) -> Path:
@@ -155,13 +162,10 @@ def hf_greedy(folder: Path, prompts: list[list[int]], max_new_tokens: int) -> li
     return outputs
 
 
-def hf_greedy_choices(folder: Path, prompts: list[list[int]], continuations: list[list[int]]) -> list[list[int]]:
-    """Reference, teacher-forced: Hugging Face's argmax after each prefix prompt + continuation[:i], from one
-    forward per prompt (float32 on CPU). It equals `continuation` exactly when greedy generation from the
-    prompt produces `continuation`: the same check as hf_greedy, without a forward per generated token."""
-    from transformers import AutoModelForCausalLM
-
-    model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+def hf_greedy_choices(model, prompts: list[list[int]], continuations: list[list[int]]) -> list[list[int]]:
+    """Reference, teacher-forced: a Hugging Face model's argmax after each prefix prompt + continuation[:i],
+    from one forward per prompt. It equals `continuation` exactly when greedy generation from the prompt
+    produces `continuation`: the same check as hf_greedy, without a forward per generated token."""
     choices = []
     with torch.inference_mode():
         for prompt, continuation in zip(prompts, continuations):

@@ -7,12 +7,15 @@ worker never depends on which tokenizer class a model folder happens to load.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from jinja2 import TemplateError
-from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
 from common.messages import GenerateRequest
 from common.sampling_params import InvalidParameter
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
 
 
 @dataclass(slots=True)
@@ -28,6 +31,10 @@ class Tokenizer:
     def load(cls, model_folder: str, chat_template: str | None = None) -> Tokenizer:
         """`chat_template`: a Jinja template for chat requests instead of the tokenizer's own
         (read_chat_template)."""
+        # Imported here, not at the top: the launcher imports this module's process only to start it, and
+        # transformers costs it seconds of CPU at every server start.
+        from transformers import AutoTokenizer
+
         hf = AutoTokenizer.from_pretrained(model_folder)
         if chat_template is not None:
             hf.chat_template = chat_template
