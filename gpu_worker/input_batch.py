@@ -19,6 +19,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from common.messages import ScheduledChunk
+from common.pipeline import PIPELINE_DEPTH
 from gpu_worker.attention.base import BatchLayout
 
 
@@ -81,10 +82,17 @@ class PersistentBatch:
             chunks = [chunks[i] for i in order]
             slots, num_known, starts, query_lens = slots[order], num_known[order], starts[order], query_lens[order]
         ends = starts + query_lens
-        too_far = ends > num_known + 1
+        # An input the host does not hold was sampled by a step still in flight, so it can only be a one-token
+        # chunk's (a decode's) and at most PIPELINE_DEPTH - 1 steps ahead of the host; a longer chunk's
+        # inputs are all held but for its last one at most (the step before finishes a prompt).
+        ahead = ends - num_known
+        too_far = (ahead > PIPELINE_DEPTH - 1) | ((query_lens > 1) & (ahead > 1))
         if too_far.any():
             i = int(np.argmax(too_far))
-            raise ValueError(f"request {chunks[i].rid}: position {ends[i] - 1} is more than one step ahead")
+            raise ValueError(
+                f"request {chunks[i].rid}: position {ends[i] - 1} is ahead of the host's {num_known[i]} tokens "
+                f"by more than the {PIPELINE_DEPTH} steps in flight allow"
+            )
         bs = self.block_size
         num_tokens = int(query_lens.sum())
         last_rows = np.cumsum(query_lens) - 1

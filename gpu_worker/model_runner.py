@@ -384,6 +384,11 @@ class ModelRunner:
             row += len(ids)
         return entries
 
+    @staticmethod
+    def is_done(step: LaunchedStep) -> bool:
+        """Whether the step's tokens are on the host (finish would not wait)."""
+        return step.copied is None or step.copied.query()
+
     def finish(self, step: LaunchedStep) -> StepResult:
         """Wait for a launched step's tokens and record them."""
         t0 = time.perf_counter()

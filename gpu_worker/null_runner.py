@@ -48,5 +48,9 @@ class NullRunner:
         tokens = [self.token_at(c.rid, c.start + c.num_tokens) for c in sampling]
         return NullStep(plan.step_id, [c.rid for c in sampling], tokens)
 
+    @staticmethod
+    def is_done(step: NullStep) -> bool:
+        return True
+
     def finish(self, step: NullStep) -> StepResult:
         return StepResult(step.step_id, step.rids, step.token_ids, time.time(), StepTimings())

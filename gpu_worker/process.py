@@ -141,17 +141,20 @@ class WorkerLoop:
         return {**self.activity.summary(), **dataclasses.asdict(self.totals)}
 
     def run(self, control: ControlServer) -> None:
-        """Launch each plan as it arrives, and finish (read back) the previous step only after launching
-        the next one, so the device never waits for the host between steps."""
+        """Launch each plan the moment it arrives; finish (read back and send) a launched step the moment the
+        device is done with it. Neither waits for the other: a step in flight is never finished early just
+        because the next plan is not there yet (that would leave the device idle for the next launch's host
+        work), and its result is never held back behind a launch the scheduler has not planned yet."""
         poller = zmq.Poller()
         poller.register(self.plans, zmq.POLLIN)
         steps = StepQueue(self.runner)
         while True:
             for request in control.pending():
                 control.reply(request, self.profiler.answer(request.kind))
-            # A step in flight: just look for the next plan; none: wait for one.
+            # A step in flight: look for the next plan without waiting (spinning until one of the two is
+            # ready: either costs microseconds to check); none: wait for a plan.
             if not poller.poll(timeout=0 if steps else CONTROL_POLL_MS):
-                if steps:
+                if steps and steps.oldest_is_done():
                     with self.activity.busy():
                         self._send(steps.finish_oldest())
                 continue

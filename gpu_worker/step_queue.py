@@ -48,5 +48,9 @@ class StepQueue:
             results.append(self.finish_oldest())
         return results
 
+    def oldest_is_done(self) -> bool:
+        """Whether the oldest step's results are on the host: finishing it would not wait."""
+        return self.runner.is_done(self._steps[0])
+
     def finish_oldest(self) -> StepResult:
         return self.runner.finish(self._steps.popleft())

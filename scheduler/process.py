@@ -149,32 +149,36 @@ class SchedulerLoop:
         while True:
             for command in self.control.pending():
                 self.control.reply(command, self.profiler.answer(command.kind))
-            with self.activity.busy():
-                self._send_plans()
             # Wait (idle) for whichever comes first: a step's result, or new requests. Requests arriving
             # while a step runs are queued (and answered) at once, ready for the next plan.
             ready = dict(poller.poll(timeout=IDLE_POLL_MS))
             with self.activity.busy():
-                if self.results in ready:
-                    self._drain_results()
+                outputs = self._drain_results() if self.results in ready else []
                 if self.requests in ready:
                     self._drain_requests()
+                # The next plan before the tokens stream out: the worker may be about to run out of plans,
+                # and nobody notices the tokens a fraction of a millisecond later.
+                self._send_plans()
+                self._stream(outputs)
             self._maybe_log()
 
-    def _drain_results(self) -> None:
+    def _drain_results(self) -> list[RequestTokens]:
+        """Every result that has arrived, processed; the tokens they produced, to stream."""
+        outputs: list[RequestTokens] = []
         while self.in_flight:
             try:
                 result: StepResult = recv(self.results, zmq.NOBLOCK, stats=self.activity.sockets)
             except zmq.Again:
-                return
+                break
             self.in_flight -= 1
             started = epoch_us()
-            self._stream(self.scheduler.process_result(result))
+            outputs += self.scheduler.process_result(result)
             if self.profiler.active:
                 args = {"step_id": result.step_id, "sampled": len(result.token_ids)}
                 self.profiler.mark(f"result {result.step_id}", started, args)
             if self.window is not None:
                 self.window.on_result()
+        return outputs
 
     def _send_plans(self) -> None:
         while self.in_flight < PIPELINE_DEPTH:

@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 from common.messages import ScheduledChunk
+from common.pipeline import PIPELINE_DEPTH
 from common.sampling_params import SamplingParams
 from gpu_worker.attention.base import BatchLayout
 from gpu_worker.input_batch import PersistentBatch, eager_bucket, pad_batch
@@ -50,11 +51,23 @@ def test_a_mixed_step_matches_the_layout_built_from_the_block_tables():
     assert inputs.sampling_rows.tolist() == [0, 2] and inputs.logit_rows.tolist() == [1, 5]
 
 
-def test_a_position_two_steps_ahead_of_the_host_is_refused():
+def test_a_position_further_ahead_of_the_host_than_the_steps_in_flight_is_refused():
     batch = PersistentBatch(num_slots=2, max_blocks_per_request=4, block_size=BLOCK)
     batch.append_blocks(0, [1, 2])
-    chunk = ScheduledChunk(rid=9, start=5, num_tokens=1, new_block_ids=[], sample=True)
-    with pytest.raises(ValueError, match="request 9: position 5 is more than one step ahead"):
+    # The host holds 4 tokens; each step in flight but the one being prepared sampled one more.
+    position = 4 + PIPELINE_DEPTH - 1
+    chunk = ScheduledChunk(rid=9, start=position, num_tokens=1, new_block_ids=[], sample=True)
+    with pytest.raises(ValueError, match=f"request 9: position {position} is ahead of the host's 4 tokens"):
+        batch.prepare([chunk], np.array([0]), np.array([4]), lambda c: [0] * 4)
+    allowed = ScheduledChunk(rid=9, start=position - 1, num_tokens=1, new_block_ids=[], sample=True)
+    assert batch.prepare([allowed], np.array([0]), np.array([4]), lambda c: [0] * 4).pending_rows.tolist() == [0]
+
+
+def test_a_prompt_chunk_needs_every_input_but_its_last_on_the_host():
+    batch = PersistentBatch(num_slots=2, max_blocks_per_request=4, block_size=BLOCK)
+    batch.append_blocks(0, [1, 2])
+    chunk = ScheduledChunk(rid=9, start=2, num_tokens=4, new_block_ids=[], sample=True)
+    with pytest.raises(ValueError, match="request 9: position 5"):
         batch.prepare([chunk], np.array([0]), np.array([4]), lambda c: [0] * 4)
 
 

@@ -20,6 +20,10 @@ class FakeRunner:
         self.events.append(f"launch {plan.step_id}")
         return plan
 
+    @staticmethod
+    def is_done(plan: StepPlan) -> bool:
+        return True
+
     def finish(self, plan: StepPlan) -> StepResult:
         self.events.append(f"finish {plan.step_id}")
         return StepResult(plan.step_id, [], [], 0.0, StepTimings())
@@ -32,12 +36,15 @@ def plan(step_id: int) -> StepPlan:
 def test_an_async_runner_launches_the_next_step_before_finishing_the_previous_one():
     runner = FakeRunner(launches_async=True)
     steps = StepQueue(runner)
-    assert steps.depth == PIPELINE_DEPTH == 2
-    assert steps.launch(plan(1)) == []
-    assert [r.step_id for r in steps.launch(plan(2))] == [1]
-    assert steps.oldest_step_id == 2 and len(steps) == 1
-    assert steps.finish_oldest().step_id == 2 and not steps
-    assert runner.events == ["launch 1", "launch 2", "finish 1", "finish 2"]
+    assert steps.depth == PIPELINE_DEPTH
+    for step_id in range(1, PIPELINE_DEPTH):
+        assert steps.launch(plan(step_id)) == []
+    assert [r.step_id for r in steps.launch(plan(PIPELINE_DEPTH))] == [1]
+    assert steps.oldest_step_id == 2 and len(steps) == PIPELINE_DEPTH - 1
+    while steps:
+        steps.finish_oldest()
+    launches = [f"launch {i}" for i in range(1, PIPELINE_DEPTH + 1)]
+    assert runner.events == launches + [f"finish {i}" for i in range(1, PIPELINE_DEPTH + 1)]
 
 
 def test_a_synchronous_runner_finishes_each_step_at_once():
