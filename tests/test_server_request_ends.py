@@ -2,8 +2,8 @@
 (`requests_open` in its /stats is 0) and the scheduler holds nothing of it. A table entry left behind on one
 path would grow the frontend with every such request (the soak's question, docs/benchmarks.md).
 
-One server, the tiny GPT-2 with a --request-timeout; the scheduler is stopped (SIGSTOP) where a request must
-wait for its verdict."""
+One server, the tiny GPT-2 with a --request-timeout and one tokenizer worker; the scheduler is stopped
+(SIGSTOP) where a request must wait for its verdict."""
 
 from __future__ import annotations
 
@@ -27,6 +27,8 @@ def server(tiny_gpt2, tmp_path_factory):
         tiny_gpt2,
         "--request-timeout",
         str(REQUEST_TIMEOUT_S),
+        "--tokenizer-workers",
+        "1",
         log_path=tmp_path_factory.mktemp("log") / "server.log",
     )
     yield srv
