@@ -26,8 +26,9 @@ from tests.server_process import (
 WATCHDOG_S = 3
 STREAMS = 3
 # A fault is seen at once (a sentinel) or after the watchdog's silence plus one tick; then the frontends
-# fail their streams at once. The launcher kills what ignores SIGTERM after 5 s.
-# Before the streams are failed the launcher asks every process for its summary line (1 s at most).
+# fail their streams at once. The launcher kills a process the watchdog declared stuck at once (it could not
+# run a SIGTERM handler), any other that ignores SIGTERM after 5 s. Before the streams are failed the launcher
+# asks every other process for its summary line (1 s at most).
 STREAMS_END_WITHIN_S = {signal.SIGKILL: 3, signal.SIGSTOP: WATCHDOG_S + 1 + 1 + 2}
 LAUNCHER_EXITS_WITHIN_S = 20
 
@@ -60,6 +61,9 @@ def test_a_dead_or_stuck_child_ends_every_open_stream_with_an_error(tiny_gpt2, t
         assert srv.proc.wait(timeout=LAUNCHER_EXITS_WITHIN_S) == 1
         assert role in srv.log()
         assert ("answered no ping" if sig == signal.SIGSTOP else "died") in srv.log()
+        if sig == signal.SIGSTOP:  # killed at once, not sent a SIGTERM it cannot act on and waited for
+            assert f"process {role} is stuck: killing it" in srv.log()
+            assert "did not stop on SIGTERM" not in srv.log()
         assert_nothing_left(srv, pids)
     finally:
         srv.stop(signal.SIGKILL)
