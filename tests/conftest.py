@@ -96,6 +96,22 @@ def tiny_llama(tmp_path_factory):
     return build_model("llama", tmp_path_factory.mktemp("tiny-llama"))
 
 
+@pytest.fixture(scope="session")
+def null_gpt2(tiny_gpt2, tmp_path_factory):
+    """The tiny GPT-2's tokenizer and config, with a 2,048-token context and no weights: for a server whose
+    engine runs no model (--load-format null), which starts without torch in its GPU worker."""
+    import json
+    import shutil
+
+    folder = tmp_path_factory.mktemp("null-gpt2")
+    for path in tiny_gpt2.iterdir():
+        if path.suffix in (".json", ".jinja") and path.name != "config.json":
+            shutil.copy(path, folder)
+    config = json.loads((tiny_gpt2 / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**config, "n_positions": 2048}))
+    return folder
+
+
 @pytest.fixture(scope="session", params=["gpt2", "llama"])
 def tiny_model(request, tiny_gpt2, tiny_llama):
     return {"gpt2": tiny_gpt2, "llama": tiny_llama}[request.param]

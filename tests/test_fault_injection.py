@@ -3,9 +3,11 @@ role. Every open client gets an error event and [DONE] within the watchdog's bou
 non-zero naming the process, nothing is left running, and the run directory is gone. Ctrl-C with a stream
 open ends it the same way (exit code 0). (A dead engine replica among two: tests/test_data_parallel.py.)
 
-Each case needs a server of its own (it ends it): the tiny GPT-2, one request running at a time, so the
-streams behind the first are still open when the fault comes, and one tokenizer worker (a start costs
-seconds of CPU per process)."""
+Each case needs a server of its own (it ends it), so each is as cheap as can be: one tokenizer worker, and an
+engine that runs no model (--load-format null: the tiny GPT-2's tokenizer, placeholder tokens), whose GPU
+worker starts without torch; what is faulted is the process, whatever it computes. (A GPU worker running a
+real model, killed: tests/test_data_parallel.py and tests/test_tensor_parallel.py.) One request runs at a
+time, so the streams behind the first are still open when the fault comes."""
 
 from __future__ import annotations
 
@@ -25,6 +27,7 @@ from tests.server_process import (
 
 WATCHDOG_S = 3
 STREAMS = 3
+STREAM_TOKENS = 1500  # each stream: ~0.5 s of placeholder tokens, as long as 400 tokens of the tiny GPT-2
 # A fault is seen at once (a sentinel) or after the watchdog's silence plus one tick; then the frontends
 # fail their streams at once. The launcher kills a process the watchdog declared stuck at once (it could not
 # run a SIGTERM handler), any other that ignores SIGTERM after 5 s. Before the streams are failed the launcher
@@ -36,6 +39,8 @@ LAUNCHER_EXITS_WITHIN_S = 20
 def start_server(model, tmp_path, *flags: str) -> ServerProcess:
     return ServerProcess(
         model,
+        "--load-format",
+        "null",
         "--max-num-seqs",
         "1",
         "--watchdog-timeout",
@@ -49,11 +54,11 @@ def start_server(model, tmp_path, *flags: str) -> ServerProcess:
 
 @pytest.mark.parametrize("role", ["gpu_worker", "scheduler", "tokenizer-0"])
 @pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGSTOP], ids=["kill-9", "sigstop"])
-def test_a_dead_or_stuck_child_ends_every_open_stream_with_an_error(tiny_gpt2, tmp_path, role, sig):
-    srv = start_server(tiny_gpt2, tmp_path)
+def test_a_dead_or_stuck_child_ends_every_open_stream_with_an_error(null_gpt2, tmp_path, role, sig):
+    srv = start_server(null_gpt2, tmp_path)
     try:
         pids = srv.child_pids()
-        futures = open_streams(srv, STREAMS)
+        futures = open_streams(srv, STREAMS, STREAM_TOKENS)
         faulted = time.monotonic()
         os.kill(pids[role], sig)
         assert_every_stream_ended_with_an_error_and_done(futures, STREAMS_END_WITHIN_S[sig])
@@ -69,11 +74,11 @@ def test_a_dead_or_stuck_child_ends_every_open_stream_with_an_error(tiny_gpt2, t
         srv.stop(signal.SIGKILL)
 
 
-def test_ctrl_c_with_streams_open_ends_them_with_an_error_and_exits_cleanly(tiny_gpt2, tmp_path):
-    srv = start_server(tiny_gpt2, tmp_path)
+def test_ctrl_c_with_streams_open_ends_them_with_an_error_and_exits_cleanly(null_gpt2, tmp_path):
+    srv = start_server(null_gpt2, tmp_path)
     try:
         pids = srv.child_pids()
-        futures = open_streams(srv, STREAMS)
+        futures = open_streams(srv, STREAMS, STREAM_TOKENS)
         interrupted = time.monotonic()
         srv.proc.send_signal(signal.SIGINT)
         assert_every_stream_ended_with_an_error_and_done(futures, 5)
@@ -85,12 +90,12 @@ def test_ctrl_c_with_streams_open_ends_them_with_an_error_and_exits_cleanly(tiny
         srv.stop(signal.SIGKILL)
 
 
-def test_a_killed_frontend_drops_its_connections_at_once_and_stops_the_server(tiny_gpt2, tmp_path):
+def test_a_killed_frontend_drops_its_connections_at_once_and_stops_the_server(null_gpt2, tmp_path):
     # No process is left to write an error event: its clients see their connections close, not a hang.
-    srv = start_server(tiny_gpt2, tmp_path)
+    srv = start_server(null_gpt2, tmp_path)
     try:
         pids = srv.child_pids()
-        futures = open_streams(srv, STREAMS)
+        futures = open_streams(srv, STREAMS, STREAM_TOKENS)
         os.kill(pids["frontend-0"], signal.SIGKILL)
         deadline = time.monotonic() + 3
         dropped = 0
