@@ -10,6 +10,10 @@ Writing a fast server test (each server start costs about 5 s of CPU, 5 processe
   instead of starting another.
 - Kills or stops its server? Start it inside the test (tests/test_fault_injection.py), with
   `--tokenizer-workers 1` unless the test needs two.
+- Whatever the server, where the model's output is not what is checked, run none: `--load-format null` on
+  `null_gpt2` (placeholder tokens at once; the GPU worker starts without torch, ~2 s of CPU less).
+- Requests to SmolLM2 that do not depend on each other go together: a float32 decode step on CPU reads all
+  the weights, so a batch of them costs what one request costs.
 The suite runs under pytest-xdist (pyproject.toml's addopts), which the grouping below keeps from starting
 a shared server twice.
 """
