@@ -175,6 +175,7 @@ class Launcher:
         self.ready: dict = {}  # every READY received, by role
         self.serving = False
         self.exit_code = 0
+        self.stuck: set[str] = set()  # roles the watchdog declared dead: killed at shutdown, never waited for
 
     # ------------------------------------------------------------------ start
 
@@ -363,6 +364,7 @@ class Launcher:
                     raise ChildDied(f"process {role} (pid {process.pid}) died with exit code {process.exitcode}")
                 stuck = watchdog.tick() if watchdog is not None else []
                 if stuck:
+                    self.stuck.update(stuck)
                     role = stuck[0]
                     raise ChildDied(
                         f"process {role} (pid {self.children[role].pid}) answered no ping for "
@@ -375,17 +377,24 @@ class Launcher:
     # ------------------------------------------------------------------ stop
 
     def print_summary(self) -> None:
-        """One line per process: how busy it was, what went through its sockets."""
+        """One line per process: how busy it was, what went through its sockets (a process declared stuck is
+        not asked: it would not answer)."""
         from common.control import LAUNCHER, ask_all
         from common.profiling import format_summary
 
-        alive = sorted(role for role, p in self.children.items() if p.exitcode is None)
+        alive = sorted(role for role, p in self.children.items() if p.exitcode is None and role not in self.stuck)
         replies = ask_all(self.endpoints, LAUNCHER, alive, "stats", SUMMARY_TIMEOUT_S)
         print(format_summary({role: replies[role].payload for role in sorted(replies)}), flush=True)
 
     def shutdown(self) -> None:
-        """SIGTERM every child still running (frontends first: they stop taking requests), wait a little,
-        then SIGKILL; remove the socket directory."""
+        """SIGKILL every child the watchdog declared stuck (it cannot run its SIGTERM handler: as dead as one
+        that exited, and not waited for), SIGTERM every other child still running (frontends first: they stop
+        taking requests), wait a little, then SIGKILL; remove the socket directory."""
+        for role in sorted(self.stuck):
+            process = self.children[role]
+            if process.exitcode is None:
+                log.warning("process %s is stuck: killing it", role)
+                process.kill()
         frontends_first = sorted(self.children.items(), key=lambda item: not item[0].startswith("frontend"))
         for _, process in frontends_first:
             if process.exitcode is None:

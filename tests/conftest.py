@@ -10,6 +10,10 @@ Writing a fast server test (each server start costs about 5 s of CPU, 5 processe
   instead of starting another.
 - Kills or stops its server? Start it inside the test (tests/test_fault_injection.py), with
   `--tokenizer-workers 1` unless the test needs two.
+- Whatever the server, where the model's output is not what is checked, run none: `--load-format null` on
+  `null_gpt2` (placeholder tokens at once; the GPU worker starts without torch, ~2 s of CPU less).
+- Requests to SmolLM2 that do not depend on each other go together: a float32 decode step on CPU reads all
+  the weights, so a batch of them costs what one request costs.
 The suite runs under pytest-xdist (pyproject.toml's addopts), which the grouping below keeps from starting
 a shared server twice.
 """
@@ -94,6 +98,22 @@ def tiny_llama(tmp_path_factory):
     from tests.tiny_models import build_model
 
     return build_model("llama", tmp_path_factory.mktemp("tiny-llama"))
+
+
+@pytest.fixture(scope="session")
+def null_gpt2(tiny_gpt2, tmp_path_factory):
+    """The tiny GPT-2's tokenizer and config, with a 2,048-token context and no weights: for a server whose
+    engine runs no model (--load-format null), which starts without torch in its GPU worker."""
+    import json
+    import shutil
+
+    folder = tmp_path_factory.mktemp("null-gpt2")
+    for path in tiny_gpt2.iterdir():
+        if path.suffix in (".json", ".jinja") and path.name != "config.json":
+            shutil.copy(path, folder)
+    config = json.loads((tiny_gpt2 / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**config, "n_positions": 2048}))
+    return folder
 
 
 @pytest.fixture(scope="session", params=["gpt2", "llama"])

@@ -2,15 +2,22 @@
 
 from __future__ import annotations
 
+import glob
+import json
 import os
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
+import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
+
+from common.transport import RUN_DIR_PREFIX
 
 ROOT = Path(__file__).resolve().parent.parent
 START_TIMEOUT_S = 180
@@ -118,3 +125,64 @@ def wait_until(predicate, timeout: float, what: str, interval: float = 0.05):
             return value
         time.sleep(interval)  # a poll with a deadline
     raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+
+
+# ---------------------------------------------------------------- a fault with streams open
+
+
+def open_streams(srv: ServerProcess, count: int, max_tokens: int = 400) -> list:
+    """`count` long SSE streams (greedy, EOS ignored), read in threads; returns their futures (each: the events
+    it got) once every stream has its answer's status (accepted, or refused) and one has its first text chunk:
+    a fault that comes after that finds no request still on its way in."""
+    answered = [threading.Event() for _ in range(count)]
+    started = threading.Event()
+    body = {"prompt": "x", "max_tokens": max_tokens, "temperature": 0, "ignore_eos": True, "stream": True}
+
+    def read(answer: threading.Event) -> list:
+        events: list = []
+        try:
+            with httpx.stream("POST", f"{srv.url}/v1/completions", json=body, timeout=120) as response:
+                answer.set()
+                if response.status_code != 200:  # not yet accepted when the fault came: a 503 of its own
+                    response.read()
+                    return [response.status_code, response.json()]
+                for line in response.iter_lines():
+                    if line.startswith("data: "):
+                        data = line[len("data: ") :]
+                        events.append(data if data == "[DONE]" else json.loads(data))
+                        started.set()
+        finally:
+            answer.set()
+        return events
+
+    pool = ThreadPoolExecutor(count)
+    futures = [pool.submit(read, answer) for answer in answered]
+    pool.shutdown(wait=False)
+    assert started.wait(60) and all(answer.wait(60) for answer in answered), "the streams did not start"
+    return futures
+
+
+def assert_every_stream_ended_with_an_error_and_done(futures, within_s: float) -> None:
+    deadline = time.monotonic() + within_s
+    errors = 0
+    for future in futures:
+        events = future.result(timeout=max(0.1, deadline - time.monotonic()))
+        if events and events[0] == 503:
+            assert events[1]["error"]["type"] == "service_unavailable"
+            errors += 1
+            continue
+        assert events and events[-1] == "[DONE]", events[-3:]
+        last = events[-2]
+        if "error" in last:
+            errors += 1
+            assert last["error"]["type"] == "service_unavailable"
+        else:  # a stream that finished before the fault
+            assert last["choices"][0]["finish_reason"] == "length"
+    # At least one stream was still open when the fault came, and ended in an error.
+    assert errors >= 1
+
+
+def assert_nothing_left(srv: ServerProcess, pids: dict[str, int]) -> None:
+    """Every child of the server's launcher has exited and its run directory is gone."""
+    wait_until(lambda: not any(pid_alive(p) for p in pids.values()), timeout=10, what="every child to exit")
+    assert glob.glob(os.path.join(tempfile.gettempdir(), f"{RUN_DIR_PREFIX}{srv.proc.pid}-*")) == []

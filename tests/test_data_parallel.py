@@ -1,12 +1,16 @@
 """--data-parallel-size 2 through the real server: two engine replicas (a scheduler and a GPU worker each)
 behind one frontend and two tokenizer workers. A burst is answered in full and leaves both replicas' block
 accounting whole, greedy outputs are those of the single in-process engine, and requests that share a long
-prefix stay on the replica that cached it. (A replica's death: tests/test_fault_injection.py.)"""
+prefix stay on the replica that cached it; last, a replica's GPU worker killed with streams open on both
+replicas ends every stream with an error and stops the server, as any child's death does
+(tests/test_fault_injection.py)."""
 
 from __future__ import annotations
 
 import json
+import os
 import random
+import signal
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack
 
@@ -15,7 +19,13 @@ import pytest
 
 from common.sampling_params import SamplingParams
 from offline import LLM
-from tests.server_process import ServerProcess, wait_until
+from tests.server_process import (
+    ServerProcess,
+    assert_every_stream_ended_with_an_error_and_done,
+    assert_nothing_left,
+    open_streams,
+    wait_until,
+)
 from tests.tiny_models import build_model
 
 REPLICAS = ("scheduler-0", "scheduler-1")
@@ -23,6 +33,7 @@ BLOCK_SIZE = 16
 KV_BLOCKS = 512
 VOCAB = 500  # below the tiny tokenizer's 512 ids
 LONG = 6000  # tokens of a request that keeps a replica busy for seconds (the tiny model makes a token in ~1 ms)
+STREAMS_END_WITHIN_S = 3  # after a child's death (its sentinel): as tests/test_fault_injection.py
 
 
 @pytest.fixture(scope="module")
@@ -71,10 +82,13 @@ def random_ids(rng: random.Random, length: int) -> list[int]:
     return [rng.randrange(1, VOCAB) for _ in range(length)]
 
 
-def stream_completion(server: ServerProcess, prompt: list[int], max_tokens: int) -> list:
+def stream_completion(
+    server: ServerProcess, prompt: list[int], max_tokens: int, client: httpx.Client | None = None
+) -> list:
+    """`client`: one shared by the caller's threads (a client of its own costs each stream ~20 ms of CPU)."""
     body = {"prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "ignore_eos": True, "stream": True}
     events: list = []
-    with httpx.stream("POST", f"{server.url}/v1/completions", json=body, timeout=120) as response:
+    with (client or httpx).stream("POST", f"{server.url}/v1/completions", json=body, timeout=120) as response:
         assert response.status_code == 200, response.read()
         for line in response.iter_lines():
             if line.startswith("data: "):
@@ -97,8 +111,8 @@ def test_a_burst_of_64_streams_is_answered_in_full_by_both_replicas_and_every_bl
     rng = random.Random(0)
     prompts = [random_ids(rng, rng.randrange(8, 80)) for _ in range(64)]
     before = scheduler_stats(server)
-    with ThreadPoolExecutor(64) as pool:
-        results = list(pool.map(lambda p: stream_completion(server, p, 12), prompts))
+    with ThreadPoolExecutor(64) as pool, httpx.Client(limits=httpx.Limits(max_connections=64)) as client:
+        results = list(pool.map(lambda p: stream_completion(server, p, 12, client), prompts))
     for events in results:
         assert events[-1] == "[DONE]"
         assert events[-2]["choices"][0]["finish_reason"] == "length"
@@ -118,12 +132,12 @@ def test_greedy_outputs_equal_the_single_engines(server, long_llama):
     params = SamplingParams(max_tokens=16, temperature=0.0, ignore_eos=True)
     expected = [output.token_ids for output in single.generate(prompts, params)]
 
-    def generate(prompt: list[int]) -> list[int]:
-        body = {"input_ids": prompt, "sampling_params": {"max_tokens": 16, "temperature": 0, "ignore_eos": True}}
-        with server.client() as c:
+    with ThreadPoolExecutor(16) as pool, server.client() as c:
+
+        def generate(prompt: list[int]) -> list[int]:
+            body = {"input_ids": prompt, "sampling_params": {"max_tokens": 16, "temperature": 0, "ignore_eos": True}}
             return c.post("/generate", json=body).json()["token_ids"]
 
-    with ThreadPoolExecutor(16) as pool:
         assert list(pool.map(generate, prompts)) == expected
 
 
@@ -139,9 +153,9 @@ def test_requests_sharing_a_long_prefix_stay_on_the_replica_that_cached_it(serve
     # Two long requests without it, one per tokenizer worker, keep replica 0 busy (idle routers: replica 0) ...
     body = {"max_tokens": LONG, "temperature": 0, "ignore_eos": True, "stream": True}
     kept_lines = []  # each stream's line iterator, kept: a dropped one would close its connection (an abort)
-    with httpx.Client(base_url=server.url, timeout=60) as c, ExitStack() as open_streams:
+    with httpx.Client(base_url=server.url, timeout=60) as c, ExitStack() as long_streams:
         for length in (20, 21):
-            response = open_streams.enter_context(
+            response = long_streams.enter_context(
                 c.stream("POST", "/v1/completions", json={**body, "prompt": random_ids(rng, length)})
             )
             kept_lines.append(response.iter_lines())
@@ -156,3 +170,22 @@ def test_requests_sharing_a_long_prefix_stay_on_the_replica_that_cached_it(serve
     assert hits["scheduler-0"] >= 7 * len(prefix), hits
     assert after["scheduler-1"]["prompt_tokens_admitted"] == before["scheduler-1"]["prompt_tokens_admitted"]
     assert_every_replica_idle_with_all_blocks_back(server)
+
+
+# Last: it ends the module's server (a replica's death is a death like any other: tests/test_fault_injection.py
+# checks each role's).
+def test_a_dead_engine_replica_ends_every_open_stream_and_the_server(server):
+    pids = server.child_pids()
+    # Four long streams with consecutive request ids: each tokenizer worker routes its first to replica 0 and its
+    # second, replica 0 being busier, to replica 1.
+    futures = open_streams(server, 4, max_tokens=LONG)
+    wait_until(
+        lambda: all(s["num_running"] >= 1 for s in scheduler_stats(server).values()),
+        timeout=10,
+        what="streams running on both replicas",
+    )
+    os.kill(pids["gpu_worker-1"], signal.SIGKILL)
+    assert_every_stream_ended_with_an_error_and_done(futures, STREAMS_END_WITHIN_S)
+    assert server.proc.wait(timeout=20) == 1
+    assert "process gpu_worker-1" in server.log() and "died" in server.log()
+    assert_nothing_left(server, pids)

@@ -1,34 +1,37 @@
 """Fault injection: a child killed (SIGKILL) or stopped (SIGSTOP) while streams are open, for each engine
 role. Every open client gets an error event and [DONE] within the watchdog's bound, the launcher exits
 non-zero naming the process, nothing is left running, and the run directory is gone. Ctrl-C with a stream
-open ends it the same way (exit code 0).
+open ends it the same way (exit code 0). (A dead engine replica among two: tests/test_data_parallel.py.)
 
-Each case needs a server of its own (it ends it): the tiny GPT-2, one request running at a time, so the
-streams behind the first are still open when the fault comes, and one tokenizer worker (a start costs
-seconds of CPU per process)."""
+Each case needs a server of its own (it ends it), so each is as cheap as can be: one tokenizer worker, and an
+engine that runs no model (--load-format null: the tiny GPT-2's tokenizer, placeholder tokens), whose GPU
+worker starts without torch; what is faulted is the process, whatever it computes. (A GPU worker running a
+real model, killed: tests/test_data_parallel.py and tests/test_tensor_parallel.py.) One request runs at a
+time, so the streams behind the first are still open when the fault comes."""
 
 from __future__ import annotations
 
-import glob
-import json
 import os
 import signal
-import tempfile
-import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import pytest
 
-from common.transport import RUN_DIR_PREFIX
-from tests.server_process import ServerProcess, pid_alive, wait_until
+from tests.server_process import (
+    ServerProcess,
+    assert_every_stream_ended_with_an_error_and_done,
+    assert_nothing_left,
+    open_streams,
+)
 
 WATCHDOG_S = 3
 STREAMS = 3
+STREAM_TOKENS = 1500  # each stream: ~0.5 s of placeholder tokens, as long as 400 tokens of the tiny GPT-2
 # A fault is seen at once (a sentinel) or after the watchdog's silence plus one tick; then the frontends
-# fail their streams at once. The launcher kills what ignores SIGTERM after 5 s.
-# Before the streams are failed the launcher asks every process for its summary line (1 s at most).
+# fail their streams at once. The launcher kills a process the watchdog declared stuck at once (it could not
+# run a SIGTERM handler), any other that ignores SIGTERM after 5 s. Before the streams are failed the launcher
+# asks every other process for its summary line (1 s at most).
 STREAMS_END_WITHIN_S = {signal.SIGKILL: 3, signal.SIGSTOP: WATCHDOG_S + 1 + 1 + 2}
 LAUNCHER_EXITS_WITHIN_S = 20
 
@@ -36,6 +39,8 @@ LAUNCHER_EXITS_WITHIN_S = 20
 def start_server(model, tmp_path, *flags: str) -> ServerProcess:
     return ServerProcess(
         model,
+        "--load-format",
+        "null",
         "--max-num-seqs",
         "1",
         "--watchdog-timeout",
@@ -47,64 +52,13 @@ def start_server(model, tmp_path, *flags: str) -> ServerProcess:
     )
 
 
-def open_streams(srv: ServerProcess, count: int) -> tuple[list, threading.Event]:
-    """`count` long SSE streams, read in threads; returns their futures (each: the events it got) and an
-    event set once the first text chunk has arrived."""
-    started = threading.Event()
-    body = {"prompt": "x", "max_tokens": 400, "temperature": 0, "ignore_eos": True, "stream": True}
-
-    def read() -> list:
-        events: list = []
-        with httpx.stream("POST", f"{srv.url}/v1/completions", json=body, timeout=120) as response:
-            if response.status_code != 200:  # not yet accepted when the fault came: a 503 of its own
-                response.read()
-                return [response.status_code, response.json()]
-            for line in response.iter_lines():
-                if line.startswith("data: "):
-                    data = line[len("data: ") :]
-                    events.append(data if data == "[DONE]" else json.loads(data))
-                    started.set()
-        return events
-
-    pool = ThreadPoolExecutor(count)
-    futures = [pool.submit(read) for _ in range(count)]
-    pool.shutdown(wait=False)
-    return futures, started
-
-
-def assert_every_stream_ended_with_an_error_and_done(futures, within_s: float) -> None:
-    deadline = time.monotonic() + within_s
-    errors = 0
-    for future in futures:
-        events = future.result(timeout=max(0.1, deadline - time.monotonic()))
-        if events and events[0] == 503:
-            assert events[1]["error"]["type"] == "service_unavailable"
-            errors += 1
-            continue
-        assert events and events[-1] == "[DONE]", events[-3:]
-        last = events[-2]
-        if "error" in last:
-            errors += 1
-            assert last["error"]["type"] == "service_unavailable"
-        else:  # a stream that finished before the fault
-            assert last["choices"][0]["finish_reason"] == "length"
-    # At least one stream was still open when the fault came, and ended in an error.
-    assert errors >= 1
-
-
-def assert_nothing_left(srv: ServerProcess, pids: dict[str, int]) -> None:
-    wait_until(lambda: not any(pid_alive(p) for p in pids.values()), timeout=10, what="every child to exit")
-    assert glob.glob(os.path.join(tempfile.gettempdir(), f"{RUN_DIR_PREFIX}{srv.proc.pid}-*")) == []
-
-
 @pytest.mark.parametrize("role", ["gpu_worker", "scheduler", "tokenizer-0"])
 @pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGSTOP], ids=["kill-9", "sigstop"])
-def test_a_dead_or_stuck_child_ends_every_open_stream_with_an_error(tiny_gpt2, tmp_path, role, sig):
-    srv = start_server(tiny_gpt2, tmp_path)
+def test_a_dead_or_stuck_child_ends_every_open_stream_with_an_error(null_gpt2, tmp_path, role, sig):
+    srv = start_server(null_gpt2, tmp_path)
     try:
         pids = srv.child_pids()
-        futures, started = open_streams(srv, STREAMS)
-        assert started.wait(60), "no stream started"
+        futures = open_streams(srv, STREAMS, STREAM_TOKENS)
         faulted = time.monotonic()
         os.kill(pids[role], sig)
         assert_every_stream_ended_with_an_error_and_done(futures, STREAMS_END_WITHIN_S[sig])
@@ -112,33 +66,19 @@ def test_a_dead_or_stuck_child_ends_every_open_stream_with_an_error(tiny_gpt2, t
         assert srv.proc.wait(timeout=LAUNCHER_EXITS_WITHIN_S) == 1
         assert role in srv.log()
         assert ("answered no ping" if sig == signal.SIGSTOP else "died") in srv.log()
+        if sig == signal.SIGSTOP:  # killed at once, not sent a SIGTERM it cannot act on and waited for
+            assert f"process {role} is stuck: killing it" in srv.log()
+            assert "did not stop on SIGTERM" not in srv.log()
         assert_nothing_left(srv, pids)
     finally:
         srv.stop(signal.SIGKILL)
 
 
-def test_a_dead_engine_replica_ends_the_server_as_any_child_does(tiny_gpt2, tmp_path):
-    srv = start_server(tiny_gpt2, tmp_path, "--data-parallel-size", "2")
+def test_ctrl_c_with_streams_open_ends_them_with_an_error_and_exits_cleanly(null_gpt2, tmp_path):
+    srv = start_server(null_gpt2, tmp_path)
     try:
         pids = srv.child_pids()
-        assert {"gpu_worker-0", "gpu_worker-1", "scheduler-0", "scheduler-1"} <= set(pids)
-        futures, started = open_streams(srv, STREAMS)
-        assert started.wait(60), "no stream started"
-        os.kill(pids["gpu_worker-1"], signal.SIGKILL)
-        assert_every_stream_ended_with_an_error_and_done(futures, STREAMS_END_WITHIN_S[signal.SIGKILL])
-        assert srv.proc.wait(timeout=LAUNCHER_EXITS_WITHIN_S) == 1
-        assert "process gpu_worker-1" in srv.log() and "died" in srv.log()
-        assert_nothing_left(srv, pids)
-    finally:
-        srv.stop(signal.SIGKILL)
-
-
-def test_ctrl_c_with_streams_open_ends_them_with_an_error_and_exits_cleanly(tiny_gpt2, tmp_path):
-    srv = start_server(tiny_gpt2, tmp_path)
-    try:
-        pids = srv.child_pids()
-        futures, started = open_streams(srv, STREAMS)
-        assert started.wait(60), "no stream started"
+        futures = open_streams(srv, STREAMS, STREAM_TOKENS)
         interrupted = time.monotonic()
         srv.proc.send_signal(signal.SIGINT)
         assert_every_stream_ended_with_an_error_and_done(futures, 5)
@@ -150,13 +90,12 @@ def test_ctrl_c_with_streams_open_ends_them_with_an_error_and_exits_cleanly(tiny
         srv.stop(signal.SIGKILL)
 
 
-def test_a_killed_frontend_drops_its_connections_at_once_and_stops_the_server(tiny_gpt2, tmp_path):
+def test_a_killed_frontend_drops_its_connections_at_once_and_stops_the_server(null_gpt2, tmp_path):
     # No process is left to write an error event: its clients see their connections close, not a hang.
-    srv = start_server(tiny_gpt2, tmp_path)
+    srv = start_server(null_gpt2, tmp_path)
     try:
         pids = srv.child_pids()
-        futures, started = open_streams(srv, STREAMS)
-        assert started.wait(60), "no stream started"
+        futures = open_streams(srv, STREAMS, STREAM_TOKENS)
         os.kill(pids["frontend-0"], signal.SIGKILL)
         deadline = time.monotonic() + 3
         dropped = 0

@@ -75,7 +75,9 @@ def test_local_completions_and_chat_completions_run_and_score_like_the_hf_backen
     # here reads it.
     monkeypatch.setattr("lm_eval.evaluator.add_env_info", lambda results: None)
 
-    common = f"model={MODEL},tokenizer={smollm2_folder},tokenizer_backend=huggingface,num_concurrent=2,max_retries=1"
+    # Eight requests at a time: decoded in one batch, a step costs what one request's does (the float32 weights
+    # are read once a step).
+    common = f"model={MODEL},tokenizer={smollm2_folder},tokenizer_backend=huggingface,num_concurrent=8,max_retries=1"
     served = evaluate(
         "local-completions",
         ["clearserve_capitals_mc", "clearserve_capitals_gen"],

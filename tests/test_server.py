@@ -206,8 +206,19 @@ def _byte_to_unicode() -> dict[int, str]:
 
 @pytest.fixture(scope="module")
 def scripted_server(scripted, tmp_path_factory):
+    """The scripted model, with one request running and one waiting at most: the multi-byte tests send one
+    request at a time, the queue-limit test more (a start costs seconds of CPU: one server for both)."""
     folder, _, _ = scripted
-    srv = ServerProcess(folder, "--tokenizer-workers", "1", log_path=tmp_path_factory.mktemp("log") / "scripted.log")
+    srv = ServerProcess(
+        folder,
+        "--max-num-seqs",
+        "1",
+        "--max-waiting-requests",
+        "1",
+        "--tokenizer-workers",
+        "1",
+        log_path=tmp_path_factory.mktemp("log") / "scripted.log",
+    )
     yield srv
     srv.stop()
 
@@ -252,43 +263,25 @@ def test_cjk_stop_string_ends_the_request(scripted_server):
 # ---------------------------------------------------------------------------- lifecycle
 
 
-@pytest.fixture(scope="module")
-def busy_server(tiny_llama, tmp_path_factory):
-    """One request running and one waiting at most."""
-    srv = ServerProcess(
-        tiny_llama,
-        "--max-num-seqs",
-        "1",
-        "--max-waiting-requests",
-        "1",
-        "--tokenizer-workers",
-        "1",
-        log_path=tmp_path_factory.mktemp("log") / "busy.log",
-    )
-    yield srv
-    srv.stop()
-
-
-def test_past_the_queue_limit_requests_get_a_503(busy_server):
-    # (A killed child stopping everything: tests/test_fault_injection.py, for each role.)
+def test_past_the_queue_limit_requests_get_a_503(scripted_server):
+    # (A killed child stopping everything: tests/test_fault_injection.py, for each role.) The scripted model
+    # runs to max_tokens with EOS ignored: one request runs, one waits, the rest are refused.
     body = {"prompt": "busy", "max_tokens": 300, "temperature": 0, "ignore_eos": True}
     with ThreadPoolExecutor(6) as pool:
         statuses = list(
             pool.map(
-                lambda _: httpx.post(f"{busy_server.url}/v1/completions", json=body, timeout=120).status_code,
+                lambda _: httpx.post(f"{scripted_server.url}/v1/completions", json=body, timeout=120).status_code,
                 range(6),
             )
         )
     assert 503 in statuses and 200 in statuses and set(statuses) <= {200, 503}
 
 
-# Last in the module: each case ends one of the module's servers (after all the traffic above), so that no
-# server is started only to be stopped.
-@pytest.mark.parametrize(("ending", "sig"), [("busy_server", signal.SIGTERM), ("scripted_server", signal.SIGINT)])
-def test_a_signal_shuts_everything_down_cleanly(request, ending, sig):
-    srv: ServerProcess = request.getfixturevalue(ending)
-    pids = srv.child_pids()
-    assert srv.stop(sig) == 0
+# Last in the module: it ends the module's server (after all the traffic above), so that no server is started
+# only to be stopped. (SIGINT, Ctrl-C, with streams open: tests/test_fault_injection.py.)
+def test_sigterm_shuts_everything_down_cleanly(scripted_server):
+    pids = scripted_server.child_pids()
+    assert scripted_server.stop(signal.SIGTERM) == 0
     wait_until(lambda: not any(pid_alive(p) for p in pids.values()), timeout=10, what="every child to exit")
 
 

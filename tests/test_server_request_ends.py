@@ -2,8 +2,9 @@
 (`requests_open` in its /stats is 0) and the scheduler holds nothing of it. A table entry left behind on one
 path would grow the frontend with every such request (the soak's question, docs/benchmarks.md).
 
-One server, the tiny GPT-2 with a --request-timeout; the scheduler is stopped (SIGSTOP) where a request must
-wait for its verdict."""
+One server with a --request-timeout and one tokenizer worker, whose engine runs no model (--load-format null:
+placeholder tokens at once, the bookkeeping is what is checked); the scheduler is stopped (SIGSTOP) where a
+request must wait for its verdict."""
 
 from __future__ import annotations
 
@@ -17,16 +18,20 @@ import pytest
 
 from tests.server_process import ServerProcess, wait_until
 
-REQUEST_TIMEOUT_S = 2.0
-LONG = {"prompt": "x", "max_tokens": 300, "temperature": 0, "ignore_eos": True}
+REQUEST_TIMEOUT_S = 1.0  # placeholder tokens come at once: only a request held at a stopped scheduler waits
+LONG = {"prompt": "x", "max_tokens": 1500, "temperature": 0, "ignore_eos": True}  # ~0.5 s of placeholder tokens
 
 
 @pytest.fixture(scope="module")
-def server(tiny_gpt2, tmp_path_factory):
+def server(null_gpt2, tmp_path_factory):
     srv = ServerProcess(
-        tiny_gpt2,
+        null_gpt2,
+        "--load-format",
+        "null",
         "--request-timeout",
         str(REQUEST_TIMEOUT_S),
+        "--tokenizer-workers",
+        "1",
         log_path=tmp_path_factory.mktemp("log") / "server.log",
     )
     yield srv
@@ -64,8 +69,8 @@ def finished_whole(srv: ServerProcess) -> None:
 
 
 def refused_by_the_engine(srv: ServerProcess) -> None:
-    with srv.client() as c:  # prompt + max_tokens past the 512-token context: the tokenizer worker refuses it
-        response = c.post("/v1/completions", json={"prompt": "hi " * 200, "max_tokens": 400})
+    with srv.client() as c:  # prompt + max_tokens past the 2,048-token context: the tokenizer worker refuses it
+        response = c.post("/v1/completions", json={"prompt": "hi " * 200, "max_tokens": 2000})
     assert response.status_code == 400
 
 

@@ -112,6 +112,8 @@ def server(tiny_llama, tmp_path_factory):
         "float32",
         "--watchdog-timeout",
         "5",
+        "--tokenizer-workers",
+        "1",
         log_path=tmp_path_factory.mktemp("log") / "server.log",
     )
     yield srv

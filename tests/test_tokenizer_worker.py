@@ -248,13 +248,6 @@ def test_held_back_text_is_flushed_when_the_scheduler_finishes_the_request(worke
     assert (last.text, last.finish_reason) == ("wor", "stop")
 
 
-def test_sigterm_stops_the_worker_cleanly(model_folder):
-    with running_worker(model_folder) as harness:
-        harness.process.terminate()
-        harness.process.join(REPLY_S)
-        assert harness.process.exitcode == 0
-
-
 # ------------------------------------------------------------------ validation of the prompt forms
 
 
@@ -359,3 +352,10 @@ def test_requests_are_spread_over_engine_replicas_and_each_abort_reaches_its_req
         send(harness.requests, AbortRequest(3))
         assert receive(replicas[0]) == AbortRequest(3)
         assert not any(replica.poll(100) for replica in replicas)
+
+
+# Last: it ends the module's worker (a start costs seconds of CPU: transformers and torch).
+def test_sigterm_stops_the_worker_cleanly(worker):
+    worker.process.terminate()
+    worker.process.join(REPLY_S)
+    assert worker.process.exitcode == 0
