@@ -450,6 +450,9 @@ def main(argv: list[str] | None = None) -> int:
         log.error("%s", exc)
         return 1
     signal.signal(signal.SIGTERM, _interrupt)  # SIGTERM stops the server as Ctrl-C does
+    # Ctrl-C (SIGINT) stops it too, even where the shell that started it in the background left SIGINT
+    # ignored (a non-interactive shell does, for `&` jobs): Python keeps an inherited SIG_IGN.
+    signal.signal(signal.SIGINT, _interrupt)
     try:
         launcher.start()
         launcher.watch()

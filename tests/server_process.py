@@ -39,9 +39,17 @@ def free_port() -> int:
 class ServerProcess:
     """`python launch.py --model MODEL` on a free port, 2 tokenizer workers and 1 HTTP process unless `flags`
     say otherwise (a flag given twice: the last one counts). With `profile_dir`, profiling is available on
-    request (--profile-dir)."""
+    request (--profile-dir). `sigint_ignored`: started as a non-interactive shell starts a `&` job, with
+    SIGINT ignored."""
 
-    def __init__(self, model: Path | str, *flags: str, log_path: Path, profile_dir: Path | None = None):
+    def __init__(
+        self,
+        model: Path | str,
+        *flags: str,
+        log_path: Path,
+        profile_dir: Path | None = None,
+        sigint_ignored: bool = False,
+    ):
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log_path = log_path
@@ -65,7 +73,12 @@ class ServerProcess:
             *flags,
         ]
         self.proc = subprocess.Popen(
-            cmd, cwd=ROOT, stdout=self._log, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONUNBUFFERED": "1"}
+            cmd,
+            cwd=ROOT,
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+            preexec_fn=(lambda: signal.signal(signal.SIGINT, signal.SIG_IGN)) if sigint_ignored else None,
         )
         self._wait_ready()
 

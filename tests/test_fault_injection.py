@@ -36,7 +36,7 @@ STREAMS_END_WITHIN_S = {signal.SIGKILL: 3, signal.SIGSTOP: WATCHDOG_S + 1 + 1 + 
 LAUNCHER_EXITS_WITHIN_S = 20
 
 
-def start_server(model, tmp_path, *flags: str) -> ServerProcess:
+def start_server(model, tmp_path, *flags: str, sigint_ignored: bool = False) -> ServerProcess:
     return ServerProcess(
         model,
         "--load-format",
@@ -49,6 +49,7 @@ def start_server(model, tmp_path, *flags: str) -> ServerProcess:
         "1",
         *flags,
         log_path=tmp_path / "server.log",
+        sigint_ignored=sigint_ignored,
     )
 
 
@@ -75,7 +76,8 @@ def test_a_dead_or_stuck_child_ends_every_open_stream_with_an_error(null_gpt2, t
 
 
 def test_ctrl_c_with_streams_open_ends_them_with_an_error_and_exits_cleanly(null_gpt2, tmp_path):
-    srv = start_server(null_gpt2, tmp_path)
+    # Started as `python launch.py &` from a script is: with SIGINT ignored, which Python would keep.
+    srv = start_server(null_gpt2, tmp_path, sigint_ignored=True)
     try:
         pids = srv.child_pids()
         futures = open_streams(srv, STREAMS, STREAM_TOKENS)
