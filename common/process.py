@@ -1,4 +1,4 @@
-"""What every child process does first: name its logs, die with its parent, exit cleanly on SIGTERM."""
+"""What every child process does first: name itself and its logs, die with its parent, exit cleanly on SIGTERM."""
 
 from __future__ import annotations
 
@@ -9,12 +9,15 @@ import signal
 import sys
 from typing import NoReturn
 
+PR_SET_NAME = 15
 PR_SET_PDEATHSIG = 1
+PROCESS_NAME_BYTES = 15  # the kernel keeps 16 bytes, the last a NUL
 
 
 def init_child_process(role: str, log_level: str, parent_pid: int) -> None:
     """Call first thing in a child's entry point."""
     _die_with_parent(parent_pid)
+    _name_process(role)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C goes to the launcher, which stops everyone
     signal.signal(signal.SIGTERM, _exit_on_sigterm)
     configure_logging(role, log_level)
@@ -38,6 +41,14 @@ def _die_with_parent(parent_pid: int) -> None:
         libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
     if os.getppid() != parent_pid:  # the parent died before prctl took effect
         os._exit(1)
+
+
+def _name_process(role: str) -> None:
+    # Every child is `python -c "from multiprocessing.spawn ..."` in its command line; its name (what top,
+    # `ps -o comm`, pgrep and py-spy's process list show) says which role it plays: pgrep -x frontend-0.
+    if sys.platform.startswith("linux"):
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(PR_SET_NAME, role.encode()[:PROCESS_NAME_BYTES], 0, 0, 0)
 
 
 def _exit_on_sigterm(signum, frame) -> None:

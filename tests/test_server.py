@@ -143,6 +143,13 @@ def test_health_and_metrics_report_every_process(server):
     assert set(server.child_pids()) == {"gpu_worker", "scheduler", "tokenizer-0", "tokenizer-1", "frontend-0"}
 
 
+def test_each_process_is_named_by_its_role_in_ps_and_top(server):
+    """`pgrep -x scheduler`, top and py-spy show the role, not `python -c from multiprocessing.spawn ...`."""
+    for role, pid in server.child_pids().items():
+        with open(f"/proc/{pid}/comm") as f:
+            assert f.read().strip() == role
+
+
 def test_native_generate_streams_token_ids_with_timestamps(server):
     with (
         server.client() as c,
