@@ -24,6 +24,7 @@ from tqdm import tqdm
 
 from benchmarks.workloads import parse_range, random_token_prompts
 from common.config import EngineConfig, add_engine_args
+from common.garbage import freeze_startup_objects
 from common.model_info import ModelInfo
 from common.model_source import resolve_model
 from common.sampling_params import SamplingParams
@@ -47,6 +48,7 @@ def run_ours(
     params = SamplingParams(max_tokens=output_len, temperature=0.0, ignore_eos=True)
     if warmup:
         llm.generate(warmup, params)
+    freeze_startup_objects()  # as every server process does once it serves (common/garbage.py)
     _sync()
     host_before, steps_before = llm.host_s, llm.steps_run
     wall_start = time.time()

@@ -33,6 +33,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from common.garbage import process_gc_pauses
 from common.transport import SocketStats
 
 if TYPE_CHECKING:  # both are imported only where a profiler starts
@@ -243,6 +244,7 @@ class ProcessStats:
     def __init__(self) -> None:
         self.sockets = SocketStats()
         self.busy_s = 0.0
+        self.gc = process_gc_pauses()
         self._started = time.perf_counter()
 
     @contextmanager
@@ -265,6 +267,7 @@ class ProcessStats:
             "idle_s": uptime - busy,
             "busy_pct": round(100 * busy / uptime, 1) if uptime > 0 else 0.0,
             **dataclasses.asdict(self.sockets),
+            **self.gc.summary(),
         }
 
 
@@ -289,7 +292,8 @@ def format_summary(stats_by_role: dict[str, dict]) -> str:
             f"  {role:<12} busy {s['busy_pct']:5.1f}% of {s['uptime_s']:7.1f} s   "
             f"messages in {s['messages_in']:>7} out {s['messages_out']:>7}   "
             f"bytes in {_size(s['bytes_in'])} out {_size(s['bytes_out'])}   "
-            f"msgpack {s['msgpack_encode_s'] + s['msgpack_decode_s']:6.3f} s"
+            f"msgpack {s['msgpack_encode_s'] + s['msgpack_decode_s']:6.3f} s   "
+            f"gc {s['gc_collections']:>6} pauses, {s['gc_pause_s']:6.3f} s, longest {s['gc_max_pause_ms']:5.1f} ms"
         )
     return "\n".join(lines)
 

@@ -24,6 +24,7 @@ import uvicorn
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from common.control import frontend_role
+from common.garbage import freeze_startup_objects
 from common.process import announce_ready, exit_child, init_child_process
 from common.profiling import ProcessProfiler, ProfileConfig
 from common.transport import Endpoints
@@ -100,14 +101,6 @@ def raise_open_file_limit() -> None:
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     if soft != hard:
         resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
-
-
-def freeze_startup_objects() -> None:
-    """Take what start-up left alive (FastAPI, pydantic, their modules: ~65,000 objects) out of the cyclic
-    collector's sight: the full collections below then traverse only what requests left, a millisecond or so."""
-    gc.collect()
-    gc.freeze()
-    gc.collect()  # the oldest generation is now empty: CPython's own thresholds count requests' objects only
 
 
 async def collect_request_garbage(period_s: float = GARBAGE_COLLECTION_PERIOD_S) -> None:

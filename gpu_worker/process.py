@@ -27,6 +27,7 @@ import zmq
 from common.config import EngineConfig
 from common.control import ControlServer
 from common.engine_replica import EngineReplica
+from common.garbage import freeze_startup_objects
 from common.messages import StepPlan, StepResult
 from common.model_info import ModelInfo
 from common.process import announce_ready, exit_child, init_child_process
@@ -83,6 +84,7 @@ def main(
         plans, results, relays = pull_socket(ctx, endpoints.worker_rank_plans(r, rank)), None, []
     worker = WorkerLoop(runner, plans, results, ProcessProfiler(profile, role, TorchProfiler), relays)
     control = ControlServer(endpoints, role, stats=worker.stats)
+    freeze_startup_objects()  # torch, the model, the warm-up: ~200,000 objects no collection should traverse
     announce_ready(
         run_dir,
         role,

@@ -23,6 +23,7 @@ import zmq
 from common.config import EngineConfig
 from common.control import ControlServer, frontend_role
 from common.engine_replica import EngineReplica
+from common.garbage import freeze_startup_objects
 from common.messages import (
     AbortRequest,
     ControlRequest,
@@ -59,6 +60,7 @@ def main(
     init_child_process(replica.scheduler_role, log_level, parent_pid)
     scheduler = Scheduler(config, info, num_kv_blocks)
     loop = SchedulerLoop(scheduler, Endpoints(run_dir), num_tokenizers, profile, num_frontends, replica)
+    freeze_startup_objects()
     announce_ready(run_dir, replica.scheduler_role, {"max_model_len": loop.scheduler.max_model_len})
     try:
         loop.run()

@@ -9,7 +9,8 @@ import asyncio
 import collections
 import gc
 
-from frontend.process import collect_request_garbage, freeze_startup_objects
+from common.garbage import freeze_startup_objects
+from frontend.process import collect_request_garbage
 
 STARTUP_OBJECTS = 400_000  # about 6 times a real frontend's; unfrozen, ~100,000 garbage objects would pile up
 REQUESTS = 400_000

@@ -42,6 +42,11 @@ SUMMARY_KEYS = {
     "bytes_out",
     "msgpack_encode_s",
     "msgpack_decode_s",
+    "gc_collections",
+    "gc_full_collections",
+    "gc_pause_s",
+    "gc_max_pause_ms",
+    "gc_frozen_objects",
 }
 TRACE_NAME = re.compile(r"(?P<role>[a-z_]+(?:-\d+)?)-(?P<pid>\d+)-(?P<run>\d+)\.trace\.json")
 
@@ -372,6 +377,23 @@ def test_stats_report_busy_idle_and_messages_for_every_process(tiny_server):
         assert summary["messages_in"] > 0 and summary["messages_out"] > 0, role
         assert 0 < summary["busy_s"] <= summary["uptime_s"] and 0 <= summary["busy_pct"] <= 100, role
     assert stats["scheduler"]["payload"]["steps"] > 0  # the scheduling counters are still there
+
+
+def test_every_process_froze_its_startup_objects_and_reports_its_collector_pauses(tiny_server):
+    """Start-up's objects (torch and the model in the GPU worker) are out of the cyclic collector's sight, so a
+    full collection traverses only what requests left; the pauses it does take are counted (common/garbage.py)."""
+    server = tiny_server
+    generate(server, n=4, max_tokens=8)
+    with server.client() as c:
+        stats = replies_with_frontend(c.get("/stats").json())
+    assert set(stats) == ROLES
+    for role, reply in stats.items():
+        summary = reply["payload"]
+        assert summary["gc_frozen_objects"] > 0, role
+        assert summary["gc_collections"] >= summary["gc_full_collections"] >= 0, role
+        assert summary["gc_pause_s"] >= summary["gc_max_pause_ms"] / 1e3 >= 0, role
+    # The worker has the most to freeze: torch and the model's modules.
+    assert stats["gpu_worker"]["payload"]["gc_frozen_objects"] > stats["scheduler"]["payload"]["gc_frozen_objects"]
 
 
 def test_profile_steps_profiles_that_many_steps_in_every_process_then_stops(tiny_llama, tmp_path):

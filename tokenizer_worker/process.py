@@ -22,6 +22,7 @@ from typing import Any
 import zmq
 
 from common.control import ControlServer
+from common.garbage import freeze_startup_objects
 from common.messages import (
     AbortRequest,
     DetokenizeRequest,
@@ -94,6 +95,7 @@ class TokenizerProcess:
         }
 
     def run(self) -> None:
+        freeze_startup_objects()
         announce_ready(self.run_dir, self.role)
         log.info("ready: %d ids in the vocabulary", self.worker.tokenizer.vocab_size)
         poller = zmq.Poller()

@@ -1,0 +1,75 @@
+"""The cyclic garbage collector, kept out of the way of steps and streams, and accounted for.
+
+A process's heap after start-up is mostly modules and the objects they made: ~200,000 in a GPU worker (torch,
+transformers), ~65,000 in a frontend (FastAPI, pydantic), ~30,000 in a scheduler. CPython's full collection
+traverses all of them, every few hundred steps in a busy loop: ~90 ms in a GPU worker and ~12 ms in a scheduler
+on a 2-core CPU (scratch measurement: 256 decodes, 3,000 steps), each a stall every request in the batch sees as
+one long inter-token gap. Frozen after start-up (`gc.freeze`), they are out of the collector's sight for good; a
+full collection then traverses what requests left, well under a millisecond in the scheduler.
+
+Every process counts its pauses (`GcPauses`, in its control stats): a p99 inter-token latency that a step's
+timings do not explain may be a collection, and the stats say whether it was.
+"""
+
+from __future__ import annotations
+
+import gc
+import time
+from dataclasses import dataclass
+
+
+def freeze_startup_objects() -> None:
+    """Call once, when start-up is over and the loop is about to serve: what is alive now stays alive."""
+    gc.collect()
+    gc.freeze()
+    gc.collect()  # the oldest generation is now empty: CPython's own thresholds count requests' objects only
+
+
+@dataclass(slots=True)
+class GcPauseTotals:
+    collections: int = 0
+    full_collections: int = 0  # of the oldest generation
+    pause_s: float = 0.0
+    max_pause_ms: float = 0.0
+
+
+class GcPauses:
+    """Times every collection of this process (gc.callbacks): how many, how long in all, the longest. One per
+    process: `process_gc_pauses()`."""
+
+    def __init__(self) -> None:
+        self.totals = GcPauseTotals()
+        self._started = 0.0
+        gc.callbacks.append(self._on_collection)
+
+    def _on_collection(self, phase: str, info: dict) -> None:
+        if phase == "start":
+            self._started = time.perf_counter()
+            return
+        pause = time.perf_counter() - self._started
+        t = self.totals
+        t.collections += 1
+        t.full_collections += info["generation"] == 2
+        t.pause_s += pause
+        t.max_pause_ms = max(t.max_pause_ms, 1e3 * pause)
+
+    def summary(self) -> dict:
+        t = self.totals
+        return {
+            "gc_collections": t.collections,
+            "gc_full_collections": t.full_collections,
+            "gc_pause_s": t.pause_s,
+            "gc_max_pause_ms": t.max_pause_ms,
+            "gc_frozen_objects": gc.get_freeze_count(),
+        }
+
+
+_PROCESS_PAUSES: GcPauses | None = None
+
+
+def process_gc_pauses() -> GcPauses:
+    """This process's collection timer, started on first use (every ProcessStats shares it)."""
+    global _PROCESS_PAUSES
+    if _PROCESS_PAUSES is None:
+        _PROCESS_PAUSES = GcPauses()
+    return _PROCESS_PAUSES
