@@ -330,6 +330,10 @@ def process_view(before: dict[str, dict] | None, after: dict[str, dict] | None) 
             "messages_in": a["messages_in"] - b["messages_in"],
             "messages_out": a["messages_out"] - b["messages_out"],
             "msgpack_s": sum(a[k] - b[k] for k in ("msgpack_encode_s", "msgpack_decode_s")),
+            # The collector's pauses in the run (common/garbage.py); the longest is since start-up.
+            "gc_collections": a.get("gc_collections", 0) - b.get("gc_collections", 0),
+            "gc_pause_s": a.get("gc_pause_s", 0.0) - b.get("gc_pause_s", 0.0),
+            "gc_max_pause_ms": a.get("gc_max_pause_ms", 0.0),
         }
     return view
 

@@ -23,6 +23,11 @@ def freeze_startup_objects() -> None:
     gc.collect()
     gc.freeze()
     gc.collect()  # the oldest generation is now empty: CPython's own thresholds count requests' objects only
+    pauses = process_gc_pauses()
+    pauses.reset()  # start-up's collections (~100-250 ms in a GPU worker) are not serving pauses
+    # Counted once: gc.get_freeze_count() walks every frozen object, tens of milliseconds in a GPU worker,
+    # holding the GIL (asked for on every /stats, it stalled the worker's steps).
+    pauses.frozen_objects = gc.get_freeze_count()
 
 
 @dataclass(slots=True)
@@ -39,6 +44,7 @@ class GcPauses:
 
     def __init__(self) -> None:
         self.totals = GcPauseTotals()
+        self.frozen_objects = 0  # set by freeze_startup_objects
         self._started = 0.0
         gc.callbacks.append(self._on_collection)
 
@@ -53,6 +59,9 @@ class GcPauses:
         t.pause_s += pause
         t.max_pause_ms = max(t.max_pause_ms, 1e3 * pause)
 
+    def reset(self) -> None:
+        self.totals = GcPauseTotals()
+
     def summary(self) -> dict:
         t = self.totals
         return {
@@ -60,7 +69,7 @@ class GcPauses:
             "gc_full_collections": t.full_collections,
             "gc_pause_s": t.pause_s,
             "gc_max_pause_ms": t.max_pause_ms,
-            "gc_frozen_objects": gc.get_freeze_count(),
+            "gc_frozen_objects": self.frozen_objects,
         }
 
 

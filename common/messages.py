@@ -201,7 +201,8 @@ class NewRequestSpec:
 
 @dataclass(slots=True)
 class ScheduledChunk:
-    """One request's share of a forward: compute positions [start, start + num_tokens)."""
+    """One request's share of a forward, as an object: how tests and tools read a plan (`StepPlan.chunks`)
+    and build one (`StepPlan.of`). The plan itself is columnar."""
 
     rid: int
     start: int
@@ -215,13 +216,52 @@ class ScheduledChunk:
 @message(10)
 @dataclass(slots=True)
 class StepPlan:
+    """One forward. Entry i computes positions [starts[i], starts[i] + num_tokens[i]) of request rids[i] and,
+    when samples[i] (the entry reaches the end of the known tokens), samples its next token.
+
+    Columnar, because a step has hundreds of entries and this message is on every step's critical path
+    (scheduler, then worker, before the step can launch): four lists of numbers pack, unpack and become the
+    worker's numpy columns in microseconds, where an object per entry cost about a microsecond each to build,
+    encode, decode and read back. What only a few entries carry is keyed by rid."""
+
     step_id: int
     new_requests: list[NewRequestSpec]
-    chunks: list[ScheduledChunk]
+    rids: list[int]
+    starts: list[int]
+    num_tokens: list[int]
+    samples: list[bool]
     released: list[int]  # finished, aborted or preempted rids: the worker drops their mirror
+    new_block_ids: dict[int, list[int]] = field(default_factory=dict)  # appended to the worker's block table
+    # Structured output: the tokens a sample may take, int32 words (bit j of word i: token 32 i + j).
+    token_bitmasks: dict[int, bytes] = field(default_factory=dict)
     # --profile-steps: > 0 opens the worker's profiling window on this step, for this many steps (counted by
     # the worker, so the window stays on exactly those steps; scheduler/process.py ProfileWindow).
     profile_steps: int = 0
+
+    @classmethod
+    def of(
+        cls, step_id: int, new_requests: list[NewRequestSpec], chunks: list[ScheduledChunk], released: list[int]
+    ) -> StepPlan:
+        """A plan from per-request chunks (warm-up, tests)."""
+        return cls(
+            step_id,
+            new_requests,
+            [c.rid for c in chunks],
+            [c.start for c in chunks],
+            [c.num_tokens for c in chunks],
+            [c.sample for c in chunks],
+            released,
+            {c.rid: c.new_block_ids for c in chunks if c.new_block_ids},
+            {c.rid: c.token_bitmask for c in chunks if c.token_bitmask is not None},
+        )
+
+    @property
+    def chunks(self) -> list[ScheduledChunk]:
+        """The entries as objects, in plan order (for reading a plan, not for the step's hot path)."""
+        return [
+            ScheduledChunk(rid, start, n, self.new_block_ids.get(rid, []), sample, self.token_bitmasks.get(rid))
+            for rid, start, n, sample in zip(self.rids, self.starts, self.num_tokens, self.samples)
+        ]
 
 
 @dataclass(slots=True)

@@ -66,44 +66,76 @@ def decode(data: bytes) -> Any:
 
 def _encoder_for(cls: type) -> Callable[[Any], list | tuple]:
     """Build (once per class) a function instance -> list of wire values, nested dataclasses as lists.
-    Plans carry hundreds of chunks per step: the per-field work is decided here, not per value."""
+    Plans and token batches carry hundreds of items per step: the per-field work is decided here, not per value.
+    One C call (attrgetter) reads every field as a tuple, which msgpack writes as the same array a list would
+    be; only the nested dataclass fields, usually None (a token's logprobs), are then converted one by one."""
     cached = _ENCODERS.get(cls)
     if cached is not None:
         return cached
     hints = typing.get_type_hints(cls)
-    getters: list[Callable[..., Any]] = []
-    for f in dataclasses.fields(cls):
-        annotation, args = hints[f.name], typing.get_args(hints[f.name])
+    names = [f.name for f in dataclasses.fields(cls)]
+    nested: list[tuple[int, Callable[[Any], Any]]] = []  # (field index, converter of a value that is not None)
+    for index, name in enumerate(names):
+        annotation, args = hints[name], typing.get_args(hints[name])
         inner = [a for a in args if a is not type(None)]
         if dataclasses.is_dataclass(annotation):
-            getters.append(lambda obj, name=f.name, sub=annotation: _encoder_for(sub)(getattr(obj, name)))
+            nested.append((index, _lazy_encoder(annotation)))
         elif (
             typing.get_origin(annotation) in (typing.Union, types.UnionType)
             and len(inner) == 1
             and dataclasses.is_dataclass(inner[0])
         ):
-            getters.append(
-                lambda obj, name=f.name, sub=inner[0]: (
-                    None if (v := getattr(obj, name)) is None else _encoder_for(sub)(v)
-                )
-            )
+            nested.append((index, _lazy_encoder(inner[0])))
         elif typing.get_origin(annotation) is list and args and dataclasses.is_dataclass(args[0]):
-            getters.append(lambda obj, name=f.name, sub=args[0]: [_encoder_for(sub)(v) for v in getattr(obj, name)])
-        else:
-            getters.append(operator.attrgetter(f.name))
+            nested.append((index, _lazy_list_encoder(args[0])))
 
+    read_fields = operator.attrgetter(*names)
     encoder: Callable[[Any], list | tuple]
-    if all(isinstance(get, operator.attrgetter) for get in getters) and len(getters) > 1:
-        # Plain fields only (every per-chunk and per-token item): one C call returns them all, as a tuple,
-        # which msgpack writes as the same array a list would be.
-        encoder = operator.attrgetter(*(f.name for f in dataclasses.fields(cls)))
+    if len(names) == 1:  # attrgetter of one name returns the value itself, not a 1-tuple
+
+        def encoder(obj: Any) -> list | tuple:
+            value = read_fields(obj)
+            return [value if not nested or value is None else nested[0][1](value)]
+
+    elif not nested:
+        encoder = read_fields
     else:
 
         def encoder(obj: Any) -> list | tuple:
-            return [get(obj) for get in getters]
+            values = read_fields(obj)
+            converted = None
+            for index, convert in nested:
+                value = values[index]
+                if value is not None:
+                    if converted is None:
+                        converted = list(values)
+                    converted[index] = convert(value)
+            return values if converted is None else converted
 
     _ENCODERS[cls] = encoder
     return encoder
+
+
+def _lazy_encoder(cls: Any) -> Callable[[Any], Any]:
+    """The encoder of `cls`, looked up on first use (a nested class may be defined after its container)."""
+    resolved: list[Callable[[Any], Any]] = []
+
+    def encode_nested(value: Any) -> Any:
+        if not resolved:
+            resolved.append(_encoder_for(cls))
+        return resolved[0](value)
+
+    return encode_nested
+
+
+def _lazy_list_encoder(cls: Any) -> Callable[[list], list]:
+    """Encodes a list of `cls`: the item encoder is looked up once per list, not per item (hundreds per plan)."""
+
+    def encode_list(values: list) -> list:
+        item = _encoder_for(cls)
+        return [item(v) for v in values]
+
+    return encode_list
 
 
 def _decoder_for(cls: type) -> Callable[[list], Any]:
@@ -120,16 +152,20 @@ def _decoder_for(cls: type) -> Callable[[list], Any]:
         _PLAIN.add(cls)
 
         def decoder(values: list) -> Any:
-            if len(values) != num_fields:
-                raise WireError(f"{cls.__name__} expects {num_fields} fields, got {len(values)}")
+            if not isinstance(values, list) or len(values) != num_fields:
+                raise WireError(f"{cls.__name__} expects a list of {num_fields} fields, got {values!r:.80}")
             return cls(*values)
 
     else:
+        nested = [(i, conv) for i, conv in enumerate(converters) if conv is not None]
 
         def decoder(values: list) -> Any:
-            if len(values) != num_fields:
-                raise WireError(f"{cls.__name__} expects {num_fields} fields, got {len(values)}")
-            return cls(*[conv(v) if conv else v for conv, v in zip(converters, values)])
+            if not isinstance(values, list) or len(values) != num_fields:
+                raise WireError(f"{cls.__name__} expects a list of {num_fields} fields, got {values!r:.80}")
+            for index, conv in nested:
+                if values[index] is not None:
+                    values[index] = conv(values[index])
+            return cls(*values)
 
     _DECODERS[cls] = decoder
     return decoder

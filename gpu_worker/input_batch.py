@@ -6,10 +6,10 @@ each request's slot (its row of ModelRunner.last_tokens), updated in place from 
     num_blocks:       3      2      1             as plans hand them out (stale columns are never read)
     sampling rows:  temperature, top-p, top-k, min-p, seed, greedy, special    (sampler.SamplingRows)
 
-A step then costs a few numpy operations over its chunks' columns (slots, starts, token counts) instead of
-per-request Python: a decode step of 256 requests builds its positions, slot mapping, block-table rows and
-device-gathered input ids without a loop over them. Only chunks that carry new blocks, prompt tokens the
-host holds, or prompt-logprob rows are visited one by one.
+A step then costs a few numpy operations over the plan's columns (slots, starts, token counts: StepPlan is
+columnar) instead of per-request Python: a decode step of 256 requests builds its positions, slot mapping,
+block-table rows and device-gathered input ids without a loop over them. Only entries that carry new blocks,
+prompt tokens the host holds, or prompt-logprob rows are visited one by one.
 """
 
 from __future__ import annotations
@@ -18,16 +18,16 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from common.messages import ScheduledChunk
 from common.pipeline import PIPELINE_DEPTH
 from gpu_worker.attention.base import BatchLayout
 
 
 @dataclass(slots=True)
 class StepInputs:
-    """One step's inputs, chunks in the attention layout's order (multi-token chunks first)."""
+    """One step's inputs, the plan's entries (chunks) in the attention layout's order (multi-token ones first)."""
 
-    chunks: list[ScheduledChunk]  # the plan's own list where its order was kept (every decode step)
+    rids: list[int]  # each chunk's request: the plan's own list where its order was kept (every decode step)
+    starts: np.ndarray  # [S] int64, each chunk's first position
     slots: np.ndarray  # [S] int64, each chunk's request's slot
     layout: BatchLayout
     positions: np.ndarray  # [T] int64
@@ -63,24 +63,31 @@ class PersistentBatch:
         return self.block_table[slot, : self.num_blocks[slot]].tolist()
 
     def prepare(
-        self, chunks: list[ScheduledChunk], slots: np.ndarray, num_known: np.ndarray, known_tokens
+        self,
+        rids: list[int],
+        starts: np.ndarray,
+        query_lens: np.ndarray,
+        samples: np.ndarray,
+        slots: np.ndarray,
+        num_known: np.ndarray,
+        known_tokens,
     ) -> StepInputs:
-        """Inputs of a forward over `chunks`. slots[i], num_known[i]: chunk i's request's slot and how many of
-        its tokens the host holds; known_tokens(i) returns those tokens (a list), asked only for chunks that
-        compute a token the host holds (prefill chunks, recomputation), never in a steady decode step.
+        """Inputs of a forward over a plan's chunks: chunk i computes query_lens[i] tokens of request rids[i]
+        from position starts[i] and samples when samples[i]; slots[i], num_known[i]: its request's slot and how
+        many of its tokens the host holds; known_tokens(rid) returns those tokens (a list), asked only for
+        chunks that compute a token the host holds (prefill chunks, recomputation), never in a steady decode
+        step.
 
         A computed position the host does not hold is the one token sampled by a step still in flight: its
         input is gathered from the device's last-token slots (pending_rows, pending_slots)."""
-        n = len(chunks)
-        starts = np.fromiter((c.start for c in chunks), np.int64, n)
-        query_lens = np.fromiter((c.num_tokens for c in chunks), np.int64, n)
         multi = query_lens > 1
         num_prefill = int(multi.sum())
         if num_prefill and not multi[:num_prefill].all():
             # Multi-token chunks first, single-token ones last (the attention backends' layout), stable.
             order = np.argsort(~multi, kind="stable")
-            chunks = [chunks[i] for i in order]
+            rids = [rids[i] for i in order]
             slots, num_known, starts, query_lens = slots[order], num_known[order], starts[order], query_lens[order]
+            samples = samples[order]
         ends = starts + query_lens
         # An input the host does not hold was sampled by a step still in flight, so it can only be a one-token
         # chunk's (a decode's) and at most PIPELINE_DEPTH - 1 steps ahead of the host; a longer chunk's
@@ -90,13 +97,13 @@ class PersistentBatch:
         if too_far.any():
             i = int(np.argmax(too_far))
             raise ValueError(
-                f"request {chunks[i].rid}: position {ends[i] - 1} is ahead of the host's {num_known[i]} tokens "
+                f"request {rids[i]}: position {ends[i] - 1} is ahead of the host's {num_known[i]} tokens "
                 f"by more than the {PIPELINE_DEPTH} steps in flight allow"
             )
         bs = self.block_size
         num_tokens = int(query_lens.sum())
         last_rows = np.cumsum(query_lens) - 1
-        if num_tokens == n:  # one token each (a decode step): no expansion
+        if num_tokens == len(rids):  # one token each (a decode step): no expansion
             positions, token_slots = starts, slots
         else:
             first_rows = last_rows + 1 - query_lens
@@ -111,11 +118,12 @@ class PersistentBatch:
         for i in np.nonzero(starts < num_known)[0].tolist():  # chunks computing tokens the host holds
             start, end = int(starts[i]), min(int(ends[i]), int(num_known[i]))
             row = int(last_rows[i]) + 1 - int(query_lens[i])
-            input_ids[row : row + end - start] = known_tokens(chunks[i])[start:end]
+            input_ids[row : row + end - start] = known_tokens(rids[i])[start:end]
         pending = ends > num_known
-        sampling_rows = np.flatnonzero(np.fromiter((c.sample for c in chunks), bool, n))
+        sampling_rows = np.flatnonzero(samples)
         return StepInputs(
-            chunks,
+            rids,
+            starts,
             slots,
             layout,
             positions,

@@ -26,7 +26,6 @@ from common.messages import (
     Logprobs,
     NewRequestSpec,
     RequestLogprobs,
-    ScheduledChunk,
     StepPlan,
     StepResult,
     StepTimings,
@@ -38,7 +37,7 @@ from common.startup import PhaseClock
 from gpu_worker.attention import BatchLayout, make_attention_backend, resolve_attention_backend
 from gpu_worker.cuda_graphs import DecodeGraphs
 from gpu_worker.host_copy import StagingRing
-from gpu_worker.input_batch import PersistentBatch, eager_bucket, pad_batch
+from gpu_worker.input_batch import PersistentBatch, StepInputs, eager_bucket, pad_batch
 from gpu_worker.kv_cache import PagedKVCache
 from gpu_worker.kv_sizing import requests_held, size_kv_store
 from gpu_worker.model_loader import load_model, resolve_dtype
@@ -230,23 +229,25 @@ class ModelRunner:
         for spec in plan.new_requests:
             self.mirrors[spec.rid] = self._mirror_for(spec)
         mirrors = self.mirrors
-        for chunk in plan.chunks:
-            if chunk.new_block_ids:
-                self.batch.append_blocks(mirrors[chunk.rid].slot, chunk.new_block_ids)
-        if not plan.chunks:
+        for rid, block_ids in plan.new_block_ids.items():
+            self.batch.append_blocks(mirrors[rid].slot, block_ids)
+        if not plan.rids:
             return LaunchedStep(plan.step_id, [], [], [], None, None, time.perf_counter() - t0, 0.0)
 
-        step_mirrors = [mirrors[c.rid] for c in plan.chunks]
+        step_mirrors = [mirrors[rid] for rid in plan.rids]
         n = len(step_mirrors)
         inputs = self.batch.prepare(
-            plan.chunks,
+            plan.rids,
+            np.array(plan.starts, np.int64),
+            np.array(plan.num_tokens, np.int64),
+            np.array(plan.samples, bool),
             np.fromiter((m.slot for m in step_mirrors), np.int64, n),
             np.fromiter((len(m.token_ids) for m in step_mirrors), np.int64, n),
-            lambda chunk: mirrors[chunk.rid].token_ids,
+            lambda rid: mirrors[rid].token_ids,
         )
-        chunks, layout = inputs.chunks, inputs.layout
+        layout_rids, layout = inputs.rids, inputs.layout
         sampling_rows = inputs.sampling_rows.tolist()
-        prompt_rows, prompt_targets = self._prompt_logprob_rows(chunks) if self.num_prompt_logprob_mirrors else ([], [])
+        prompt_rows, prompt_targets = self._prompt_logprob_rows(inputs) if self.num_prompt_logprob_mirrors else ([], [])
         staging = self.staging
         staging.next_step()
         # (rows, token ids) of the inputs only the device knows: gathered from the last-token slots.
@@ -261,11 +262,11 @@ class ModelRunner:
         t1 = time.perf_counter()
 
         input_ids, positions, slot_mapping = inputs.input_ids, inputs.positions, inputs.slot_mapping
-        graph = len(input_ids) == len(chunks) and self.graphs is not None and self.graphs.bucket_for(len(chunks))
+        graph = len(input_ids) == n and self.graphs is not None and self.graphs.bucket_for(n)
         prompt_logprobs = None
         if graph and not prompt_rows:
             logits = self.graphs.run(input_ids, positions, slot_mapping, layout, device_inputs)
-            if len(sampling_rows) < len(chunks):
+            if len(sampling_rows) < n:
                 logits = logits[staging.upload(inputs.sampling_rows, torch.long)]
         else:
             logits, prompt_hidden = self._forward_eager(
@@ -273,16 +274,17 @@ class ModelRunner:
             )
             if prompt_rows:
                 prompt_logprobs = self._prompt_logprobs(prompt_hidden, prompt_targets)
-        every_chunk_samples = len(sampling_rows) == len(chunks)
-        if every_chunk_samples and chunks is plan.chunks:  # a decode step: the plan's order, every request
+        every_chunk_samples = len(sampling_rows) == n
+        if every_chunk_samples and layout_rids is plan.rids:  # a decode step: the plan's order, every request
             sampled = step_mirrors
         else:
-            sampled = [mirrors[chunks[i].rid] for i in sampling_rows]
-        rids = [c.rid for c in chunks] if every_chunk_samples else [chunks[i].rid for i in sampling_rows]
+            sampled = [mirrors[layout_rids[i]] for i in sampling_rows]
+        rids = layout_rids if every_chunk_samples else [layout_rids[i] for i in sampling_rows]
         to_host: list[torch.Tensor] = []
         logprobs = None
         if sampled:
-            bitmasks = [chunks[i].token_bitmask for i in sampling_rows] if self.num_structured_mirrors else None
+            masks = plan.token_bitmasks
+            bitmasks = [masks.get(rid) for rid in rids] if self.num_structured_mirrors else None
             sampled_slots = inputs.slots if every_chunk_samples else inputs.slots[inputs.sampling_rows]
             output_index = self.num_sampled[sampled_slots]
             drawn, sampled_lp = self._sample(logits, sampled_slots, output_index, bitmasks, staging)
@@ -303,9 +305,9 @@ class ModelRunner:
         if prompt_logprobs is not None:
             prompt_logprobs = self._split_prompt_logprobs(prompt_targets, host[-3:])
         plan_order = None  # the layout kept the plan's order (every decode step)
-        if inputs.chunks is not plan.chunks:
+        if layout_rids is not plan.rids:
             index = {rid: k for k, rid in enumerate(rids)}
-            plan_order = [index[c.rid] for c in plan.chunks if c.rid in index]
+            plan_order = [index[rid] for rid in plan.rids if rid in index]
         return LaunchedStep(
             plan.step_id,
             rids,
@@ -342,22 +344,20 @@ class ModelRunner:
         self.num_sampled[slots] += 1
         return drawn, lp
 
-    def _prompt_logprob_rows(
-        self, chunks: list[ScheduledChunk]
-    ) -> tuple[list[int], list[tuple[int, int, int, list[int]]]]:
+    def _prompt_logprob_rows(self, inputs: StepInputs) -> tuple[list[int], list[tuple[int, int, int, list[int]]]]:
         """Flat token rows whose logits give prompt logprobs (position p's logits score token p + 1),
         and per request (rid, first scored position, k, the scored token ids)."""
         rows: list[int] = []
         targets: list[tuple[int, int, int, list[int]]] = []
         row = 0
-        for chunk in chunks:
-            mirror = self.mirrors[chunk.rid]
-            end = min(chunk.start + chunk.num_tokens, mirror.prompt_logprobs_end - 1)
-            if end > chunk.start:
-                rows.extend(range(row, row + end - chunk.start))
-                ids = mirror.token_ids[chunk.start + 1 : end + 1]
-                targets.append((chunk.rid, chunk.start + 1, mirror.sampling.prompt_logprobs, ids))
-            row += chunk.num_tokens
+        for rid, start, num_tokens in zip(inputs.rids, inputs.starts.tolist(), inputs.layout.query_lens.tolist()):
+            mirror = self.mirrors[rid]
+            end = min(start + num_tokens, mirror.prompt_logprobs_end - 1)
+            if end > start:
+                rows.extend(range(row, row + end - start))
+                ids = mirror.token_ids[start + 1 : end + 1]
+                targets.append((rid, start + 1, mirror.sampling.prompt_logprobs, ids))
+            row += num_tokens
         return rows, targets
 
     def _prompt_logprobs(

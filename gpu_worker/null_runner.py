@@ -44,9 +44,10 @@ class NullRunner:
         return token
 
     def launch(self, plan: StepPlan) -> NullStep:
-        sampling = [c for c in plan.chunks if c.sample]
-        tokens = [self.token_at(c.rid, c.start + c.num_tokens) for c in sampling]
-        return NullStep(plan.step_id, [c.rid for c in sampling], tokens)
+        entries = zip(plan.rids, plan.starts, plan.num_tokens, plan.samples)
+        sampling = [(rid, start + n) for rid, start, n, sample in entries if sample]
+        tokens = [self.token_at(rid, position) for rid, position in sampling]
+        return NullStep(plan.step_id, [rid for rid, _ in sampling], tokens)
 
     @staticmethod
     def is_done(step: NullStep) -> bool:

@@ -192,8 +192,8 @@ class WorkerLoop:
             return
         args = {
             "step_id": plan.step_id,
-            "tokens": sum(chunk.num_tokens for chunk in plan.chunks),
-            "rids": [chunk.rid for chunk in plan.chunks],
+            "tokens": sum(plan.num_tokens),
+            "rids": plan.rids,
         }
         self.profiler.mark(f"step {plan.step_id}", started, args)
 

@@ -55,8 +55,8 @@ def warm_up(runner: ModelRunner) -> None:
         ([new[d]], [prefill(d), ScheduledChunk(a, short + 1, 1, [], True)]),  # mixed, short decode
     ]
     for i, (specs, chunks) in enumerate(steps):
-        runner.execute(StepPlan(-1 - i, specs, chunks, []))
-    runner.execute(StepPlan(-9, [], [], list(lengths)))
+        runner.execute(StepPlan.of(-1 - i, specs, chunks, []))
+    runner.execute(StepPlan.of(-9, [], [], list(lengths)))
     if runner.pad_eager:
         warm_up_matmuls(runner)
 

@@ -216,7 +216,7 @@ class SchedulerLoop:
             "prefill_tokens": s.last_step_prefill_tokens,
             "decode_tokens": s.last_step_decode_tokens,
             "admitted": len(plan.new_requests),
-            "rids": [chunk.rid for chunk in plan.chunks],
+            "rids": plan.rids,
         }
         self.profiler.mark(f"plan {plan.step_id}", started, args)
 

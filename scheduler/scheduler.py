@@ -34,7 +34,6 @@ from common.messages import (
     RequestAccepted,
     RequestRejected,
     RequestTokens,
-    ScheduledChunk,
     StepPlan,
     StepResult,
     TokenizedRequest,
@@ -50,10 +49,16 @@ from scheduler.structured_output import GrammarCompiler
 
 @dataclass(slots=True)
 class _StepDraft:
-    """A plan being built: what schedule()'s parts add to, and the prompt-token budget they share."""
+    """A plan being built: what schedule()'s parts add to, and the prompt-token budget they share. Its
+    entries are the plan's columns (StepPlan)."""
 
     budget: int
-    chunks: list[ScheduledChunk] = field(default_factory=list)
+    rids: list[int] = field(default_factory=list)
+    starts: list[int] = field(default_factory=list)
+    num_tokens: list[int] = field(default_factory=list)
+    samples: list[bool] = field(default_factory=list)
+    new_block_ids: dict[int, list[int]] = field(default_factory=dict)
+    token_bitmasks: dict[int, bytes] = field(default_factory=dict)
     new_requests: list[NewRequestSpec] = field(default_factory=list)
     decode_tokens: int = 0
     preempted: bool = False  # a running request lost its blocks: admit nobody ahead of it this step
@@ -208,7 +213,7 @@ class Scheduler:
         next chunk from the budget. Short of blocks, the newest running requests are preempted."""
         bs = self.block_size
         max_model_len = self.max_model_len
-        chunks = step.chunks
+        rids, starts, num_tokens, samples = step.rids, step.starts, step.num_tokens, step.samples
         for request in list(self.running):
             if request.status is not RequestStatus.RUNNING:
                 continue  # preempted earlier in this loop to make room
@@ -225,8 +230,12 @@ class Scheduler:
             elif num_computed < len(request.block_ids) * bs:
                 # The common case, kept cheap (one step of every running request passes here): the next
                 # token fits in the request's last block. What _plan_chunk and _count_sample do, inline.
-                bitmask = None if request.grammar is None else request.grammar.next_bitmask()
-                chunks.append(ScheduledChunk(request.rid, num_computed, 1, [], True, bitmask))
+                rids.append(request.rid)
+                starts.append(num_computed)
+                num_tokens.append(1)
+                samples.append(True)
+                if request.grammar is not None:
+                    step.token_bitmasks[request.rid] = request.grammar.next_bitmask()
                 request.num_computed = num_computed = num_computed + 1
                 request.num_samples_planned += 1
                 planned = len(request.prompt_ids) + request.num_samples_planned
@@ -242,7 +251,7 @@ class Scheduler:
             step.preempted |= bool(victims)
             if request in victims:
                 continue
-            chunks.append(self._plan_chunk(request, n, worker_has_blocks=len(request.block_ids)))
+            self._plan_chunk(step, request, n, worker_has_blocks=len(request.block_ids))
             if prefilling:
                 step.budget -= n
             else:
@@ -252,14 +261,24 @@ class Scheduler:
         """The draft as a plan, with the releases since the last one; the step's counters."""
         self.stats.last_step_prefill_tokens = self.max_num_batched_tokens - step.budget
         self.stats.last_step_decode_tokens = step.decode_tokens
-        if not step.chunks and not self._released:
+        if not step.rids and not self._released:
             return None
-        self.stats.steps += bool(step.chunks)  # a plan that only releases requests runs no forward
+        self.stats.steps += bool(step.rids)  # a plan that only releases requests runs no forward
         self.stats.prompt_tokens_computed += self.stats.last_step_prefill_tokens
         self.stats.decode_tokens_computed += step.decode_tokens
         self._step_id += 1
         released, self._released = self._released, []
-        return StepPlan(self._step_id, step.new_requests, step.chunks, released)
+        return StepPlan(
+            self._step_id,
+            step.new_requests,
+            step.rids,
+            step.starts,
+            step.num_tokens,
+            step.samples,
+            released,
+            step.new_block_ids,
+            step.token_bitmasks,
+        )
 
     def _admit(self, step: _StepDraft) -> None:
         """Waiting requests, FIFO, into the seats, the per-step admission limit and the budget left. The
@@ -306,12 +325,12 @@ class Scheduler:
                 self.stats.prompt_tokens_admitted += len(tokens)
             self.running.append(request)
             step.new_requests.append(NewRequestSpec(request.rid, tokens, request.sampling, len(request.output_ids)))
-            step.chunks.append(self._plan_chunk(request, n, worker_has_blocks=0))
+            self._plan_chunk(step, request, n, worker_has_blocks=0)
             step.budget -= n
             admitted += 1
 
-    def _plan_chunk(self, request: Request, n: int, worker_has_blocks: int) -> ScheduledChunk:
-        """Advance the request by n tokens (room already made) and describe it for the worker, whose
+    def _plan_chunk(self, step: _StepDraft, request: Request, n: int, worker_has_blocks: int) -> None:
+        """Advance the request by n tokens (room already made) and add it to the step for the worker, whose
         mirror of the block table has its first `worker_has_blocks` entries."""
         needed = self.blocks.blocks_for_tokens(request.num_computed + n)
         request.block_ids.extend(self.blocks.allocate(needed - len(request.block_ids)))
@@ -321,12 +340,15 @@ class Scheduler:
         if sample:
             self._count_sample(request)
         self._cache_computed_blocks(request)
-        bitmask = self._bitmask(request) if sample else None
-        return ScheduledChunk(request.rid, start, n, request.block_ids[worker_has_blocks:], sample, bitmask)
-
-    @staticmethod
-    def _bitmask(request: Request) -> bytes | None:
-        return None if request.grammar is None else request.grammar.next_bitmask()
+        rid = request.rid
+        step.rids.append(rid)
+        step.starts.append(start)
+        step.num_tokens.append(n)
+        step.samples.append(sample)
+        if len(request.block_ids) > worker_has_blocks:
+            step.new_block_ids[rid] = request.block_ids[worker_has_blocks:]
+        if sample and request.grammar is not None:
+            step.token_bitmasks[rid] = request.grammar.next_bitmask()
 
     def _count_sample(self, request: Request) -> None:
         request.num_samples_planned += 1

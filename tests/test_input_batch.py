@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from common.messages import ScheduledChunk
+from common.messages import ScheduledChunk, StepPlan
 from common.pipeline import PIPELINE_DEPTH
 from common.sampling_params import SamplingParams
 from gpu_worker.attention.base import BatchLayout
@@ -15,6 +15,13 @@ from offline import LLM
 from tests.tiny_models import hf_greedy, random_prompts
 
 BLOCK = 4
+
+
+def prepare(batch: PersistentBatch, chunks: list[ScheduledChunk], slots: np.ndarray, num_known: np.ndarray, known):
+    """The batch's inputs for these chunks, given as the plan's columns (StepPlan.of)."""
+    plan = StepPlan.of(1, [], chunks, [])
+    columns = [np.array(c) for c in (plan.starts, plan.num_tokens, plan.samples)]
+    return batch.prepare(plan.rids, *columns, slots, num_known, known)
 
 
 def test_a_mixed_step_matches_the_layout_built_from_the_block_tables():
@@ -32,9 +39,9 @@ def test_a_mixed_step_matches_the_layout_built_from_the_block_tables():
     ]
     slot_of = {50: 2, 70: 7, 51: 5}
     slots = np.array([slot_of[c.rid] for c in chunks])
-    inputs = batch.prepare(chunks, slots, np.array([len(known[s]) for s in slots]), lambda c: known[slot_of[c.rid]])
+    inputs = prepare(batch, chunks, slots, np.array([len(known[s]) for s in slots]), lambda rid: known[slot_of[rid]])
 
-    assert [c.rid for c in inputs.chunks] == [70, 51, 50]
+    assert inputs.rids == [70, 51, 50]
     expected = BatchLayout.build([2, 3, 1], [2, 11, 8], [tables[7], tables[5], tables[2]], BLOCK)
     assert inputs.layout.query_lens.tolist() == [2, 3, 1]
     assert inputs.layout.context_lens.tolist() == [2, 11, 8]
@@ -58,9 +65,9 @@ def test_a_position_further_ahead_of_the_host_than_the_steps_in_flight_is_refuse
     position = 4 + PIPELINE_DEPTH - 1
     chunk = ScheduledChunk(rid=9, start=position, num_tokens=1, new_block_ids=[], sample=True)
     with pytest.raises(ValueError, match=f"request 9: position {position} is ahead of the host's 4 tokens"):
-        batch.prepare([chunk], np.array([0]), np.array([4]), lambda c: [0] * 4)
+        prepare(batch, [chunk], np.array([0]), np.array([4]), lambda rid: [0] * 4)
     allowed = ScheduledChunk(rid=9, start=position - 1, num_tokens=1, new_block_ids=[], sample=True)
-    assert batch.prepare([allowed], np.array([0]), np.array([4]), lambda c: [0] * 4).pending_rows.tolist() == [0]
+    assert prepare(batch, [allowed], np.array([0]), np.array([4]), lambda rid: [0] * 4).pending_rows.tolist() == [0]
 
 
 def test_a_prompt_chunk_needs_every_input_but_its_last_on_the_host():
@@ -68,7 +75,7 @@ def test_a_prompt_chunk_needs_every_input_but_its_last_on_the_host():
     batch.append_blocks(0, [1, 2])
     chunk = ScheduledChunk(rid=9, start=2, num_tokens=4, new_block_ids=[], sample=True)
     with pytest.raises(ValueError, match="request 9: position 5"):
-        batch.prepare([chunk], np.array([0]), np.array([4]), lambda c: [0] * 4)
+        prepare(batch, [chunk], np.array([0]), np.array([4]), lambda rid: [0] * 4)
 
 
 def test_a_request_cannot_hold_more_blocks_than_its_context_allows():

@@ -43,7 +43,7 @@ def test_requests_are_sent_on_their_schedule(mock_url):
 def test_the_null_engine_answers_every_sampling_chunk_with_a_token_that_is_never_eos(tiny_gpt2):
     info = ModelInfo.from_folder(tiny_gpt2)
     runner = NullRunner(EngineConfig(num_kv_blocks=64), info)
-    plan = StepPlan(
+    plan = StepPlan.of(
         1,
         [NewRequestSpec(5, [1, 2, 3], SamplingParams(), 0), NewRequestSpec(6, [4, 5], SamplingParams(), 0)],
         [ScheduledChunk(5, 0, 3, [0], True), ScheduledChunk(6, 0, 1, [1], False)],

@@ -30,7 +30,7 @@ class FakeRunner:
 
 
 def plan(step_id: int) -> StepPlan:
-    return StepPlan(step_id, [], [], [])
+    return StepPlan.of(step_id, [], [], [])
 
 
 def test_an_async_runner_launches_the_next_step_before_finishing_the_previous_one():

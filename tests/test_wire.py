@@ -28,7 +28,12 @@ from common.wire import PROTOCOL_VERSION, WireError, decode, encode
             7, SamplingParams(max_tokens=3, stop=["\n"]), 1.5, chat_messages=[{"role": "user", "content": "hi"}]
         ),
         AbortRequest(7, "stop"),
-        StepPlan(1, [NewRequestSpec(7, [1, 2], SamplingParams(seed=3), 0)], [ScheduledChunk(7, 0, 2, [4], True)], [5]),
+        StepPlan.of(
+            1,
+            [NewRequestSpec(7, [1, 2], SamplingParams(seed=3), 0)],
+            [ScheduledChunk(7, 0, 2, [4], True, b"\x01")],
+            [5],
+        ),
         StepResult(1, [7], [42], 2.0, StepTimings(0.1, 0.2, 0.3)),
         TokenBatch([RequestTokens(7, [42], 2.0, "length", 1.0, 16)]),
     ],
@@ -38,7 +43,7 @@ def test_messages_round_trip(message):
 
 
 def test_nested_types_are_rebuilt():
-    plan = decode(encode(StepPlan(1, [NewRequestSpec(7, [1], SamplingParams(seed=3), 0)], [], [])))
+    plan = decode(encode(StepPlan.of(1, [NewRequestSpec(7, [1], SamplingParams(seed=3), 0)], [], [])))
     assert isinstance(plan.new_requests[0].sampling, SamplingParams)
     assert StageTimes() == StageTimes(0.0, 0.0, 0.0, 0.0)
 
@@ -53,15 +58,15 @@ def test_unknown_tag_and_other_version_are_refused():
 
 
 def test_wrong_field_count_is_refused():
-    with pytest.raises(WireError, match="expects 2 fields"):
+    with pytest.raises(WireError, match="expects a list of 2 fields"):
         decode(msgpack.packb([AbortRequest.TAG, PROTOCOL_VERSION, 1, "x", "extra"]))
 
 
 def test_a_list_item_of_the_wrong_shape_is_refused():
-    chunk = [3, 0, 1, [], True, None]
-    good = msgpack.packb([StepPlan.TAG, PROTOCOL_VERSION, 1, [], [chunk], [], 0])
-    assert decode(good).chunks == [ScheduledChunk(3, 0, 1, [], True, None)]
-    for bad in ([*chunk, "extra"], chunk[:2], 7):
-        data = msgpack.packb([StepPlan.TAG, PROTOCOL_VERSION, 1, [], [bad], [], 0])
-        with pytest.raises(WireError, match="ScheduledChunk"):
+    item = [7, [42], 2.0, None, 0.0, 0, None, None]
+    good = msgpack.packb([TokenBatch.TAG, PROTOCOL_VERSION, [item]])
+    assert decode(good).items == [RequestTokens(7, [42], 2.0)]
+    for bad in ([*item, "extra"], item[:2], 7):
+        data = msgpack.packb([TokenBatch.TAG, PROTOCOL_VERSION, [bad]])
+        with pytest.raises(WireError, match="RequestTokens"):
             decode(data)

@@ -7,7 +7,7 @@ worker never depends on which tokenizer class a model folder happens to load.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from jinja2 import TemplateError
 
@@ -26,6 +26,10 @@ class Tokenizer:
     # tokenizer's own added vocabulary (not `all_special_ids`, which may list fewer, e.g. only the EOS).
     skipped_ids: frozenset[int]
     _token_texts: dict[int, str] = field(default_factory=dict)  # id -> its text decoded alone
+    _backend: Any = None  # a fast tokenizer's `tokenizers.Tokenizer`, decoding without transformers' wrapper
+
+    def __post_init__(self) -> None:
+        self._backend = getattr(self.hf, "backend_tokenizer", None)
 
     @classmethod
     def load(cls, model_folder: str, chat_template: str | None = None) -> Tokenizer:
@@ -101,4 +105,9 @@ class Tokenizer:
         # The decoder's own text, without transformers' optional space clean-up (" ." -> "."): that
         # rewrite looks across token boundaries, which no windowed detokenizer can reproduce exactly,
         # and transformers already ignores it for BPE tokenizers, i.e. for every model this server runs.
+        # A fast tokenizer's Rust decoder is asked directly: transformers' wrapper around the same call
+        # (argument conversion, to_py_obj) cost more than the decode, twice per token of every request.
+        backend = self._backend
+        if backend is not None:
+            return backend.decode(ids, skip_special_tokens=True)
         return self.hf.decode(ids, skip_special_tokens=True, clean_up_tokenization_spaces=False)
