@@ -81,6 +81,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="HTTP frontend processes sharing the port (2 on a machine of 8 cores or more, else 1)",
     )
     parser.add_argument(
+        "--event-loop",
+        default="auto",
+        choices=["auto", "uvloop", "asyncio"],
+        help="the HTTP frontends' event loop: uvloop (libuv: a streamed chunk's socket write and the loop's "
+        "own work cost a fraction of asyncio's) or the standard library's; auto: uvloop where installed",
+    )
+    parser.add_argument(
         "--api-key",
         default=None,  # not the environment's value: --help must not print a key
         help="require 'Authorization: Bearer KEY' (none: $CLEARSERVE_API_KEY when set, which keeps the key "
@@ -243,6 +250,7 @@ class Launcher:
                 args.api_key,
                 args.log_level,
                 HttpLimits.from_args(args),
+                args.event_loop,
             )
             self._start(role, frontend_process.main, (spec, self.listener, self.run_dir, os.getpid(), self.profile))
         self._wait_ready(ready, set(frontends))

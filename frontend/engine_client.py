@@ -197,6 +197,7 @@ class ZmqEngineClient(EngineClient):
         self._control_server: ControlServer | None = None
         self._tasks: list[asyncio.Task] = []
         self._stopping: str | None = None  # set once the frontend stops: later requests are refused at once
+        self.event_loop = ""  # the running loop's kind, set by start()
 
     @property
     def roles(self) -> list[str]:
@@ -206,6 +207,7 @@ class ZmqEngineClient(EngineClient):
         """Start the receive loops and answer this process's control socket; call from inside the event loop."""
         self._tasks = [asyncio.create_task(self._receive_outputs()), asyncio.create_task(self._receive_control())]
         loop = asyncio.get_running_loop()
+        self.event_loop = type(loop).__module__.partition(".")[0]  # "uvloop" or "asyncio"
         self._control_server = ControlServer(
             self._endpoints,
             self.role,
@@ -216,7 +218,7 @@ class ZmqEngineClient(EngineClient):
     def stats(self) -> dict:
         # requests_open: requests this frontend still routes outputs to. Every way a request ends (finished,
         # refused, aborted by its client, timed out, failed at shutdown) removes it: at rest this is 0.
-        return {**self.activity.summary(), "requests_open": len(self._streams)}
+        return {**self.activity.summary(), "requests_open": len(self._streams), "event_loop": self.event_loop}
 
     async def submit(self, request: EngineRequest) -> RequestStream:
         request.rid = next(self._rids)

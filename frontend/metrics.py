@@ -19,7 +19,7 @@ Every measure vLLM also has is exposed twice: as `clearserve_*`, and under vLLM'
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest, multiprocess
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
@@ -86,18 +86,42 @@ class SchedulerStatsCollector(Collector):
         return metric
 
 
-class TwinHistogram:
-    """One latency under our name and vLLM's name(s), observed together."""
+# Our metrics that vLLM also has, and its names for them: exposed under both, from one measurement. They are
+# recorded once, under our name, and copied under vLLM's (labelled model_name) when a scrape renders them: with
+# several frontends every observation is a write to a shared memory-mapped file, and the inter-token latency
+# alone, observed under three names, made metrics 14 % of a busy frontend's time (docs/benchmarks.md).
+VLLM_ALIASES: dict[str, tuple[str, ...]] = {
+    "clearserve_prompt_tokens": ("vllm:prompt_tokens",),
+    "clearserve_generation_tokens": ("vllm:generation_tokens",),
+    "clearserve_requests_finished": ("vllm:request_success",),
+    "clearserve_time_to_first_token_seconds": ("vllm:time_to_first_token_seconds",),
+    "clearserve_inter_token_latency_seconds": (
+        "vllm:inter_token_latency_seconds",
+        "vllm:time_per_output_token_seconds",
+    ),
+    "clearserve_e2e_request_latency_seconds": ("vllm:e2e_request_latency_seconds",),
+    "clearserve_request_queue_time_seconds": ("vllm:request_queue_time_seconds",),
+}
+VLLM_LABEL_NAMES = {"finish_reason": "finished_reason"}  # vLLM's request_success label
 
-    def __init__(self, name: str, vllm_names: Sequence[str], doc: str, model_name: str, registry: CollectorRegistry):
-        self.histograms = [Histogram(name, doc, buckets=LATENCY_BUCKETS, registry=registry)]
-        for vllm_name in vllm_names:
-            labelled = Histogram(vllm_name, doc, VLLM_LABELS, buckets=LATENCY_BUCKETS, registry=registry)
-            self.histograms.append(labelled.labels(model_name=model_name))  # type: ignore[arg-type]
 
-    def observe(self, seconds: float) -> None:
-        for histogram in self.histograms:
-            histogram.observe(seconds)
+class WithVllmNames(Collector):
+    """Every metric of `source`, then a copy of each one vLLM also has (VLLM_ALIASES) under vLLM's name."""
+
+    def __init__(self, source: Collector, model_name: str) -> None:
+        self.source = source
+        self.model_name = model_name
+
+    def collect(self) -> Iterator[Metric]:
+        for family in self.source.collect():
+            yield family
+            for alias in VLLM_ALIASES.get(family.name, ()):
+                copy = Metric(alias, family.documentation, family.type, family.unit)
+                for sample in family.samples:
+                    labels = {VLLM_LABEL_NAMES.get(k, k): v for k, v in sample.labels.items()}
+                    labels["model_name"] = self.model_name
+                    copy.add_sample(alias + sample.name[len(family.name) :], labels, sample.value, sample.timestamp)
+                yield copy
 
 
 class FrontendMetrics:
@@ -114,44 +138,20 @@ class FrontendMetrics:
             "clearserve_requests_rejected", "Requests the engine refused, by HTTP status", ["status"], registry=r
         )
         self.model_name = model_name
-        self.vllm_prompt_tokens = Counter(
-            "vllm:prompt_tokens", "Prompt tokens of accepted requests", VLLM_LABELS, registry=r
-        ).labels(model_name=model_name)
-        self.vllm_generation_tokens = Counter(
-            "vllm:generation_tokens", "Tokens streamed to clients", VLLM_LABELS, registry=r
-        ).labels(model_name=model_name)
-        self.vllm_request_success = Counter(
-            "vllm:request_success", "Requests finished, by finish reason", [*VLLM_LABELS, "finished_reason"], registry=r
+
+        def latency(name: str, doc: str) -> Histogram:
+            return Histogram(name, doc, buckets=LATENCY_BUCKETS, registry=r)
+
+        self.ttft = latency(
+            "clearserve_time_to_first_token_seconds", "Arrival to the first output handed to the client"
         )
-        self.ttft = TwinHistogram(
-            "clearserve_time_to_first_token_seconds",
-            ["vllm:time_to_first_token_seconds"],
-            "Arrival to the first output handed to the client",
-            model_name,
-            r,
-        )
-        self.inter_token = TwinHistogram(
+        self.inter_token = latency(
             "clearserve_inter_token_latency_seconds",
-            ["vllm:inter_token_latency_seconds", "vllm:time_per_output_token_seconds"],
             "Gap between consecutive tokens as the frontend streams them "
             "(tokens that arrive together count a zero gap)",
-            model_name,
-            r,
         )
-        self.e2e = TwinHistogram(
-            "clearserve_e2e_request_latency_seconds",
-            ["vllm:e2e_request_latency_seconds"],
-            "Arrival to the last output",
-            model_name,
-            r,
-        )
-        self.queue_time = TwinHistogram(
-            "clearserve_request_queue_time_seconds",
-            ["vllm:request_queue_time_seconds"],
-            "Queued by the scheduler to first scheduled",
-            model_name,
-            r,
-        )
+        self.e2e = latency("clearserve_e2e_request_latency_seconds", "Arrival to the last output")
+        self.queue_time = latency("clearserve_request_queue_time_seconds", "Queued by the scheduler to first scheduled")
         self.tokenization_time = Histogram(
             "clearserve_request_tokenization_time_seconds", "Arrival to tokenized", buckets=LATENCY_BUCKETS, registry=r
         )
@@ -163,7 +163,6 @@ class FrontendMetrics:
 
     def accepted(self, prompt_tokens: int, times: StageTimes) -> None:
         self.prompt_tokens.inc(prompt_tokens)
-        self.vllm_prompt_tokens.inc(prompt_tokens)
         self.tokenization_time.observe(max(0.0, times.tokenized - times.arrival))
 
     def rejected(self, status: int) -> None:
@@ -174,7 +173,6 @@ class FrontendMetrics:
         streamed, None while it has none."""
         num_tokens = len(output.token_ids)
         self.generation_tokens.inc(num_tokens)
-        self.vllm_generation_tokens.inc(num_tokens)
         if num_tokens and previous_token_streamed is None:
             self.ttft.observe(max(0.0, output.streamed_time - times.arrival))
             if output.first_scheduled:
@@ -189,7 +187,6 @@ class FrontendMetrics:
 
     def finished(self, finish_reason: str) -> None:
         self.requests_finished.labels(finish_reason=finish_reason).inc()
-        self.vllm_request_success.labels(model_name=self.model_name, finished_reason=finish_reason).inc()
 
     def render(self, scheduler_stats: list[dict] | None) -> bytes:
         """`scheduler_stats`: every engine replica's scheduler's stats, summed into one set of metrics; None
@@ -197,9 +194,11 @@ class FrontendMetrics:
         # Set and render with no await between: concurrent scrapes each see their own snapshot.
         payloads = scheduler_stats or []
         self.scheduler.snapshot = SchedulerStats.total([SchedulerStats.from_payload(p) for p in payloads]) or None
+        rendered = CollectorRegistry()
         if self.multiprocess_dir is None:
-            return generate_latest(self.registry)
-        every_frontend = CollectorRegistry()
-        multiprocess.MultiProcessCollector(every_frontend, self.multiprocess_dir)
-        every_frontend.register(self.scheduler)
-        return generate_latest(every_frontend)
+            rendered.register(WithVllmNames(self.registry, self.model_name))
+        else:
+            every_frontend = multiprocess.MultiProcessCollector(None, self.multiprocess_dir)  # type: ignore[arg-type]
+            rendered.register(WithVllmNames(every_frontend, self.model_name))
+            rendered.register(self.scheduler)
+        return generate_latest(rendered)

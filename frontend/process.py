@@ -50,13 +50,29 @@ class FrontendSpec:
     api_key: str | None
     log_level: str
     http: HttpLimits = field(default_factory=HttpLimits)
+    event_loop: str = "auto"  # "uvloop" | "asyncio" | "auto": uvloop where installed
+
+
+def event_loop_runner(choice: str):
+    """`asyncio.run` or `uvloop.run`. uvloop: every streamed chunk is a socket write and a few loop callbacks,
+    which libuv does in C (on the GPU machine the standard loop's `transport.write` alone was 15 % of a busy
+    frontend's time, docs/benchmarks.md)."""
+    if choice == "asyncio":
+        return asyncio.run
+    try:
+        import uvloop
+    except ImportError:
+        if choice == "uvloop":
+            raise
+        return asyncio.run
+    return uvloop.run
 
 
 def main(spec: FrontendSpec, sock: socket.socket, run_dir: str, parent_pid: int, profile: ProfileConfig) -> None:
     role = frontend_role(spec.index)
     init_child_process(role, spec.log_level, parent_pid)
     try:
-        asyncio.run(serve(spec, sock, run_dir, profile))
+        event_loop_runner(spec.event_loop)(serve(spec, sock, run_dir, profile))
     except SystemExit:  # SIGTERM from the launcher
         pass
     exit_child()

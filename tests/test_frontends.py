@@ -89,6 +89,24 @@ def test_health_and_stats_cover_every_frontend(server):
     assert len(frontend_pids) == 2 and server.proc.pid not in frontend_pids
 
 
+def test_the_frontends_run_on_uvloop_where_installed_and_on_asyncio_when_asked(server, tiny_llama, tmp_path):
+    try:
+        import uvloop  # noqa: F401
+
+        default = "uvloop"
+    except ImportError:
+        default = "asyncio"
+    stats = server.stats()
+    assert {stats[f"frontend-{k}"]["payload"]["event_loop"] for k in (0, 1)} == {default}
+    plain = ServerProcess(tiny_llama, "--load-format", "null", "--event-loop", "asyncio", log_path=tmp_path / "log")
+    try:
+        assert plain.stats()["frontend-0"]["payload"]["event_loop"] == "asyncio"
+        _, text = complete(plain, "hello")
+        assert text  # it serves
+    finally:
+        plain.stop()
+
+
 def test_a_port_in_use_fails_at_once_without_starting_a_child(tiny_llama):
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
