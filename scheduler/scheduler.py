@@ -437,12 +437,20 @@ class Scheduler:
                 request.prompt_logprobs.extend(item.logprobs)
         logprobs = {item.rid: item.logprobs for item in result.logprobs} if result.logprobs else None
         requests, sampled_time = self.requests, result.sampled_time
+        eos, max_model_len = self.eos_token_ids, self.max_model_len
         for rid, token in zip(result.rids, result.token_ids):
             request = requests.get(rid)
             if request is None:
                 continue  # finished while this step ran: the extra token is discarded
-            request.output_ids.append(token)
-            reason = self._finish_reason(request, token)
+            output_ids = request.output_ids
+            output_ids.append(token)
+            # Its finish reason: EOS (unless ignored) or a stop token id, else max_tokens or the context.
+            if (token in eos and not request.sampling.ignore_eos) or token in request.stop_token_ids:
+                reason: str | None = "stop"
+            elif len(output_ids) >= request.max_tokens or len(request.prompt_ids) + len(output_ids) >= max_model_len:
+                reason = "length"
+            else:
+                reason = None
             if request.grammar is not None and (not request.grammar.accept(token) or request.grammar.terminated):
                 reason = "stop"  # the grammar is complete (and EOS sampled), or (never, under its mask) broken
             out = RequestTokens(rid, [token], sampled_time, reason)
@@ -467,17 +475,6 @@ class Scheduler:
         if request.prompt_logprobs is not None:
             whole.extend(request.prompt_logprobs)
         return whole
-
-    def _finish_reason(self, request: Request, token: int) -> str | None:
-        s = request.sampling
-        if (token in self.eos_token_ids and not s.ignore_eos) or token in request.stop_token_ids:
-            return "stop"
-        if (
-            len(request.output_ids) >= request.max_tokens
-            or len(request.prompt_ids) + len(request.output_ids) >= self.max_model_len
-        ):
-            return "length"
-        return None
 
     # ------------------------------------------------------------------ checks
 
