@@ -116,23 +116,31 @@ class RequestRejected:
 
 
 @dataclass(slots=True)
-class RequestTokens:
+class FirstTokens:
+    """What a request's first sampled token carries, once."""
+
     rid: int
-    token_ids: list[int]
-    sampled_time: float  # when the GPU worker sampled these tokens
-    finish_reason: str | None = None  # "stop" | "length" | "abort"
-    first_scheduled: float = 0.0  # set on the request's first tokens
-    num_cached_tokens: int = 0  # prompt tokens served from the prefix cache (set on the first tokens)
-    logprobs: Logprobs | None = None  # those of token_ids, when the request asked for logprobs
-    prompt_logprobs: Logprobs | None = None  # on the first tokens, when it asked for prompt logprobs
+    first_scheduled: float
+    num_cached_tokens: int  # prompt tokens served from the prefix cache
+    prompt_logprobs: Logprobs | None = None  # when it asked for prompt logprobs
 
 
 @message(6)
 @dataclass(slots=True)
 class TokenBatch:
-    """One step's new tokens for the requests that one tokenizer worker owns."""
+    """One step's new tokens: in the scheduler, of every request that sampled; on the way to a tokenizer worker,
+    of the requests it owns. Entry i: request rids[i] sampled token_ids[i] (a request appears once).
 
-    items: list[RequestTokens]
+    Columnar, because hundreds of requests sample each step: two lists of numbers cost microseconds to build,
+    pack and unpack, where an object per request cost a microsecond or so at each of those. What only a few
+    entries carry is apart, keyed by rid or holding its rid."""
+
+    sampled_time: float  # when the GPU worker sampled these tokens
+    rids: list[int]
+    token_ids: list[int]
+    finish_reasons: dict[int, str] = field(default_factory=dict)  # "stop" | "length": the requests that ended
+    firsts: list[FirstTokens] = field(default_factory=list)  # the requests whose first token this is
+    logprobs: list[RequestLogprobs] = field(default_factory=list)  # those of the tokens whose requests asked
 
 
 @dataclass(slots=True)

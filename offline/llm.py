@@ -12,7 +12,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, fields, replace
 
 from common.config import EngineConfig
-from common.messages import Logprobs, RequestRejected, RequestTokens, StageTimes, StepPlan, StepResult, TokenizedRequest
+from common.messages import Logprobs, RequestRejected, StageTimes, StepPlan, StepResult, TokenBatch, TokenizedRequest
 from common.model_info import ModelInfo
 from common.model_source import resolve_model
 from common.sampling_params import InvalidParameter, SamplingParams
@@ -116,11 +116,11 @@ class LLM:
     def abort(self, rid: int) -> None:
         self.scheduler.abort_request(rid)
 
-    def step(self) -> list[RequestTokens]:
-        """Plan one step, run it, and return the tokens it produced ([] when idle). No overlap."""
+    def step(self) -> TokenBatch | None:
+        """Plan one step, run it, and return the tokens it produced (None when idle). No overlap."""
         plan = self.scheduler.schedule()
         if plan is None:
-            return []
+            return None
         return self._process(self.runner.execute(self._sent(plan)))
 
     def _sent(self, plan: StepPlan) -> StepPlan:
@@ -134,10 +134,35 @@ class LLM:
             self.plans_executed.append(plan)
         return plan
 
-    def _process(self, result: StepResult) -> list[RequestTokens]:
+    def _process(self, result: StepResult) -> TokenBatch:
         return self.scheduler.process_result(decode(encode(result)))
 
     # ------------------------------------------------------------------ batch level
+
+    @staticmethod
+    def _collect(batch: TokenBatch, outputs: dict[int, CompletionOutput], pending: set[int]) -> None:
+        """A step's tokens into the outputs of the requests generate() is waiting for."""
+        now = time.time()
+        for rid, token in zip(batch.rids, batch.token_ids):
+            out = outputs.get(rid)
+            if out is not None:
+                if not out.token_ids:
+                    out.first_token_time = now
+                out.token_ids.append(token)
+        for first in batch.firsts:
+            if first.prompt_logprobs is not None and first.rid in outputs:
+                outputs[first.rid].prompt_logprobs = first.prompt_logprobs
+        for item in batch.logprobs:
+            out = outputs.get(item.rid)
+            if out is not None:
+                if out.logprobs is None:
+                    out.logprobs = item.logprobs
+                else:
+                    out.logprobs.extend(item.logprobs)
+        for rid, reason in batch.finish_reasons.items():
+            if rid in outputs:
+                outputs[rid].finish_reason = reason
+                pending.discard(rid)
 
     def generate(
         self,
@@ -174,22 +199,7 @@ class LLM:
             for result in results:
                 waited += result.timings.wait_s
                 self.steps_run += 1
-                for tokens in self._process(result):
-                    if tokens.rid in outputs:
-                        out = outputs[tokens.rid]
-                        if not out.token_ids:
-                            out.first_token_time = time.time()
-                        out.token_ids.extend(tokens.token_ids)
-                        if tokens.prompt_logprobs is not None:
-                            out.prompt_logprobs = tokens.prompt_logprobs
-                        if tokens.logprobs is not None:
-                            if out.logprobs is None:
-                                out.logprobs = tokens.logprobs
-                            else:
-                                out.logprobs.extend(tokens.logprobs)
-                        if tokens.finish_reason is not None:
-                            out.finish_reason = tokens.finish_reason
-                            pending.discard(tokens.rid)
+                self._collect(self._process(result), outputs, pending)
                 if on_step is not None:
                     on_step()
         while steps:  # steps planned before the last finish was seen: their tokens are discarded

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import logging
 import time
-from collections import defaultdict
 
 import zmq
 
@@ -27,7 +26,6 @@ from common.garbage import freeze_startup_objects
 from common.messages import (
     AbortRequest,
     ControlRequest,
-    RequestTokens,
     StepPlan,
     StepResult,
     TokenBatch,
@@ -164,9 +162,9 @@ class SchedulerLoop:
                 self._stream(outputs)
             self._maybe_log()
 
-    def _drain_results(self) -> list[RequestTokens]:
+    def _drain_results(self) -> list[TokenBatch]:
         """Every result that has arrived, processed; the tokens they produced, to stream."""
-        outputs: list[RequestTokens] = []
+        batches: list[TokenBatch] = []
         while self.in_flight:
             try:
                 result: StepResult = recv(self.results, zmq.NOBLOCK, stats=self.activity.sockets)
@@ -174,13 +172,13 @@ class SchedulerLoop:
                 break
             self.in_flight -= 1
             started = epoch_us()
-            outputs += self.scheduler.process_result(result)
+            batches.append(self.scheduler.process_result(result))
             if self.profiler.active:
                 args = {"step_id": result.step_id, "sampled": len(result.token_ids)}
                 self.profiler.mark(f"result {result.step_id}", started, args)
             if self.window is not None:
                 self.window.on_result()
-        return outputs
+        return batches
 
     def _send_plans(self) -> None:
         while self.in_flight < PIPELINE_DEPTH:
@@ -232,12 +230,12 @@ class SchedulerLoop:
                 # The tokenizer worker already ended the request for its client; only the blocks remain.
                 self.scheduler.abort_request(message.rid, message.reason)
 
-    def _stream(self, outputs: list[RequestTokens]) -> None:
-        by_tokenizer: dict[int, list[RequestTokens]] = defaultdict(list)
-        for item in outputs:
-            by_tokenizer[tokenizer_of(item.rid, len(self.tokenizers))].append(item)
-        for index, items in by_tokenizer.items():
-            send(self.tokenizers[index], TokenBatch(items), self.activity.sockets)
+    def _stream(self, batches: list[TokenBatch]) -> None:
+        for batch in batches:
+            if not batch.rids:
+                continue
+            for index, part in split_by_tokenizer(batch, len(self.tokenizers)).items():
+                send(self.tokenizers[index], part, self.activity.sockets)
 
     def _tokenizer_of(self, rid: int) -> zmq.Socket:
         return self.tokenizers[tokenizer_of(rid, len(self.tokenizers))]
@@ -263,3 +261,25 @@ class SchedulerLoop:
 
     def stats(self) -> dict:
         return {**self.activity.summary(), **self.scheduler.snapshot().to_payload()}
+
+
+def split_by_tokenizer(batch: TokenBatch, num_tokenizers: int) -> dict[int, TokenBatch]:
+    """The batch's entries grouped by the tokenizer worker that owns each request (request_ids.tokenizer_of),
+    each group in the batch's order; the batch itself when one worker owns them all."""
+    if num_tokenizers == 1:
+        return {0: batch}
+    parts: dict[int, TokenBatch] = {}
+    for rid, token in zip(batch.rids, batch.token_ids):
+        index = tokenizer_of(rid, num_tokenizers)
+        part = parts.get(index)
+        if part is None:
+            part = parts[index] = TokenBatch(batch.sampled_time, [], [])
+        part.rids.append(rid)
+        part.token_ids.append(token)
+    for rid, reason in batch.finish_reasons.items():
+        parts[tokenizer_of(rid, num_tokenizers)].finish_reasons[rid] = reason
+    for first in batch.firsts:
+        parts[tokenizer_of(first.rid, num_tokenizers)].firsts.append(first)
+    for item in batch.logprobs:
+        parts[tokenizer_of(item.rid, num_tokenizers)].logprobs.append(item)
+    return parts

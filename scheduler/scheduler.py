@@ -29,13 +29,14 @@ from dataclasses import dataclass, field, replace
 
 from common.config import EngineConfig, with_batch_limits
 from common.messages import (
+    FirstTokens,
     Logprobs,
     NewRequestSpec,
     RequestAccepted,
     RequestRejected,
-    RequestTokens,
     StepPlan,
     StepResult,
+    TokenBatch,
     TokenizedRequest,
 )
 from common.model_info import ModelInfo
@@ -159,13 +160,13 @@ class Scheduler:
             )
         return None
 
-    def abort_request(self, rid: int, reason: str = "abort") -> RequestTokens | None:
-        """Stop a request now; its blocks are free before the next plan. None if it already ended."""
+    def abort_request(self, rid: int, reason: str = "abort") -> bool:
+        """Stop a request now; its blocks are free before the next plan. False if it had already ended."""
         request = self.requests.get(rid)
         if request is None:
-            return None
+            return False
         self._finish(request, reason)
-        return RequestTokens(rid, [], time.time(), reason)
+        return True
 
     # ------------------------------------------------------------------ the step
 
@@ -425,8 +426,9 @@ class Scheduler:
 
     # ------------------------------------------------------------------ results
 
-    def process_result(self, result: StepResult) -> list[RequestTokens]:
-        outputs: list[RequestTokens] = []
+    def process_result(self, result: StepResult) -> TokenBatch:
+        """The step's tokens appended to their requests; the batch of them to stream (those of requests that
+        ended meanwhile left out), with the requests they finish."""
         for item in result.prompt_logprobs:
             request = self.requests.get(item.rid)
             if request is None:
@@ -435,15 +437,17 @@ class Scheduler:
                 request.prompt_logprobs = item.logprobs
             else:
                 request.prompt_logprobs.extend(item.logprobs)
-        logprobs = {item.rid: item.logprobs for item in result.logprobs} if result.logprobs else None
-        requests, sampled_time = self.requests, result.sampled_time
-        eos, max_model_len = self.eos_token_ids, self.max_model_len
+        batch = TokenBatch(result.sampled_time, [], [])
+        rids, tokens, finished, firsts = batch.rids, batch.token_ids, batch.finish_reasons, batch.firsts
+        requests, eos, max_model_len = self.requests, self.eos_token_ids, self.max_model_len
         for rid, token in zip(result.rids, result.token_ids):
             request = requests.get(rid)
             if request is None:
                 continue  # finished while this step ran: the extra token is discarded
             output_ids = request.output_ids
             output_ids.append(token)
+            rids.append(rid)
+            tokens.append(token)
             # Its finish reason: EOS (unless ignored) or a stop token id, else max_tokens or the context.
             if (token in eos and not request.sampling.ignore_eos) or token in request.stop_token_ids:
                 reason: str | None = "stop"
@@ -453,20 +457,21 @@ class Scheduler:
                 reason = None
             if request.grammar is not None and (not request.grammar.accept(token) or request.grammar.terminated):
                 reason = "stop"  # the grammar is complete (and EOS sampled), or (never, under its mask) broken
-            out = RequestTokens(rid, [token], sampled_time, reason)
-            if logprobs is not None:
-                out.logprobs = logprobs.get(rid)
             if not request.first_tokens_sent:
                 request.first_tokens_sent = True
-                out.first_scheduled = request.times.first_scheduled
-                out.num_cached_tokens = request.num_cached_tokens
+                prompt_logprobs = None
                 if request.sampling.prompt_logprobs is not None:
-                    out.prompt_logprobs = self._whole_prompt_logprobs(request)
+                    prompt_logprobs = self._whole_prompt_logprobs(request)
+                first_scheduled = request.times.first_scheduled
+                firsts.append(FirstTokens(rid, first_scheduled, request.num_cached_tokens, prompt_logprobs))
             if reason is not None:
+                finished[rid] = reason
                 self._finish(request, reason)
-            outputs.append(out)
-        self.stats.generated_tokens += len(outputs)
-        return outputs
+        if result.logprobs:
+            kept = set(rids)
+            batch.logprobs = [item for item in result.logprobs if item.rid in kept]
+        self.stats.generated_tokens += len(rids)
+        return batch
 
     @staticmethod
     def _whole_prompt_logprobs(request: Request) -> Logprobs:

@@ -20,13 +20,14 @@ from common.messages import (
     ControlReply,
     ControlRequest,
     DetokenizeRequest,
+    FirstTokens,
     GenerateRequest,
     Logprobs,
     OutputBatch,
     ProcessReady,
     RequestAccepted,
+    RequestLogprobs,
     RequestRejected,
-    RequestTokens,
     StageTimes,
     TextReply,
     TokenBatch,
@@ -70,8 +71,17 @@ class Harness:
         assert isinstance(tokenized, TokenizedRequest) and tokenized.rid == rid
         return tokenized
 
-    def step(self, *items: RequestTokens) -> OutputBatch:
-        send(self.tokens, TokenBatch(list(items)))
+    def step(self, *entries: Sampled) -> OutputBatch:
+        """One step's tokens sent as the scheduler sends them; the output batch the frontend gets."""
+        batch = TokenBatch(200.0, [e.rid for e in entries], [e.token for e in entries])
+        for e in entries:
+            if e.finish_reason is not None:
+                batch.finish_reasons[e.rid] = e.finish_reason
+            if e.first is not None:
+                batch.firsts.append(e.first)
+            if e.logprobs is not None:
+                batch.logprobs.append(RequestLogprobs(e.rid, e.logprobs))
+        send(self.tokens, batch)
         return receive(self.to_frontend)
 
 
@@ -133,8 +143,19 @@ def rid() -> int:
     return next(_rids)
 
 
-def tokens(rid: int, ids: list[int], finish_reason: str | None = None) -> RequestTokens:
-    return RequestTokens(rid, ids, sampled_time=200.0, finish_reason=finish_reason)
+@dataclass
+class Sampled:
+    """One request's token in a step's TokenBatch."""
+
+    rid: int
+    token: int
+    finish_reason: str | None = None
+    first: FirstTokens | None = None
+    logprobs: Logprobs | None = None
+
+
+def tokens(rid: int, token: int, finish_reason: str | None = None) -> Sampled:
+    return Sampled(rid, token, finish_reason)
 
 
 # ------------------------------------------------------------------ the process
@@ -192,11 +213,11 @@ def test_an_empty_prompt_is_rejected_to_the_frontend(worker, rid):
 def test_tokens_stream_back_as_text_one_output_batch_per_token_batch(worker, rid):
     worker.submit(rid, prompt="hi")
     ids = worker.tokenizer.hf.encode("天气很好 🚀✨")
-    first = worker.step(RequestTokens(rid, ids[:1], 200.0, None, first_scheduled=150.0, num_cached_tokens=16))
+    first = worker.step(Sampled(rid, ids[0], first=FirstTokens(rid, 150.0, 16)))
     assert (first.items[0].first_scheduled, first.items[0].num_cached_tokens) == (150.0, 16)
     outputs = [first.items[0]]
     for i, token in enumerate(ids[1:], start=1):
-        batch = worker.step(tokens(rid, [token], "length" if i == len(ids) - 1 else None))
+        batch = worker.step(tokens(rid, token, "length" if i == len(ids) - 1 else None))
         assert [out.rid for out in batch.items] == [rid]
         outputs.append(batch.items[0])
     assert "".join(out.text for out in outputs) == "天气很好 🚀✨"
@@ -210,7 +231,7 @@ def test_a_stop_string_ends_the_request_and_aborts_it_at_the_scheduler(worker, r
     ids = worker.tokenizer.hf.encode("你好，世界。今天")
     outputs = []
     for token in ids:
-        outputs += worker.step(tokens(rid, [token])).items
+        outputs += worker.step(tokens(rid, token)).items
         if outputs[-1].finish_reason:
             break
     assert "".join(out.text for out in outputs) == "你好，"
@@ -219,7 +240,7 @@ def test_a_stop_string_ends_the_request_and_aborts_it_at_the_scheduler(worker, r
     # The scheduler may have sampled one more token before the abort reached it: it is dropped.
     other = next(_rids)
     worker.submit(other, prompt="hi")
-    assert [out.rid for out in worker.step(tokens(rid, ids[:1]), tokens(other, ids[:1])).items] == [other]
+    assert [out.rid for out in worker.step(tokens(rid, ids[0]), tokens(other, ids[0])).items] == [other]
 
 
 def test_a_client_abort_is_forwarded_and_later_tokens_are_dropped(worker, rid):
@@ -228,7 +249,7 @@ def test_a_client_abort_is_forwarded_and_later_tokens_are_dropped(worker, rid):
     assert receive(worker.to_scheduler) == AbortRequest(rid, "abort")
     other = next(_rids)
     worker.submit(other, prompt="hi")
-    assert [out.rid for out in worker.step(tokens(rid, [5], "abort"), tokens(other, [5])).items] == [other]
+    assert [out.rid for out in worker.step(tokens(rid, 5, "abort"), tokens(other, 5)).items] == [other]
 
 
 def test_a_scheduler_rejection_is_forwarded_and_the_request_forgotten(worker, rid):
@@ -238,13 +259,14 @@ def test_a_scheduler_rejection_is_forwarded_and_the_request_forgotten(worker, ri
     assert receive(worker.to_frontend) == rejected
     other = next(_rids)
     worker.submit(other, prompt="hi")
-    assert [out.rid for out in worker.step(tokens(rid, [5]), tokens(other, [5])).items] == [other]
+    assert [out.rid for out in worker.step(tokens(rid, 5), tokens(other, 5)).items] == [other]
 
 
 def test_held_back_text_is_flushed_when_the_scheduler_finishes_the_request(worker, rid):
     worker.submit(rid, SamplingParams(stop=["world"]), prompt="hi")
-    assert worker.step(tokens(rid, worker.tokenizer.hf.encode("wor"))).items[0].text == ""
-    last = worker.step(tokens(rid, [0], "stop")).items[0]  # EOS
+    for token in worker.tokenizer.hf.encode("wor"):
+        assert worker.step(tokens(rid, token)).items[0].text == ""
+    last = worker.step(tokens(rid, 0, "stop")).items[0]  # EOS
     assert (last.text, last.finish_reason) == ("wor", "stop")
 
 
@@ -317,8 +339,7 @@ def test_tokenize_and_detokenize_are_answered_to_the_frontend_with_their_rid(wor
 def test_logprobs_get_each_tokens_text(worker, rid):
     worker.submit(rid, prompt="hi")
     ids = worker.tokenizer.hf.encode("import json")
-    item = tokens(rid, ids[:1])
-    item.logprobs = Logprobs(0, ids[:1], [-0.5], [ids[:2]], [[-0.5, -1.0]])
+    item = Sampled(rid, ids[0], logprobs=Logprobs(0, ids[:1], [-0.5], [ids[:2]], [[-0.5, -1.0]]))
     [out] = worker.step(item).items
     texts = [worker.tokenizer.hf.decode([i]) for i in ids[:2]]
     assert out.logprobs.token_texts == texts[:1] and out.logprobs.top_texts == [texts]
@@ -327,8 +348,8 @@ def test_logprobs_get_each_tokens_text(worker, rid):
 def test_stop_strings_wait_for_min_tokens(worker, rid):
     worker.submit(rid, SamplingParams(stop=["a"], min_tokens=2), prompt="hi")
     [a] = worker.tokenizer.hf.encode("a")
-    assert worker.step(tokens(rid, [a])).items[0].text == "a", "one token out: not yet a stop"
-    out = worker.step(tokens(rid, [a])).items[0]
+    assert worker.step(tokens(rid, a)).items[0].text == "a", "one token out: not yet a stop"
+    out = worker.step(tokens(rid, a)).items[0]
     assert (out.text, out.finish_reason) == ("", "stop")
 
 
@@ -346,7 +367,7 @@ def test_requests_are_spread_over_engine_replicas_and_each_abort_reaches_its_req
             assert receive(replicas[replica]).rid == rid
         send(harness.requests, AbortRequest(2))
         assert receive(replicas[1]) == AbortRequest(2)
-        harness.step(tokens(1, [5], "length"))  # finished: replica 0 has one request left, replica 1 none
+        harness.step(tokens(1, 5, "length"))  # finished: replica 0 has one request left, replica 1 none
         send(harness.requests, GenerateRequest(4, SamplingParams(), 100.0, prompt="request 4"))
         assert receive(replicas[1]).rid == 4
         send(harness.requests, AbortRequest(3))

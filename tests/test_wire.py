@@ -7,9 +7,9 @@ import pytest
 
 from common.messages import (
     AbortRequest,
+    FirstTokens,
     GenerateRequest,
     NewRequestSpec,
-    RequestTokens,
     ScheduledChunk,
     StageTimes,
     StepPlan,
@@ -35,7 +35,7 @@ from common.wire import PROTOCOL_VERSION, WireError, decode, encode
             [5],
         ),
         StepResult(1, [7], [42], 2.0, StepTimings(0.1, 0.2, 0.3)),
-        TokenBatch([RequestTokens(7, [42], 2.0, "length", 1.0, 16)]),
+        TokenBatch(2.0, [7, 8], [42, 43], {7: "length"}, [FirstTokens(8, 1.0, 16)]),
     ],
 )
 def test_messages_round_trip(message):
@@ -63,10 +63,10 @@ def test_wrong_field_count_is_refused():
 
 
 def test_a_list_item_of_the_wrong_shape_is_refused():
-    item = [7, [42], 2.0, None, 0.0, 0, None, None]
-    good = msgpack.packb([TokenBatch.TAG, PROTOCOL_VERSION, [item]])
-    assert decode(good).items == [RequestTokens(7, [42], 2.0)]
+    item = [8, 1.0, 16, None]
+    good = msgpack.packb([TokenBatch.TAG, PROTOCOL_VERSION, 2.0, [8], [42], {}, [item], []])
+    assert decode(good).firsts == [FirstTokens(8, 1.0, 16)]
     for bad in ([*item, "extra"], item[:2], 7):
-        data = msgpack.packb([TokenBatch.TAG, PROTOCOL_VERSION, [bad]])
-        with pytest.raises(WireError, match="RequestTokens"):
+        data = msgpack.packb([TokenBatch.TAG, PROTOCOL_VERSION, 2.0, [8], [42], {}, [bad], []])
+        with pytest.raises(WireError, match="FirstTokens"):
             decode(data)

@@ -93,43 +93,42 @@ class TokenizerWorker:
         """The outputs of one step's tokens, and the aborts to send the scheduler for stop-string matches."""
         outputs: list[RequestOutput] = []
         aborts: list[AbortRequest] = []
-        for item in batch.items:
-            state = self.requests.get(item.rid)
+        finish_reasons = batch.finish_reasons
+        firsts = {first.rid: first for first in batch.firsts} if batch.firsts else None
+        logprobs = {item.rid: item.logprobs for item in batch.logprobs} if batch.logprobs else None
+        sampled_time = batch.sampled_time
+        for rid, token in zip(batch.rids, batch.token_ids):
+            state = self.requests.get(rid)
             if state is None:
                 continue
-            state.num_output_tokens += len(item.token_ids)
-            final = item.finish_reason is not None
-            delta = state.detokenizer.step(item.token_ids, final)
+            state.num_output_tokens += 1
+            engine_reason = finish_reasons.get(rid) if finish_reasons else None
+            final = engine_reason is not None
+            delta = state.detokenizer.step([token], final)
             if state.num_output_tokens < state.min_tokens:
                 text, stopped = delta, False
             else:
                 text, stopped = state.stop.feed(delta, final)
-            finish_reason = "stop" if stopped else item.finish_reason
+            finish_reason = "stop" if stopped else engine_reason
             if stopped and not final:
-                aborts.append(AbortRequest(item.rid, "stop"))  # the scheduler would go on generating
+                aborts.append(AbortRequest(rid, "stop"))  # the scheduler would go on generating
             if finish_reason is not None:
-                del self.requests[item.rid]
+                del self.requests[rid]
                 log.debug(
                     "request %d finished (%s): %d prompt tokens, %d output tokens",
-                    item.rid,
+                    rid,
                     finish_reason,
                     state.num_prompt_tokens,
                     state.num_output_tokens,
                 )
-            outputs.append(
-                RequestOutput(
-                    item.rid,
-                    text,
-                    item.token_ids,
-                    item.sampled_time,
-                    time.time(),
-                    finish_reason,
-                    item.first_scheduled,
-                    item.num_cached_tokens,
-                    logprobs=self._with_texts(item.logprobs),
-                    prompt_logprobs=self._with_texts(item.prompt_logprobs),
-                )
-            )
+            output = RequestOutput(rid, text, [token], sampled_time, time.time(), finish_reason)
+            if firsts is not None and (first := firsts.get(rid)) is not None:
+                output.first_scheduled = first.first_scheduled
+                output.num_cached_tokens = first.num_cached_tokens
+                output.prompt_logprobs = self._with_texts(first.prompt_logprobs)
+            if logprobs is not None:
+                output.logprobs = self._with_texts(logprobs.get(rid))
+            outputs.append(output)
         return outputs, aborts
 
     def _with_texts(self, logprobs: Logprobs | None) -> Logprobs | None:
