@@ -37,6 +37,11 @@ class InsertCursor:
     next_block: int = 0
     stopped: bool = False
 
+    def resume_position(self, block_size: int) -> int:
+        """The first token position the next insert needs: where it resumes, or 0 when it must walk from the
+        root again (first insert, or its node was evicted)."""
+        return 0 if self.node is None or self.node.removed else self.next_block * block_size
+
 
 class PrefixCache:
     def __init__(self, blocks: BlockManager):
@@ -71,8 +76,10 @@ class PrefixCache:
             node = child
         return matched, InsertCursor(node, len(matched))
 
-    def insert(self, token_ids: list[int], block_ids: list[int], cursor: InsertCursor) -> None:
-        """Cache a request's full blocks from cursor.next_block up to len(token_ids) // bs, moving the cursor.
+    def insert(self, token_ids: list[int], block_ids: list[int], cursor: InsertCursor, first_position: int = 0) -> None:
+        """Cache a request's full blocks from cursor.next_block up to the end of token_ids, moving the cursor.
+        token_ids[k] is the token at position first_position + k, where first_position is 0 or
+        cursor.resume_position(bs) (a decode caches one block at a time: no copy of the whole sequence).
 
         If a node for the same tokens already exists with another block (the same prefix computed twice,
         by two requests running side by side), the request stops caching: its own copy is not shared, so
@@ -81,12 +88,15 @@ class PrefixCache:
         if cursor.stopped:
             return
         node = cursor.node
+        bs = self.block_size
         if node is None or node.removed:  # first call, or the resume point was evicted: walk from the root
             node, cursor.next_block = self.root, 0
-        bs = self.block_size
+        if first_position not in (0, cursor.next_block * bs):
+            raise ValueError(f"tokens from position {first_position}; the insert resumes at block {cursor.next_block}")
         now = next(self._clock)
-        for i in range(cursor.next_block, len(token_ids) // bs):
-            key = tuple(token_ids[i * bs : (i + 1) * bs])
+        for i in range(cursor.next_block, (first_position + len(token_ids)) // bs):
+            start = i * bs - first_position
+            key = tuple(token_ids[start : start + bs])
             child = node.children.get(key)
             if child is None:
                 child = TrieNode(block=block_ids[i], parent=node, key=key)

@@ -73,5 +73,14 @@ class Request:
     def known_token_ids(self) -> list[int]:
         return self.prompt_ids + self.output_ids
 
+    def token_span(self, start: int, end: int) -> list[int]:
+        """Known tokens [start, end), without copying the rest of the sequence."""
+        prompt = self.prompt_ids
+        if end <= len(prompt):
+            return prompt[start:end]
+        if start >= len(prompt):
+            return self.output_ids[start - len(prompt) : end - len(prompt)]
+        return prompt[start:] + self.output_ids[: end - len(prompt)]
+
     def can_sample_more(self, max_model_len: int) -> bool:
         return self.num_samples_planned < self.max_tokens and self.num_tokens_planned < max_model_len

@@ -363,8 +363,9 @@ class Scheduler:
         known = len(request.prompt_ids) + len(request.output_ids)
         full = min(request.num_computed, known) // self.block_size
         if full > request.cache_cursor.next_block:
-            tokens = request.known_token_ids()[: full * self.block_size]
-            self.cache.insert(tokens, request.block_ids, request.cache_cursor)
+            start = request.cache_cursor.resume_position(self.block_size)
+            tokens = request.token_span(start, full * self.block_size)
+            self.cache.insert(tokens, request.block_ids, request.cache_cursor, start)
 
     # ------------------------------------------------------------------ blocks
 
