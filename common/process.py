@@ -21,6 +21,7 @@ def init_child_process(role: str, log_level: str, parent_pid: int) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C goes to the launcher, which stops everyone
     signal.signal(signal.SIGTERM, _exit_on_sigterm)
     configure_logging(role, log_level)
+    _thread_lock_for_progress_bars()
 
 
 def configure_logging(role: str, log_level: str) -> None:
@@ -49,6 +50,18 @@ def _name_process(role: str) -> None:
     if sys.platform.startswith("linux"):
         libc = ctypes.CDLL(None, use_errno=True)
         libc.prctl(PR_SET_NAME, role.encode()[:PROCESS_NAME_BYTES], 0, 0, 0)
+
+
+def _thread_lock_for_progress_bars() -> None:
+    # tqdm (transformers' "Loading weights" bar) guards its output with a multiprocessing semaphore by default,
+    # registered with the launcher's resource tracker; a child ends with os._exit, so the tracker found it
+    # unreleased and warned "leaked semaphore objects" at every shutdown. One process's threads are all a
+    # child's bars need to agree with.
+    import threading
+
+    from tqdm import tqdm
+
+    tqdm.set_lock(threading.RLock())
 
 
 def _exit_on_sigterm(signum, frame) -> None:

@@ -290,6 +290,9 @@ def test_sigterm_shuts_everything_down_cleanly(scripted_server):
     pids = scripted_server.child_pids()
     assert scripted_server.stop(signal.SIGTERM) == 0
     wait_until(lambda: not any(pid_alive(p) for p in pids.values()), timeout=10, what="every child to exit")
+    log = scripted_server.log()
+    assert "Loading weights" in log  # a progress bar ran (its lock was a process-shared semaphore once)...
+    assert "leaked semaphore" not in log  # ...and nothing was left for the resource tracker to warn about
 
 
 def test_start_up_logs_one_line_per_phase_with_its_time_and_one_weights_bar(server):
