@@ -1,0 +1,92 @@
+"""The scheduler process's own work per step, without a model: N requests decoding in steady state, results
+answered at once by a fake worker one step late (as at PIPELINE_DEPTH 2).
+
+    python -m benchmarks.scheduler_step --requests 256 --steps 3000
+
+Per step, the parts the scheduler loop does between a result and the streamed tokens (scheduler/process.py):
+decode the result, `process_result`, `schedule`, encode the plan, split and encode the token batches for
+--tokenizers workers. Prints each part's median and mean in ms, and the collector's pauses; start-up's objects
+are frozen first, as the scheduler process does (common/garbage.py). Requests all start together, so every
+block-size-th step is the one where each fills a block (the mean shows it, the median does not).
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+from common.config import EngineConfig
+from common.garbage import freeze_startup_objects, process_gc_pauses
+from common.messages import StageTimes, StepPlan, StepResult, StepTimings, TokenizedRequest
+from common.model_info import ModelInfo
+from common.sampling_params import SamplingParams
+from common.wire import decode, encode
+from scheduler.process import split_by_tokenizer
+from scheduler.scheduler import Scheduler
+
+PARTS = ("decode result", "process_result", "schedule", "encode plan", "stream tokens")
+
+
+def main(argv: list[str] | None = None) -> dict[str, float]:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--requests", type=int, default=256)
+    parser.add_argument("--prompt-len", type=int, default=300)
+    parser.add_argument("--steps", type=int, default=3000)
+    parser.add_argument("--tokenizers", type=int, default=2)
+    args = parser.parse_args(argv)
+
+    config = EngineConfig(block_size=16, max_num_seqs=args.requests, max_num_batched_tokens=8192)
+    # Blocks for every request's whole run: no eviction or preemption in the way of the steady state.
+    num_blocks = args.requests * -(-(args.prompt_len + args.steps + 2) // config.block_size) + 1
+    scheduler = Scheduler(config, ModelInfo("gpt2", 10**6, [50256], 50257), num_blocks)
+    sampling = SamplingParams(max_tokens=10**5, ignore_eos=True)
+    for rid in range(args.requests):
+        prompt = [100 + (rid + i) % 1000 for i in range(args.prompt_len)]
+        scheduler.add_request(TokenizedRequest(rid, prompt, sampling, StageTimes()))
+    freeze_startup_objects()
+
+    def result_of(plan: StepPlan) -> bytes:
+        rids = [rid for rid, sample in zip(plan.rids, plan.samples) if sample]
+        return encode(StepResult(plan.step_id, rids, [7] * len(rids), time.time(), StepTimings()))
+
+    in_flight = [p for p in (scheduler.schedule(), scheduler.schedule()) if p is not None]
+    times: list[list[float]] = []
+    for step in range(args.steps):
+        data = result_of(in_flight.pop(0))
+        t = [time.perf_counter()]
+        result = decode(data)
+        t.append(time.perf_counter())
+        batch = scheduler.process_result(result)
+        t.append(time.perf_counter())
+        plan = scheduler.schedule()
+        t.append(time.perf_counter())
+        if plan is not None:
+            encode(plan)
+            in_flight.append(plan)
+        t.append(time.perf_counter())
+        for part in split_by_tokenizer(batch, args.tokenizers).values():
+            encode(part)
+        t.append(time.perf_counter())
+        if step >= args.steps // 10 and plan is not None:  # past the prefills
+            times.append([b - a for a, b in zip(t, t[1:])])
+        if not in_flight:
+            in_flight.append(scheduler.schedule())
+
+    summary = {}
+    for name, column in zip(PARTS, zip(*times)):
+        summary[name] = statistics.median(column) * 1e3
+        print(f"{name:16s} median {summary[name]:.3f} ms   mean {statistics.mean(column) * 1e3:.3f} ms")
+    totals = [sum(row) for row in times]
+    summary["total"] = statistics.median(totals) * 1e3
+    print(f"{'total':16s} median {summary['total']:.3f} ms   mean {statistics.mean(totals) * 1e3:.3f} ms")
+    gc = process_gc_pauses().summary()
+    print(
+        f"collector: {gc['gc_collections']} pauses ({gc['gc_full_collections']} full), "
+        f"{gc['gc_pause_s'] * 1e3:.1f} ms in all, the longest {gc['gc_max_pause_ms']:.2f} ms"
+    )
+    return summary
+
+
+if __name__ == "__main__":
+    main()
