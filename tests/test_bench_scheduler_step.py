@@ -1,0 +1,17 @@
+"""benchmarks.scheduler_step times every part of the scheduler's loop, and the parts add up to the step."""
+
+from __future__ import annotations
+
+import gc
+
+from benchmarks.scheduler_step import PARTS, main
+
+
+def test_each_part_of_a_scheduler_step_is_timed_and_the_parts_make_the_step():
+    try:
+        summary = main(["--requests", "8", "--steps", "60", "--prompt-len", "20"])
+    finally:
+        gc.unfreeze()  # the benchmark freezes its heap, as the scheduler process does
+    assert set(summary) == {*PARTS, "total"}
+    assert all(summary[part] > 0 for part in PARTS)
+    assert summary["total"] >= max(summary[part] for part in PARTS)
