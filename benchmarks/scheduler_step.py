@@ -40,7 +40,7 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     # Blocks for every request's whole run: no eviction or preemption in the way of the steady state.
     num_blocks = args.requests * -(-(args.prompt_len + args.steps + 2) // config.block_size) + 1
     scheduler = Scheduler(config, ModelInfo("gpt2", 10**6, [50256], 50257), num_blocks)
-    sampling = SamplingParams(max_tokens=10**5, ignore_eos=True)
+    sampling = SamplingParams(max_tokens=args.steps + 2, ignore_eos=True)  # decoding until the last step
     for rid in range(args.requests):
         prompt = [100 + (rid + i) % 1000 for i in range(args.prompt_len)]
         scheduler.add_request(TokenizedRequest(rid, prompt, sampling, StageTimes()))
@@ -51,6 +51,8 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
         return encode(StepResult(plan.step_id, rids, [7] * len(rids), time.time(), StepTimings()))
 
     in_flight = [p for p in (scheduler.schedule(), scheduler.schedule()) if p is not None]
+    if not in_flight:
+        raise SystemExit("the scheduler planned nothing: were the requests refused?")
     times: list[list[float]] = []
     for step in range(args.steps):
         data = result_of(in_flight.pop(0))
@@ -71,7 +73,7 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
         if step >= args.steps // 10 and plan is not None:  # past the prefills
             times.append([b - a for a, b in zip(t, t[1:])])
         if not in_flight:
-            in_flight.append(scheduler.schedule())
+            raise SystemExit(f"no plan in flight after step {step}")
 
     summary = {}
     for name, column in zip(PARTS, zip(*times)):
