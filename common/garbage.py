@@ -3,9 +3,10 @@
 A process's heap after start-up is mostly modules and the objects they made: ~200,000 in a GPU worker (torch,
 transformers), ~65,000 in a frontend (FastAPI, pydantic), ~30,000 in a scheduler. CPython's full collection
 traverses all of them, every few hundred steps in a busy loop: ~90 ms in a GPU worker and ~12 ms in a scheduler
-on a 2-core CPU (scratch measurement: 256 decodes, 3,000 steps), each a stall every request in the batch sees as
-one long inter-token gap. Frozen after start-up (`gc.freeze`), they are out of the collector's sight for good; a
-full collection then traverses what requests left, well under a millisecond in the scheduler.
+on a 2-core CPU (a scheduler loop of 256 decodes over 3,000 steps, a GPU worker's `gc.collect()` after its
+imports), each a stall every request in the batch sees as one long inter-token gap. Frozen after start-up
+(`gc.freeze`), they are out of the collector's sight for good; a full collection then traverses what requests
+left, well under a millisecond in the scheduler.
 
 Every process counts its pauses (`GcPauses`, in its control stats): a p99 inter-token latency that a step's
 timings do not explain may be a collection, and the stats say whether it was.
