@@ -311,6 +311,25 @@ def server_view(before: dict[str, dict] | None, after: dict[str, dict] | None) -
         "mean_prefill_tokens_per_step": delta["prompt_tokens_computed"] / steps if steps else 0.0,
         "mean_decode_tokens_per_step": delta["decode_tokens_computed"] / steps if steps else 0.0,
         "cache_hit_rate": delta["cache_hit_tokens"] / admitted if admitted else 0.0,
+        "step_chain_ms": step_chain_view(before, after, schedulers),
+    }
+
+
+def step_chain_view(before: dict[str, dict], after: dict[str, dict], schedulers: list[str]) -> dict[str, float]:
+    """Mean ms of each link from a step's tokens to the next plan's launch during the run (scheduler/step_chain.py);
+    empty when the server does not report them."""
+
+    def delta(key: str) -> float:
+        return sum(after[role].get(key, 0) - before[role].get(key, 0) for role in schedulers)
+
+    results, plans = delta("chain_results"), delta("chain_plans")
+    if not results or not plans:
+        return {}
+    return {
+        "result_transit": 1e3 * delta("chain_result_transit_s") / results,
+        "scheduler": 1e3 * delta("chain_scheduler_s") / plans,
+        "plan_transit": 1e3 * delta("chain_plan_transit_s") / results,
+        "worker_launch": 1e3 * delta("chain_worker_launch_s") / results,
     }
 
 
@@ -438,6 +457,11 @@ def print_report(result: dict) -> None:
             f"{v['cache_hit_tokens']} of {v['prompt_tokens_admitted']} prompt tokens "
             f"({100 * v['cache_hit_rate']:.1f}%); {v['preemptions']} preemptions"
         )
+        if v.get("step_chain_ms"):
+            print(
+                "step chain, mean ms (tokens of step N to the launch of the plan that answers them): "
+                + ", ".join(f"{link} {ms:.2f}" for link, ms in v["step_chain_ms"].items())
+            )
     processes = result.get("processes")
     if processes:
         print(

@@ -245,6 +245,7 @@ class StepPlan:
     # --profile-steps: > 0 opens the worker's profiling window on this step, for this many steps (counted by
     # the worker, so the window stays on exactly those steps; scheduler/process.py ProfileWindow).
     profile_steps: int = 0
+    sent_time: float = 0.0  # when the scheduler sent it (time.time()): the worker times the plan's trip
 
     @classmethod
     def of(
@@ -278,6 +279,9 @@ class StepTimings:
     forward_s: float = 0.0
     sample_s: float = 0.0  # finishing the step: waiting for the device, then reading the tokens back
     wait_s: float = 0.0  # the part of sample_s spent waiting for the device (host time is the rest)
+    # The plan's trip: from the scheduler sending it to the worker taking it (the socket, and the worker busy
+    # with another step meanwhile). Set by the worker process; 0 where no process sent it (in-process engine).
+    plan_wait_s: float = 0.0
 
 
 @message(11)

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import time
 from dataclasses import dataclass
 
 import zmq
@@ -138,6 +139,7 @@ class WorkerLoop:
         # last step is finished before any later one is launched, and the profiler stops there.
         self.profile_launches_left = 0
         self.profile_last_step: int | None = None
+        self._plan_waits: dict[int, float] = {}  # step id -> its plan's trip (scheduler/step_chain.py)
 
     def stats(self) -> dict:
         return {**self.activity.summary(), **dataclasses.asdict(self.totals)}
@@ -183,7 +185,10 @@ class WorkerLoop:
         data = self.plans.recv(copy=True)
         for relay in self.relays:
             relay.send(data)
-        return self.activity.sockets.decode(data)
+        plan: StepPlan = self.activity.sockets.decode(data)
+        if plan.sent_time:
+            self._plan_waits[plan.step_id] = max(0.0, time.time() - plan.sent_time)
+        return plan
 
     def _mark_step(self, plan: StepPlan, started: float) -> None:
         """The step's marker in the trace (launch; on a CPU, the whole step): the scheduler's plan of the same
@@ -198,6 +203,7 @@ class WorkerLoop:
         self.profiler.mark(f"step {plan.step_id}", started, args)
 
     def _send(self, result: StepResult) -> None:
+        result.timings.plan_wait_s = self._plan_waits.pop(result.step_id, 0.0)
         if self.results is not None:
             send(self.results, result, self.activity.sockets)
         self.totals.steps += 1

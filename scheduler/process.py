@@ -38,6 +38,7 @@ from common.profiling import ProcessProfiler, ProcessStats, ProfileConfig, epoch
 from common.request_ids import tokenizer_of
 from common.transport import Endpoints, pull_socket, push_socket, recv, send
 from scheduler.scheduler import Scheduler
+from scheduler.step_chain import StepChain
 
 IDLE_POLL_MS = 100
 log = logging.getLogger("scheduler")
@@ -141,6 +142,8 @@ class SchedulerLoop:
             self.window = ProfileWindow(profile.steps, self.profiler, endpoints, others)
         self.in_flight = 0
         self.last_log = 0.0
+        self.chain = StepChain()
+        self._first_result_received: float | None = None  # in this wake-up, answered by its first plan
 
     def run(self) -> None:
         poller = zmq.Poller()
@@ -159,6 +162,7 @@ class SchedulerLoop:
                 # The next plan before the tokens stream out: the worker may be about to run out of plans,
                 # and nobody notices the tokens a fraction of a millisecond later.
                 self._send_plans()
+                self._first_result_received = None  # no plan answered this wake-up's results
                 self._stream(outputs)
             self._maybe_log()
 
@@ -171,6 +175,10 @@ class SchedulerLoop:
             except zmq.Again:
                 break
             self.in_flight -= 1
+            received = time.time()
+            self.chain.on_result(result, received)
+            if self._first_result_received is None:
+                self._first_result_received = received
             started = epoch_us()
             batches.append(self.scheduler.process_result(result))
             if self.profiler.active:
@@ -188,7 +196,11 @@ class SchedulerLoop:
                 break
             if self.window is not None:
                 self.window.on_plan(plan)
+            plan.sent_time = time.time()
             send(self.plans, plan, self.activity.sockets)
+            if self._first_result_received is not None:
+                self.chain.on_reply_plan(self._first_result_received, plan.sent_time)
+                self._first_result_received = None
             self._mark_plan(plan, started)
             if log.isEnabledFor(logging.DEBUG):
                 s = self.scheduler.stats
@@ -260,7 +272,7 @@ class SchedulerLoop:
         )
 
     def stats(self) -> dict:
-        return {**self.activity.summary(), **self.scheduler.snapshot().to_payload()}
+        return {**self.activity.summary(), **self.scheduler.snapshot().to_payload(), **self.chain.to_payload()}
 
 
 def split_by_tokenizer(batch: TokenBatch, num_tokenizers: int) -> dict[int, TokenBatch]:

@@ -367,7 +367,7 @@ def test_every_trace_is_on_one_clock_with_a_marker_per_step_and_merged_into_one(
 
 def test_stats_report_busy_idle_and_messages_for_every_process(tiny_server):
     server = tiny_server
-    generate(server, n=1, max_tokens=2)
+    generate(server, n=2, max_tokens=2)  # consecutive request ids: one for each tokenizer worker (rid % 2)
     with server.client() as c:
         stats = replies_with_frontend(c.get("/stats").json())
     assert set(stats) == ROLES
@@ -377,6 +377,21 @@ def test_stats_report_busy_idle_and_messages_for_every_process(tiny_server):
         assert summary["messages_in"] > 0 and summary["messages_out"] > 0, role
         assert 0 < summary["busy_s"] <= summary["uptime_s"] and 0 <= summary["busy_pct"] <= 100, role
     assert stats["scheduler"]["payload"]["steps"] > 0  # the scheduling counters are still there
+
+
+def test_the_scheduler_times_each_link_from_a_steps_tokens_to_the_next_launch(tiny_server):
+    """scheduler/step_chain.py: the result's trip, the scheduler's turnaround, the plan's trip (timed by the worker
+    from the plan's send time) and the worker's launch, summed per step."""
+    server = tiny_server
+    with server.client() as c:
+        before = c.get("/stats").json()["replies"]["scheduler"]["payload"]
+        generate(server, n=4, max_tokens=8)
+        after = c.get("/stats").json()["replies"]["scheduler"]["payload"]
+    results = after["chain_results"] - before["chain_results"]
+    assert results >= after["steps"] - before["steps"] > 0  # every step's result (release-only plans too)
+    assert after["chain_plans"] > before["chain_plans"]
+    for link in ("result_transit_s", "scheduler_s", "plan_transit_s", "worker_launch_s"):
+        assert after[f"chain_{link}"] > before[f"chain_{link}"], link
 
 
 def test_every_process_froze_its_startup_objects_and_reports_its_collector_pauses(tiny_server):
