@@ -79,13 +79,13 @@ def _encoder_for(cls: type) -> Callable[[Any], list | tuple]:
         annotation, args = hints[name], typing.get_args(hints[name])
         inner = [a for a in args if a is not type(None)]
         if dataclasses.is_dataclass(annotation):
-            nested.append((index, _lazy_encoder(annotation)))
+            nested.append((index, _on_first_use(_encoder_for, annotation)))
         elif (
             typing.get_origin(annotation) in (typing.Union, types.UnionType)
             and len(inner) == 1
             and dataclasses.is_dataclass(inner[0])
         ):
-            nested.append((index, _lazy_encoder(inner[0])))
+            nested.append((index, _on_first_use(_encoder_for, inner[0])))
         elif typing.get_origin(annotation) is list and args and dataclasses.is_dataclass(args[0]):
             nested.append((index, _lazy_list_encoder(args[0])))
 
@@ -114,18 +114,6 @@ def _encoder_for(cls: type) -> Callable[[Any], list | tuple]:
 
     _ENCODERS[cls] = encoder
     return encoder
-
-
-def _lazy_encoder(cls: Any) -> Callable[[Any], Any]:
-    """The encoder of `cls`, looked up on first use (a nested class may be defined after its container)."""
-    resolved: list[Callable[[Any], Any]] = []
-
-    def encode_nested(value: Any) -> Any:
-        if not resolved:
-            resolved.append(_encoder_for(cls))
-        return resolved[0](value)
-
-    return encode_nested
 
 
 def _lazy_list_encoder(cls: Any) -> Callable[[list], list]:
@@ -176,7 +164,7 @@ def _converter_for(annotation: Any) -> Callable[[Any], Any] | None:
     origin = typing.get_origin(annotation)
     args = typing.get_args(annotation)
     if dataclasses.is_dataclass(annotation):
-        return _lazy_decoder(annotation)
+        return _on_first_use(_decoder_for, annotation)
     if origin in (typing.Union, types.UnionType):
         inner = [a for a in args if a is not type(None)]
         if len(inner) == 1:
@@ -206,13 +194,14 @@ def _lazy_list_decoder(cls: Any) -> Callable[[list], list]:
     return decode_list
 
 
-def _lazy_decoder(cls: Any) -> Callable[[list], Any]:
-    """The decoder of `cls`, looked up on first use (a nested class may be defined after its container)."""
-    resolved: list[Callable[[list], Any]] = []
+def _on_first_use(build: Callable[[Any], Callable[[Any], Any]], cls: Any) -> Callable[[Any], Any]:
+    """`build(cls)` (the encoder or the decoder of a nested class), built on first use: a nested class may be
+    defined after its container."""
+    resolved: list[Callable[[Any], Any]] = []
 
-    def decode_nested(values: list) -> Any:
+    def convert(value: Any) -> Any:
         if not resolved:
-            resolved.append(_decoder_for(cls))
-        return resolved[0](values)
+            resolved.append(build(cls))
+        return resolved[0](value)
 
-    return decode_nested
+    return convert
