@@ -235,9 +235,6 @@ class Launcher:
             num_kv_blocks=min(engine.num_kv_blocks for engine in engines.values()),  # what one request may use
             block_size=config.block_size,
         )
-        # The frontends' request metrics live in files here, so any of them can answer /metrics for all.
-        os.environ["PROMETHEUS_MULTIPROC_DIR"] = os.path.join(self.run_dir, "metrics")
-        os.makedirs(os.environ["PROMETHEUS_MULTIPROC_DIR"])
         frontends = [frontend_role(k) for k in range(num_frontends)]
         roles = sorted(self.children) + frontends
         for k, role in enumerate(frontends):

@@ -29,7 +29,7 @@ from frontend.body_guard import RequestBodyGuard
 from frontend.engine_client import EngineClient
 from frontend.errors import ApiError, install_error_handlers
 from frontend.limits import HttpLimits
-from frontend.metrics import FrontendMetrics
+from frontend.metrics import REQUEST_METRICS, FrontendMetrics
 from frontend.native_api import native_router
 from frontend.openai_api import openai_router
 from frontend.streaming import ClientDisconnected
@@ -57,6 +57,7 @@ def build_app(
     app.add_exception_handler(ClientDisconnect, _client_gone)  # gone while sending its body (or cut: --timeout-body)
     app.add_middleware(RequestBodyGuard, max_body_bytes=limits.max_request_body_bytes)  # type: ignore[arg-type]
     metrics = FrontendMetrics(client.limits.served_model_name)
+    client.stats_sources[REQUEST_METRICS] = metrics.counts.to_payload  # in this frontend's /stats, for /metrics
     created = int(time.time())
     keyed = [Depends(api_key_check(api_key))]
     app.include_router(openai_router(client, metrics, limits), dependencies=keyed)
@@ -101,7 +102,9 @@ def build_app(
         replies = await client.control("stats", timeout=STATS_TIMEOUT_S)
         schedulers = [role for role in client.roles if is_scheduler_role(role)]  # one per engine replica
         answered = all(role in replies for role in schedulers)
-        body = metrics.render([replies[role].payload for role in schedulers] if answered else None)
+        # The other frontends' request counts (this one's are its own): every request, whichever frontend.
+        frontends = [r.payload[REQUEST_METRICS] for r in replies.values() if REQUEST_METRICS in r.payload]
+        body = metrics.render([replies[role].payload for role in schedulers] if answered else None, frontends)
         return Response(body, media_type=CONTENT_TYPE_LATEST)
 
     # Profiling: the frontend starts first and stops last, so its own trace covers the whole exchange. Its own

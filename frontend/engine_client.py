@@ -18,6 +18,7 @@ import asyncio
 import itertools
 import logging
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import zmq
@@ -129,6 +130,8 @@ class EngineClient(ABC):
     limits: EngineLimits
     role: str = "frontend"  # this process's role: its own answers appear under it in /stats and profiling
     request_timeout_s: float | None = None  # set by the app from its HttpLimits
+    # More for this frontend's stats, by key (the app's request counts): each called when stats are asked for.
+    stats_sources: dict[str, Callable[[], dict]]
 
     @abstractmethod
     async def submit(self, request: EngineRequest) -> RequestStream:
@@ -180,6 +183,7 @@ class ZmqEngineClient(EngineClient):
     ):
         self.limits = limits
         self.role = frontend_role(index)
+        self.stats_sources = {}
         self.activity = EventLoopStats()
         self._endpoints = endpoints
         self._profiler = profiler
@@ -218,7 +222,8 @@ class ZmqEngineClient(EngineClient):
     def stats(self) -> dict:
         # requests_open: requests this frontend still routes outputs to. Every way a request ends (finished,
         # refused, aborted by its client, timed out, failed at shutdown) removes it: at rest this is 0.
-        return {**self.activity.summary(), "requests_open": len(self._streams), "event_loop": self.event_loop}
+        extra = {key: source() for key, source in self.stats_sources.items()}
+        return {**self.activity.summary(), "requests_open": len(self._streams), "event_loop": self.event_loop, **extra}
 
     async def submit(self, request: EngineRequest) -> RequestStream:
         request.rid = next(self._rids)

@@ -1,8 +1,10 @@
-"""Prometheus metrics of one server, in a registry of the app's own (two apps in one process never mix).
+"""Prometheus metrics of one server, rendered by whichever frontend a scrape reaches.
 
-With several frontend processes (the launcher sets PROMETHEUS_MULTIPROC_DIR for them), each one writes its
-counters and histograms to its own files there, and whichever frontend a scrape reaches adds them all up
-(prometheus_client's multiprocess mode): /metrics counts every request, whichever process served it.
+Each frontend counts its own requests in plain memory (`RequestCounts`: counters, and histograms as counts per
+bucket): a streamed token costs a few additions. A scrape asks every process for its stats over the control
+channel, as it does for the schedulers', and adds up the frontends' counts: /metrics counts every request,
+whichever process served it. (prometheus_client's multiprocess mode, used before, wrote every observation to a
+shared memory-mapped file under a lock: ~15 % of a busy frontend's time.)
 
 Two sources:
 - per-request latencies and token counts, measured here from the stage times the events carry
@@ -18,12 +20,15 @@ Every measure vLLM also has is exposed twice: as `clearserve_*`, and under vLLM'
 
 from __future__ import annotations
 
-import os
+import itertools
+from bisect import bisect_left
 from collections.abc import Iterator
+from dataclasses import dataclass, field
 
-from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest, multiprocess
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
+from prometheus_client.utils import floatToGoString
 
 from common.messages import RequestOutput, StageTimes
 from common.scheduler_stats import SchedulerStats
@@ -124,81 +129,143 @@ class WithVllmNames(Collector):
                 yield copy
 
 
+REQUEST_METRICS = "request_metrics"  # the key of a frontend's counts in its stats
+
+# (name, documentation) of the per-request latency histograms.
+LATENCIES = {
+    "ttft": ("clearserve_time_to_first_token_seconds", "Arrival to the first output handed to the client"),
+    "inter_token": (
+        "clearserve_inter_token_latency_seconds",
+        "Gap between consecutive tokens as the frontend streams them (tokens that arrive together count a zero gap)",
+    ),
+    "e2e": ("clearserve_e2e_request_latency_seconds", "Arrival to the last output"),
+    "queue_time": ("clearserve_request_queue_time_seconds", "Queued by the scheduler to first scheduled"),
+    "tokenization_time": ("clearserve_request_tokenization_time_seconds", "Arrival to tokenized"),
+}
+
+
+class LatencyHistogram:
+    """What a Prometheus histogram holds: observations per bucket of LATENCY_BUCKETS (the last: above them all),
+    and their sum."""
+
+    __slots__ = ("counts", "sum")
+
+    def __init__(self) -> None:
+        self.counts = [0] * (len(LATENCY_BUCKETS) + 1)
+        self.sum = 0.0
+
+    def observe(self, seconds: float) -> None:
+        self.counts[bisect_left(LATENCY_BUCKETS, seconds)] += 1  # the first bucket whose bound is >= seconds
+        self.sum += seconds
+
+
+@dataclass(slots=True)
+class RequestCounts:
+    """One frontend's request metrics (or several frontends' added up), as plain numbers."""
+
+    prompt_tokens: int = 0
+    generation_tokens: int = 0
+    finished: dict[str, int] = field(default_factory=dict)  # by finish reason
+    rejected: dict[str, int] = field(default_factory=dict)  # by HTTP status
+    latencies: dict[str, LatencyHistogram] = field(default_factory=lambda: {k: LatencyHistogram() for k in LATENCIES})
+
+    def to_payload(self) -> dict:
+        """For the control channel (msgpack): plain numbers only."""
+        return {
+            "prompt_tokens": self.prompt_tokens,
+            "generation_tokens": self.generation_tokens,
+            "finished": dict(self.finished),
+            "rejected": dict(self.rejected),
+            "latencies": {k: [*h.counts, h.sum] for k, h in self.latencies.items()},
+        }
+
+    def add(self, payload: dict) -> None:
+        """Add another frontend's counts (its to_payload())."""
+        self.prompt_tokens += payload["prompt_tokens"]
+        self.generation_tokens += payload["generation_tokens"]
+        for mine, theirs in ((self.finished, payload["finished"]), (self.rejected, payload["rejected"])):
+            for key, count in theirs.items():
+                mine[key] = mine.get(key, 0) + count
+        for key, values in payload["latencies"].items():
+            histogram = self.latencies[key]
+            histogram.counts = [a + b for a, b in zip(histogram.counts, values[:-1])]
+            histogram.sum += values[-1]
+
+    def collect(self) -> Iterator[Metric]:
+        yield CounterMetricFamily("clearserve_prompt_tokens", "Prompt tokens of accepted requests", self.prompt_tokens)
+        yield CounterMetricFamily("clearserve_generation_tokens", "Tokens streamed to clients", self.generation_tokens)
+        for name, doc, label, counts in (
+            ("clearserve_requests_finished", "Requests finished, by finish reason", "finish_reason", self.finished),
+            ("clearserve_requests_rejected", "Requests the engine refused, by HTTP status", "status", self.rejected),
+        ):
+            family = CounterMetricFamily(name, doc, labels=[label])
+            for key, count in sorted(counts.items()):
+                family.add_metric([key], count)
+            yield family
+        for key, (name, doc) in LATENCIES.items():
+            histogram = self.latencies[key]
+            cumulative = list(itertools.accumulate(histogram.counts))
+            bounds = [floatToGoString(b) for b in LATENCY_BUCKETS] + ["+Inf"]
+            yield HistogramMetricFamily(name, doc, buckets=list(zip(bounds, cumulative)), sum_value=histogram.sum)
+
+
+class _Families(Collector):
+    def __init__(self, families: Iterator[Metric] | list[Metric]) -> None:
+        self.families = list(families)
+
+    def collect(self) -> Iterator[Metric]:
+        return iter(self.families)
+
+
 class FrontendMetrics:
     def __init__(self, model_name: str = "") -> None:
         """`model_name`: the served name, the `model_name` label of the `vllm:*` metrics."""
-        self.registry = CollectorRegistry()
-        r = self.registry
-        self.prompt_tokens = Counter("clearserve_prompt_tokens", "Prompt tokens of accepted requests", registry=r)
-        self.generation_tokens = Counter("clearserve_generation_tokens", "Tokens streamed to clients", registry=r)
-        self.requests_finished = Counter(
-            "clearserve_requests_finished", "Requests finished, by finish reason", ["finish_reason"], registry=r
-        )
-        self.requests_rejected = Counter(
-            "clearserve_requests_rejected", "Requests the engine refused, by HTTP status", ["status"], registry=r
-        )
         self.model_name = model_name
-
-        def latency(name: str, doc: str) -> Histogram:
-            return Histogram(name, doc, buckets=LATENCY_BUCKETS, registry=r)
-
-        self.ttft = latency(
-            "clearserve_time_to_first_token_seconds", "Arrival to the first output handed to the client"
-        )
-        self.inter_token = latency(
-            "clearserve_inter_token_latency_seconds",
-            "Gap between consecutive tokens as the frontend streams them "
-            "(tokens that arrive together count a zero gap)",
-        )
-        self.e2e = latency("clearserve_e2e_request_latency_seconds", "Arrival to the last output")
-        self.queue_time = latency("clearserve_request_queue_time_seconds", "Queued by the scheduler to first scheduled")
-        self.tokenization_time = Histogram(
-            "clearserve_request_tokenization_time_seconds", "Arrival to tokenized", buckets=LATENCY_BUCKETS, registry=r
-        )
+        self.counts = RequestCounts()
+        self._latency = self.counts.latencies
         self.scheduler = SchedulerStatsCollector(model_name)
-        # Set in every frontend's environment by the launcher; prometheus_client reads it at import.
-        self.multiprocess_dir = os.environ.get("PROMETHEUS_MULTIPROC_DIR")
-        if self.multiprocess_dir is None:
-            r.register(self.scheduler)
 
     def accepted(self, prompt_tokens: int, times: StageTimes) -> None:
-        self.prompt_tokens.inc(prompt_tokens)
-        self.tokenization_time.observe(max(0.0, times.tokenized - times.arrival))
+        self.counts.prompt_tokens += prompt_tokens
+        self._latency["tokenization_time"].observe(max(0.0, times.tokenized - times.arrival))
 
     def rejected(self, status: int) -> None:
-        self.requests_rejected.labels(status=str(status)).inc()
+        rejected = self.counts.rejected
+        rejected[str(status)] = rejected.get(str(status), 0) + 1
 
     def output(self, output: RequestOutput, times: StageTimes, previous_token_streamed: float | None) -> None:
         """One output of an accepted request; `previous_token_streamed` is when its previous token was
         streamed, None while it has none."""
         num_tokens = len(output.token_ids)
-        self.generation_tokens.inc(num_tokens)
+        self.counts.generation_tokens += num_tokens
+        latency = self._latency
         if num_tokens and previous_token_streamed is None:
-            self.ttft.observe(max(0.0, output.streamed_time - times.arrival))
+            latency["ttft"].observe(max(0.0, output.streamed_time - times.arrival))
             if output.first_scheduled:
-                self.queue_time.observe(max(0.0, output.first_scheduled - times.queued))
+                latency["queue_time"].observe(max(0.0, output.first_scheduled - times.queued))
         elif num_tokens:
-            self.inter_token.observe(max(0.0, output.streamed_time - previous_token_streamed))
+            latency["inter_token"].observe(max(0.0, output.streamed_time - previous_token_streamed))
         for _ in range(num_tokens - 1):
-            self.inter_token.observe(0.0)
+            latency["inter_token"].observe(0.0)
         if output.finish_reason:
             self.finished(output.finish_reason)
-            self.e2e.observe(max(0.0, output.streamed_time - times.arrival))
+            latency["e2e"].observe(max(0.0, output.streamed_time - times.arrival))
 
     def finished(self, finish_reason: str) -> None:
-        self.requests_finished.labels(finish_reason=finish_reason).inc()
+        finished = self.counts.finished
+        finished[finish_reason] = finished.get(finish_reason, 0) + 1
 
-    def render(self, scheduler_stats: list[dict] | None) -> bytes:
+    def render(self, scheduler_stats: list[dict] | None, other_frontends: list[dict] | None = None) -> bytes:
         """`scheduler_stats`: every engine replica's scheduler's stats, summed into one set of metrics; None
-        (or none at all) when a scheduler did not answer."""
+        (or none at all) when a scheduler did not answer. `other_frontends`: the other frontends' counts
+        (RequestCounts.to_payload), added to this one's."""
         # Set and render with no await between: concurrent scrapes each see their own snapshot.
         payloads = scheduler_stats or []
         self.scheduler.snapshot = SchedulerStats.total([SchedulerStats.from_payload(p) for p in payloads]) or None
+        total = RequestCounts()
+        for counts in [self.counts.to_payload(), *(other_frontends or [])]:
+            total.add(counts)
         rendered = CollectorRegistry()
-        if self.multiprocess_dir is None:
-            rendered.register(WithVllmNames(self.registry, self.model_name))
-        else:
-            every_frontend = multiprocess.MultiProcessCollector(None, self.multiprocess_dir)  # type: ignore[arg-type]
-            rendered.register(WithVllmNames(every_frontend, self.model_name))
-            rendered.register(self.scheduler)
+        rendered.register(WithVllmNames(_Families(total.collect()), self.model_name))
+        rendered.register(self.scheduler)
         return generate_latest(rendered)

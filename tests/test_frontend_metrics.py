@@ -144,3 +144,23 @@ def test_vllm_metric_names_carry_the_same_values_labelled_by_model_name(http, en
     ):
         clearserve = histogram.replace("vllm:", "clearserve_").replace("time_per_output_token", "inter_token_latency")
         assert m[(f"{histogram}_count", model)] == m[(f"{clearserve}_count", ())] > 0, histogram
+
+
+def test_an_observation_on_a_bucket_bound_counts_in_that_bucket_and_frontends_add_up():
+    from frontend.metrics import LATENCY_BUCKETS, FrontendMetrics, RequestCounts
+
+    one, other = FrontendMetrics(), RequestCounts()
+    one.counts.latencies["e2e"].observe(LATENCY_BUCKETS[0])  # "le": less than or equal to the bound
+    other.latencies["e2e"].observe(LATENCY_BUCKETS[-1] * 2)  # above every bound: only +Inf
+    other.finished["stop"] = 2
+    text = one.render(None, [other.to_payload()]).decode()
+    m = {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+    }
+    name = "clearserve_e2e_request_latency_seconds"
+    assert m[(f"{name}_bucket", (("le", str(LATENCY_BUCKETS[0])),))] == 1
+    assert m[(f"{name}_bucket", (("le", "+Inf"),))] == m[(f"{name}_count", ())] == 2
+    assert m[(f"{name}_sum", ())] == LATENCY_BUCKETS[0] + LATENCY_BUCKETS[-1] * 2
+    assert m[("clearserve_requests_finished_total", (("finish_reason", "stop"),))] == 2

@@ -348,10 +348,13 @@ def test_every_trace_is_on_one_clock_with_a_marker_per_step_and_merged_into_one(
         assert all(before <= e["ts"] <= after for e in events), f"{role}'s trace is not on the Unix epoch clock"
     plans, steps = markers(traces["scheduler"], "plan"), markers(traces["gpu_worker"], "step")
     assert plans and steps
-    assert {p["args"]["step_id"] for p in plans} == {s["args"]["step_id"] for s in steps}
+    # A plan that only releases finished requests may be sent as the last responses go out, and reach the
+    # worker after /stop_profile did: the steps that computed tokens are the ones both sides saw.
+    computing = [p for p in plans if p["args"]["rids"]]
+    assert {p["args"]["step_id"] for p in computing} == {s["args"]["step_id"] for s in steps if s["args"]["rids"]}
     assert sum(p["args"]["prefill_tokens"] for p in plans) > 0 and sum(p["args"]["decode_tokens"] for p in plans) > 0
     by_id = {s["args"]["step_id"]: s for s in steps}
-    for plan in plans:
+    for plan in computing:
         step = by_id[plan["args"]["step_id"]]
         assert step["args"]["tokens"] == plan["args"]["prefill_tokens"] + plan["args"]["decode_tokens"]
         assert step["args"]["rids"] == plan["args"]["rids"]
