@@ -27,7 +27,6 @@ T = TypeVar("T")
 _BY_TAG: dict[int, type] = {}
 _DECODERS: dict[type, Callable[[list], Any]] = {}
 _ENCODERS: dict[type, Callable[[Any], list | tuple]] = {}
-_PLAIN: set[type] = set()  # classes whose fields are all plain msgpack values
 
 
 class WireError(ValueError):
@@ -136,24 +135,16 @@ def _decoder_for(cls: type) -> Callable[[list], Any]:
     converters = [_converter_for(hints[f.name]) for f in fields]
     num_fields = len(converters)
 
-    if not any(converters):  # plain fields only (every per-token item): msgpack's values are the fields
-        _PLAIN.add(cls)
+    # The fields that hold dataclasses (their values mostly None); the rest are msgpack's values as they are.
+    nested = [(i, conv) for i, conv in enumerate(converters) if conv is not None]
 
-        def decoder(values: list) -> Any:
-            if not isinstance(values, list) or len(values) != num_fields:
-                raise WireError(f"{cls.__name__} expects a list of {num_fields} fields, got {values!r:.80}")
-            return cls(*values)
-
-    else:
-        nested = [(i, conv) for i, conv in enumerate(converters) if conv is not None]
-
-        def decoder(values: list) -> Any:
-            if not isinstance(values, list) or len(values) != num_fields:
-                raise WireError(f"{cls.__name__} expects a list of {num_fields} fields, got {values!r:.80}")
-            for index, conv in nested:
-                if values[index] is not None:
-                    values[index] = conv(values[index])
-            return cls(*values)
+    def decoder(values: list) -> Any:
+        if not isinstance(values, list) or len(values) != num_fields:
+            raise WireError(f"{cls.__name__} expects a list of {num_fields} fields, got {values!r:.80}")
+        for index, conv in nested:
+            if values[index] is not None:
+                values[index] = conv(values[index])
+        return cls(*values)
 
     _DECODERS[cls] = decoder
     return decoder
@@ -184,11 +175,6 @@ def _lazy_list_decoder(cls: Any) -> Callable[[list], list]:
         if not resolved:
             resolved.append(_decoder_for(cls))
         item = resolved[0]
-        if cls in _PLAIN:  # hundreds per plan: built directly, a wrong shape caught once for the list
-            try:
-                return [cls(*v) for v in values]
-            except TypeError as exc:
-                raise WireError(f"a list of {cls.__name__} holds an item of the wrong shape: {exc}") from exc
         return [item(v) for v in values]
 
     return decode_list

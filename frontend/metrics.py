@@ -92,9 +92,8 @@ class SchedulerStatsCollector(Collector):
 
 
 # Our metrics that vLLM also has, and its names for them: exposed under both, from one measurement. They are
-# recorded once, under our name, and copied under vLLM's (labelled model_name) when a scrape renders them: with
-# several frontends every observation is a write to a shared memory-mapped file, and the inter-token latency
-# alone, observed under three names, made metrics 14 % of a busy frontend's time (docs/benchmarks.md).
+# counted once, under our name, and copied under vLLM's (labelled model_name) when a scrape renders them, so a
+# streamed token's inter-token latency is one observation, not three (docs/benchmarks.md).
 VLLM_ALIASES: dict[str, tuple[str, ...]] = {
     "clearserve_prompt_tokens": ("vllm:prompt_tokens",),
     "clearserve_generation_tokens": ("vllm:generation_tokens",),
