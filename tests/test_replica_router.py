@@ -74,11 +74,11 @@ def test_an_abort_finds_the_replica_that_holds_the_request():
 
 
 def test_prefix_memory_is_bounded_and_forgets_the_least_recently_routed():
-    router = ReplicaRouter(1, BLOCK, memory_blocks=8)
-    for family in range(20):
+    router = ReplicaRouter(2, BLOCK, memory_blocks=8)
+    for family in range(20):  # new families alternate between the replicas (least load)
         router.route(family, prompt(family, 4))
-        assert router.remembered_blocks(0) <= 8
-    assert router.remembered_blocks(0) == 8
+        assert max(router.remembered_blocks(0), router.remembered_blocks(1)) <= 8
+    assert router.remembered_blocks(0) == router.remembered_blocks(1) == 8
     router = ReplicaRouter(2, BLOCK, memory_blocks=4)
     router.route(1, prompt(1, 4))
     router.route(2, prompt(2, 4))  # replica 1 (least load)
@@ -87,6 +87,17 @@ def test_prefix_memory_is_bounded_and_forgets_the_least_recently_routed():
     router.release(3)
     router.route(4, [0])  # load 0 ahead by one
     assert router.route(5, prompt(1, 4)) == 1  # family 1 is remembered nowhere now: least load
+
+
+def test_a_single_replica_remembers_no_prefixes():
+    router = ReplicaRouter(1, BLOCK)
+    for rid in range(20):
+        assert router.route(rid, prompt(rid % 3, 4, [rid])) == 0
+    assert router.remembered_blocks(0) == 0
+    assert router.in_flight == [20]
+    for rid in range(20):
+        router.release(rid)
+    assert router.in_flight == [0]
 
 
 def test_block_hashes_name_whole_prefixes():

@@ -8,6 +8,7 @@ nothing: it keeps its own picture of them.
                   each chained to the one before, so a hash names a whole prefix, as a trie node does)
     per replica:  the hashes of prompts recently routed there (LRU, bounded) ─▶ leading blocks matched
                   requests routed there and not yet finished (in flight)
+    one replica:  no choice to make, so no hashes and no memory: only the requests in flight
 
     choose: most leading blocks matched, then fewest in flight, then lowest index, among the replicas
             whose load is within `max_imbalance` of the least loaded one (which always qualifies)
@@ -22,7 +23,10 @@ from __future__ import annotations
 
 from collections import OrderedDict
 
-PREFIX_MEMORY_BLOCKS = 32768  # block hashes remembered per replica (about 3 MB each)
+# Block hashes remembered per replica. Full, 32768 cost ~6 MB of Python objects (the OrderedDict 4.5 MB, the
+# hashes 1.1 MB) and ~10 MiB of RSS with the allocator's slack, reached within ~15,000 requests of varied
+# prompts and flat from there (docs/benchmarks.md, Soak).
+PREFIX_MEMORY_BLOCKS = 32768
 MAX_IMBALANCE = 8  # requests in flight a cached prefix may put a replica ahead of the least loaded one
 
 
@@ -44,11 +48,7 @@ class ReplicaRouter:
 
     def route(self, rid: int, prompt_ids: list[int]) -> int:
         """The replica for a new request; it counts as in flight there until `release(rid)`."""
-        hashes = self.block_hashes(prompt_ids)
-        least = min(self.in_flight)
-        candidates = [r for r, load in enumerate(self.in_flight) if load - least <= self.max_imbalance]
-        replica = min(candidates, key=lambda r: (-self._matched_blocks(r, hashes), self.in_flight[r], r))
-        self._remember(replica, hashes)
+        replica = self._choose(prompt_ids) if len(self.in_flight) > 1 else 0
         self._owner[rid] = replica
         self.in_flight[replica] += 1
         self.routed[replica] += 1
@@ -75,6 +75,14 @@ class ReplicaRouter:
 
     def remembered_blocks(self, replica: int) -> int:
         return len(self._prefixes[replica])
+
+    def _choose(self, prompt_ids: list[int]) -> int:
+        hashes = self.block_hashes(prompt_ids)
+        least = min(self.in_flight)
+        candidates = [r for r, load in enumerate(self.in_flight) if load - least <= self.max_imbalance]
+        replica = min(candidates, key=lambda r: (-self._matched_blocks(r, hashes), self.in_flight[r], r))
+        self._remember(replica, hashes)
+        return replica
 
     def _matched_blocks(self, replica: int, hashes: list[int]) -> int:
         known = self._prefixes[replica]
