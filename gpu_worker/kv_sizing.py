@@ -1,6 +1,7 @@
 """How many KV blocks the worker allocates when --num-kv-blocks does not say.
 
-CUDA:  (total memory x --gpu-memory-utilization - peak of a forward at the largest step) / block bytes
+CUDA:  (total memory x --gpu-memory-utilization - peak of a forward at the largest step
+        - that forward's activations once more where CUDA graphs are captured: their pool holds as much) / block bytes
 CPU:   --cpu-kv-cache-gib / block bytes
 and never more than every seat at full context could use. On a GPU, the default number of seats is then
 chosen by how many requests of a typical length the store holds (common/config.py: with_batch_limits).
@@ -32,12 +33,15 @@ def size_kv_store(
     attention: AttentionBackend,
     device: torch.device,
     dtype: torch.dtype,
+    captures_graphs: bool = False,
 ) -> int:
+    """captures_graphs: CUDA graphs will be captured after the store is allocated (the mixed graphs' largest
+    bucket is a step of the whole prompt budget, whose activations their memory pool keeps)."""
     num_layers, kv_heads, head_dim = model.kv_shape
     per_block = PagedKVCache.bytes_per_block(num_layers, config.block_size, kv_heads, head_dim, dtype)
     useful = config.max_num_seqs * -(-info.max_model_len // config.block_size)
     if device.type == "cuda":
-        budget = _cuda_budget_bytes(config, info, model, attention, dtype, device)
+        budget = _cuda_budget_bytes(config, info, model, attention, dtype, device, captures_graphs)
     else:
         budget = int(config.cpu_kv_cache_gib * 2**30)
     blocks = min(useful, budget // per_block)
@@ -55,10 +59,12 @@ def _cuda_budget_bytes(
     attention: AttentionBackend,
     dtype: torch.dtype,
     device: torch.device,
+    captures_graphs: bool,
 ) -> int:
     """Free memory after a forward at the largest step size, times --gpu-memory-utilization."""
     torch.cuda.empty_cache()
     torch.cuda.reset_peak_memory_stats(device)
+    before = torch.cuda.memory_allocated(device)
     block_size = config.block_size
     tokens = min(config.max_num_batched_tokens, info.max_model_len)
     num_layers, kv_heads, head_dim = model.kv_shape
@@ -77,4 +83,5 @@ def _cuda_budget_bytes(
     del probe_cache, ctx, hidden
     torch.cuda.empty_cache()
     total = torch.cuda.get_device_properties(device).total_memory
-    return int(total * config.gpu_memory_utilization) - peak
+    graph_pool = peak - before if captures_graphs else 0
+    return int(total * config.gpu_memory_utilization) - peak - graph_pool

@@ -4,8 +4,9 @@ and samples. It allocates no block and makes no decision; every choice arrives i
 A step is launched, then finished:
 
     launch(plan N):  drop released mirrors, add new ones, extend block tables; order the
-                     chunks (multi-token first); inputs, positions, slots; forward (a CUDA graph for
-                     decode-only steps); sample; start copying the tokens to the host   -- no waiting
+                     chunks (multi-token first); inputs, positions, slots; forward (a CUDA graph: a
+                     decode graph by batch size, a mixed one by token count; eager for prompt logprobs);
+                     sample; start copying the tokens to the host                        -- no waiting
     finish(N):       wait for N's tokens; append them to the mirrors; StepResult in plan order
 
 Launching N+1 before finishing N keeps the GPU busy while the host prepares the next step. N+1 may then
@@ -40,6 +41,7 @@ from gpu_worker.host_copy import StagingRing
 from gpu_worker.input_batch import PersistentBatch, StepInputs, eager_bucket, pad_batch
 from gpu_worker.kv_cache import PagedKVCache
 from gpu_worker.kv_sizing import requests_held, size_kv_store
+from gpu_worker.mixed_graphs import MixedGraphs
 from gpu_worker.model_loader import load_model, resolve_dtype
 from gpu_worker.models.forward_context import ForwardContext
 from gpu_worker.parallel import SINGLE, TensorParallel
@@ -141,9 +143,11 @@ class ModelRunner:
             what = "random weights" if config.load_format == "dummy" else "weights loaded"
             phases.done(f"{what}: {params / 1e6:.0f}M parameters, {self.dtype} on {self.device}")
         num_layers, kv_heads, head_dim = self.model.kv_shape  # this rank's KV heads
+        captures_graphs = on_gpu and self.attention.supports_cuda_graphs and not config.enforce_eager
         # Every rank must have every block the scheduler hands out: the smallest store of any rank.
         self.num_kv_blocks = tp.min(
-            config.num_kv_blocks or size_kv_store(config, info, self.model, self.attention, self.device, self.dtype),
+            config.num_kv_blocks
+            or size_kv_store(config, info, self.model, self.attention, self.device, self.dtype, captures_graphs),
             self.device,
         )
         if seats_from_memory:
@@ -157,7 +161,20 @@ class ModelRunner:
             gib = self.kv_cache.data.numel() * self.kv_cache.data.element_size() / 2**30
             phases.done(f"KV store: {self.num_kv_blocks} blocks of {config.block_size} tokens, {gib:.2f} GiB")
         self.graphs: DecodeGraphs | None = None
-        if self.device.type == "cuda" and self.attention.supports_cuda_graphs and not config.enforce_eager:
+        self.mixed_graphs: MixedGraphs | None = None
+        if captures_graphs:
+            pool = torch.cuda.graph_pool_handle()  # one pool for every graph: they never run at once
+            # Largest activations first (a full prompt budget), so the decode graphs reuse their memory.
+            self.mixed_graphs = MixedGraphs(
+                self.model,
+                self.attention,
+                self.kv_cache,
+                config.max_num_batched_tokens + config.max_num_seqs,
+                config.max_num_seqs,
+                info.max_model_len,
+                scratch_block=self.num_kv_blocks,
+                pool=pool,
+            )
             self.graphs = DecodeGraphs(
                 self.model,
                 self.attention,
@@ -165,10 +182,13 @@ class ModelRunner:
                 config.max_num_seqs,
                 info.max_model_len,
                 scratch_block=self.num_kv_blocks,
+                pool=pool,
             )
             if phases is not None:
+                mixed, decode = self.mixed_graphs.buckets, self.graphs.buckets
                 phases.done(
-                    f"CUDA graphs captured for decode batches of {self.graphs.buckets[0]}-{self.graphs.buckets[-1]}"
+                    f"CUDA graphs captured: {len(mixed)} for steps of {mixed[0]}-{mixed[-1]} tokens, "
+                    f"{len(decode)} for decode batches of {decode[0]}-{decode[-1]}"
                 )
         self.mirrors: dict[int, RequestMirror] = {}
         # Per-step inputs: ids and positions (8 bytes each per token), metadata (block tables dominate).
@@ -262,12 +282,19 @@ class ModelRunner:
         t1 = time.perf_counter()
 
         input_ids, positions, slot_mapping = inputs.input_ids, inputs.positions, inputs.slot_mapping
-        graph = len(input_ids) == n and self.graphs is not None and self.graphs.bucket_for(n)
+        decode_only = len(input_ids) == n
         prompt_logprobs = None
-        if graph and not prompt_rows:
+        if decode_only and not prompt_rows and self.graphs is not None and self.graphs.bucket_for(n):
             logits = self.graphs.run(input_ids, positions, slot_mapping, layout, device_inputs)
             if len(sampling_rows) < n:
                 logits = logits[staging.upload(inputs.sampling_rows, torch.long)]
+        elif (
+            not decode_only
+            and not prompt_rows
+            and self.mixed_graphs is not None
+            and self.mixed_graphs.bucket_for(len(input_ids), n)
+        ):
+            logits = self.mixed_graphs.run(input_ids, positions, slot_mapping, layout, inputs.logit_rows, device_inputs)
         else:
             logits, prompt_hidden = self._forward_eager(
                 input_ids, positions, slot_mapping, layout, inputs.logit_rows, device_inputs, prompt_rows

@@ -70,6 +70,43 @@ def test_cuda_graph_decode_gives_the_same_tokens_as_eager(tiny_model):
     ]
 
 
+def staggered_run(llm: LLM, params: SamplingParams) -> list[list[int]]:
+    """Prompts of many lengths arriving 1-3 at a time in front of a growing decode batch, some chunked."""
+    lengths = iter([3, 300, 5, 9, 70, 17, 2, 33, 129, 4, 64, 400])
+    rids: list[int] = []
+    outputs: dict[int, list[int]] = {}
+
+    def step() -> None:
+        batch = llm.step()
+        for rid, token in zip(batch.rids, batch.token_ids) if batch is not None else ():
+            outputs.setdefault(rid, []).append(token)
+
+    for arrivals in (1, 2, 3, 1, 2, 3):
+        for prompt in random_prompts(arrivals, [next(lengths) for _ in range(arrivals)], vocab=512, seed=arrivals):
+            rids.append(llm.add_request(prompt, params))
+        for _ in range(3):
+            step()
+    while llm.scheduler.has_unfinished():
+        step()
+    return [outputs[rid] for rid in rids]
+
+
+def test_steps_computing_prompts_replay_graphs_and_give_the_same_tokens_as_eager(tiny_model, monkeypatch):
+    from gpu_worker.mixed_graphs import MixedGraphs
+
+    replays = []
+    real_run = MixedGraphs.run
+    monkeypatch.setattr(MixedGraphs, "run", lambda self, *a: replays.append(len(a[0])) or real_run(self, *a))
+    params = SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True)
+    config = dict(device="cuda", dtype="float32", max_num_seqs=8, max_num_batched_tokens=128)
+    graphs = LLM(str(tiny_model), **config)
+    ours = staggered_run(graphs, params)
+    assert len(replays) >= 6 and max(replays) > 100  # prefill alone and beside decodes, chunks of 128 tokens
+    eager = LLM(str(tiny_model), enforce_eager=True, **config)
+    assert eager.runner.mixed_graphs is None
+    assert ours == staggered_run(eager, params)
+
+
 def test_no_step_after_warm_up_compiles_a_kernel(tiny_model, monkeypatch):
     # A compile stalls every running request for a few hundred milliseconds: warm-up must have built
     # every kernel variant that serving can ask for, whatever the mix of prefills and decodes.
@@ -79,13 +116,5 @@ def test_no_step_after_warm_up_compiles_a_kernel(tiny_model, monkeypatch):
     llm = LLM(str(tiny_model), device="cuda", dtype="bfloat16", attention_backend="triton", max_num_seqs=8)
     compiled: list[str] = []
     monkeypatch.setattr(triton.knobs.runtime, "jit_cache_hook", lambda *, repr, **_: compiled.append(repr))
-    params = SamplingParams(max_tokens=40, temperature=0.0, ignore_eos=True)
-    lengths = iter([3, 300, 5, 9, 70, 17, 2, 33, 129, 4, 64, 400])
-    for arrivals in (1, 2, 3, 1, 2, 3):  # 1-3 prefills at a time in front of a growing decode batch
-        for prompt in random_prompts(arrivals, [next(lengths) for _ in range(arrivals)], vocab=512, seed=arrivals):
-            llm.add_request(prompt, params)
-        for _ in range(3):
-            llm.step()
-    while llm.scheduler.has_unfinished():
-        llm.step()
+    staggered_run(llm, SamplingParams(max_tokens=40, temperature=0.0, ignore_eos=True))
     assert compiled == []

@@ -25,7 +25,9 @@ from gpu_worker.attention import (  # noqa: E402
     triton_kernels,  # noqa: E402
 )
 from gpu_worker.attention.triton_backend import TritonAttention  # noqa: E402
+from gpu_worker.graph_capture import field_views, flat_size  # noqa: E402
 from gpu_worker.host_copy import StagingRing  # noqa: E402
+from gpu_worker.mixed_graphs import MixedStepInputs  # noqa: E402
 
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 STAGING = StagingRing(DEVICE, 1 << 24)
@@ -259,3 +261,54 @@ def test_block_table_width_is_a_power_of_two_covering_every_context():
     assert layout.slot_mapping(np.array([32, 69]), 16).tolist() == [3 * 16 + 0, 8 * 16 + 5]
     metadata = build_metadata(TritonAttention(16), layout, torch.tensor([32, 69]))
     assert metadata.block_tables.tolist() == layout.block_table.tolist()
+
+
+@pytest.mark.parametrize("max_context", [256, 2048], ids=["unsplit", "split-kv"])
+@pytest.mark.parametrize("seqs", [MIXED, MIXED[:4]], ids=["prefills-and-decodes", "prefills-only"])
+def test_a_step_in_a_graph_buckets_static_inputs_matches_reference(seqs, max_context, monkeypatch):
+    """A step written into the static inputs a mixed-step CUDA graph reads (mixed_graphs.py), over fields
+    holding garbage (a larger step's values), with every launch sized for the bucket: the real tokens'
+    outputs and K/V are the reference's; padding tokens output zeros and write nothing but the scratch slot."""
+    block_size, heads, kv_heads, head_dim = 16, 8, 2, 32
+    batch = mixed_batch(seqs, block_size, heads, kv_heads, head_dim, seed=9)
+    num_tokens, layout = len(batch.slots), batch.layout
+    owned = set(layout.block_table.ravel().tolist())
+    scratch = next(b for b in range(batch.k_cache.shape[0]) if b not in owned)
+    inputs = MixedStepInputs(
+        max_tokens=300, max_seqs=12, table_width=max_context // block_size, scratch_slot=scratch * block_size
+    )
+    flat = torch.full((flat_size(inputs.shapes),), 10**6, dtype=torch.int32)  # read anywhere, it would fault
+    last_rows = np.cumsum(layout.query_lens) - 1
+    bucket = inputs.fill(
+        field_views(inputs.shapes, flat.numpy()),
+        np.zeros(num_tokens, np.int64),
+        np.zeros(num_tokens, np.int64),
+        batch.slots.numpy(),
+        layout,
+        last_rows,
+    )
+    assert bucket > num_tokens  # 125 or 121 tokens in the 128-token bucket
+    backend = TritonAttention(block_size)
+    metadata = backend.static_metadata(
+        inputs.attention_buffers(field_views(inputs.shapes, flat.to(DEVICE)), bucket), max_context
+    )
+    if max_context > 256:  # the graph's decode launch, sized for 12 sequences, splits long contexts
+        assert triton_kernels.decode_num_splits(12, kv_heads, max_context, num_sms=132) > 1
+    padding = torch.randn(bucket - num_tokens, *batch.qkv.shape[1:], generator=torch.Generator().manual_seed(1))
+    qkv = torch.cat([batch.qkv, padding.to(DEVICE, batch.qkv.dtype)])
+    q, k, v = qkv.split([heads, kv_heads, kv_heads], dim=1)
+    k_cache, v_cache = (_poison_slots(c, batch.poisoned) for c in (batch.k_cache, batch.v_cache))
+    with monkeypatch.context() as patch:
+        nan_filled_empty(patch)
+        out = backend.forward(q, k, v, k_cache, v_cache, metadata, SCALE)
+
+    ref_out, ref_k, ref_v = run_reference(batch)
+    torch.testing.assert_close(out[:num_tokens], ref_out, rtol=1e-5, atol=1e-5)
+    assert torch.equal(out[num_tokens:], torch.zeros_like(out[num_tokens:]))
+    written = torch.zeros_like(batch.poisoned)
+    written[batch.slots.to(DEVICE)] = True
+    others = torch.ones(k_cache.shape[0], dtype=torch.bool)
+    others[scratch] = False
+    for cache, ref in ((k_cache, ref_k), (v_cache, ref_v)):
+        expected = _poison_slots(ref, batch.poisoned & ~written)
+        torch.testing.assert_close(cache[others], expected[others], rtol=0, atol=0, equal_nan=True)

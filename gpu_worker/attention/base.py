@@ -61,21 +61,36 @@ class BatchLayout:
         return blocks * block_size + positions % block_size
 
 
+@dataclass(slots=True)
+class StaticAttentionBuffers:
+    """What a captured forward's attention reads: views of a CUDA graph's int32 device buffer, sized for the
+    graph's largest step; each replay's step fills a prefix of each and marks the rest as padding."""
+
+    slot_mapping: torch.Tensor  # [T] every token's KV slot (padding tokens: a scratch slot)
+    context_lens: torch.Tensor  # [S]
+    query_starts: torch.Tensor  # [P + 1] token offsets of the multi-token sequences
+    prefill_tiles: torch.Tensor  # [2, tiles]: (sequence, first query) per tile, sequence -1 for padding; tiles may be 0
+    decode_span: torch.Tensor  # [3]: first decode sequence, its query's token row, number of decodes
+    block_tables: torch.Tensor  # [S, W]
+    decode_programs: int  # the most decode sequences a step of the graph may hold
+    # Whether padding tokens belong to no sequence (their outputs are zeros) rather than to one-token
+    # sequences of their own in a scratch block.
+    padding_outside_sequences: bool
+
+
 class AttentionBackend(ABC):
     """Builds per-forward metadata once, then runs every layer's attention with it."""
 
-    # Whether decode-only forwards can be captured in CUDA graphs (static_decode_metadata is implemented).
+    # Whether forwards can be captured in CUDA graphs (static_metadata is implemented).
     supports_cuda_graphs = False
 
     def __init__(self, block_size: int):
         self.block_size = block_size
 
-    def static_decode_metadata(
-        self, slot_mapping: torch.Tensor, context_lens: torch.Tensor, block_tables: torch.Tensor, max_context: int
-    ) -> Any:
-        """Metadata for a decode-only forward reading caller-owned device buffers (int32: slots [S],
-        context lens [S], block tables [S, W]), which the caller refills before each graph replay.
-        Every launch shape must depend only on S and max_context, never on the buffers' contents."""
+    def static_metadata(self, buffers: StaticAttentionBuffers, max_context: int) -> Any:
+        """Metadata for a forward reading caller-owned device buffers, which the caller refills before each
+        graph replay. Every launch shape must depend only on the buffers' shapes and max_context, never on
+        their contents."""
         raise NotImplementedError(f"{type(self).__name__} cannot be captured in CUDA graphs")
 
     @abstractmethod

@@ -159,7 +159,7 @@ def _online_softmax_step(acc, m_i, l_i, s, v):
 
 # Arguments that change from step to step are not specialized on (Triton would otherwise compile a
 # variant per divisibility class): one compiled kernel per model, warmed up before serving.
-@triton.jit(do_not_specialize=["num_tiles", "stride_bt"])
+@triton.jit(do_not_specialize=["tiles_stride", "stride_bt"])
 def _prefill_kernel(
     q_ptr,
     out_ptr,
@@ -169,7 +169,7 @@ def _prefill_kernel(
     context_lens_ptr,
     query_starts_ptr,
     tiles_ptr,
-    num_tiles,
+    tiles_stride,
     qk_scale,
     stride_qt,
     stride_qh,
@@ -189,7 +189,9 @@ def _prefill_kernel(
     tile = tl.program_id(0)
     head = tl.program_id(1)
     seq = tl.load(tiles_ptr + tile)
-    first = tl.load(tiles_ptr + num_tiles + tile)  # index of the tile's first query within its sequence
+    if seq < 0:
+        return  # a padding tile (a graph launches a fixed number of them)
+    first = tl.load(tiles_ptr + tiles_stride + tile)  # index of the tile's first query within its sequence
     q_start = tl.load(query_starts_ptr + seq)
     q_len = tl.load(query_starts_ptr + seq + 1) - q_start
     ctx = tl.load(context_lens_ptr + seq)
@@ -268,10 +270,11 @@ def prefill_attention(
     tiles: torch.Tensor,
     scale: float,
 ) -> None:
-    """Causal attention of the multi-token sequences: q, out [their tokens, Hq, D].
+    """Causal attention of the multi-token sequences, whose tokens come first in q, out [T, Hq, D].
 
     query_starts [P + 1]: token offsets of the sequences in q; tiles [2, num tiles]: (sequence, first
-    query) of each PREFILL_BLOCK_M-query tile; block_tables [>= P, W] and context_lens [>= P] by sequence."""
+    query) of each PREFILL_BLOCK_M-query tile, a sequence of -1 for a tile that does nothing (a CUDA graph's
+    padding); block_tables [>= P, W] and context_lens [>= P] by sequence."""
     num_heads, head_dim = q.shape[1], q.shape[2]
     num_tiles = tiles.shape[1]
     _prefill_kernel[(num_tiles, num_heads)](
@@ -283,7 +286,7 @@ def prefill_attention(
         context_lens,
         query_starts,
         tiles,
-        num_tiles,
+        tiles.stride(0),
         scale * LOG2_E,
         q.stride(0),
         q.stride(1),
@@ -305,7 +308,14 @@ def prefill_attention(
 # ------------------------------------------------------------------------------------------- decode
 
 
-@triton.jit(do_not_specialize=["first_seq", "first_token", "split_len", "stride_bt"])
+@triton.jit
+def _decode_span(decode_span_ptr):
+    """The decodes' place in the batch, read on the device so that a CUDA graph's replay sees each step's:
+    (first decode sequence, its query's token row, number of decode sequences)."""
+    return tl.load(decode_span_ptr), tl.load(decode_span_ptr + 1), tl.load(decode_span_ptr + 2)
+
+
+@triton.jit(do_not_specialize=["split_len", "stride_bt"])
 def _decode_kernel(
     q_ptr,
     out_ptr,
@@ -315,8 +325,7 @@ def _decode_kernel(
     v_cache_ptr,
     block_tables_ptr,
     context_lens_ptr,
-    first_seq,
-    first_token,
+    decode_span_ptr,
     qk_scale,
     split_len,
     stride_qt,
@@ -338,6 +347,9 @@ def _decode_kernel(
     seq = tl.program_id(0)
     kv_head = tl.program_id(1)
     split = tl.program_id(2)
+    first_seq, first_token, num_seqs = _decode_span(decode_span_ptr)
+    if seq >= num_seqs:
+        return  # a padding program (a graph launches for the most decodes its step may hold)
     ctx = tl.load(context_lens_ptr + first_seq + seq)
     lo = split * split_len
     hi = tl.minimum(lo + split_len, ctx)
@@ -394,12 +406,12 @@ def _decode_kernel(
         )
 
 
-@triton.jit(do_not_specialize=["first_token", "num_splits"])
+@triton.jit(do_not_specialize=["num_splits"])
 def _decode_merge_kernel(
     part_out_ptr,
     part_lse_ptr,
     out_ptr,
-    first_token,
+    decode_span_ptr,
     num_splits,
     stride_ot,
     stride_oh,
@@ -409,6 +421,9 @@ def _decode_merge_kernel(
 ):
     seq = tl.program_id(0)
     head = tl.program_id(1)
+    _, first_token, num_seqs = _decode_span(decode_span_ptr)
+    if seq >= num_seqs:
+        return
     splits = tl.arange(0, SPLITS_PAD)
     dims = tl.arange(0, HEAD_DIM_PAD)
     part = (seq * tl.num_programs(1) + head) * num_splits + splits
@@ -442,15 +457,21 @@ def decode_attention(
     scale: float,
     max_context: int,
     num_splits: int,
-    first_seq: int = 0,
-    first_token: int = 0,
+    decode_span: torch.Tensor | None = None,
+    num_programs: int | None = None,
 ) -> None:
-    """One query per sequence, for sequences [first_seq, len(context_lens)) of block_tables [S, W] and
-    context_lens [S], whose queries are rows first_token, first_token + 1, ... of q and out [T, Hq, D].
+    """One query per sequence, for the decode sequences of block_tables [S, W] and context_lens [S]:
+    decode_span, int32 on the device, holds (first decode sequence, the token row of its query in q and
+    out [T, Hq, D], number of decode sequences), the following ones' queries in the following rows; None:
+    every sequence decodes, from row 0. num_programs: how many sequences the launch covers (at least the
+    number of decodes; programs past it return at once): a CUDA graph's launch is sized for its largest step.
 
-    Offsets rather than sliced tensors: Triton compiles a variant per pointer alignment, and a slice's
-    start moves with the number of prefill sequences and tokens in front of it."""
-    num_seqs = context_lens.shape[0] - first_seq
+    Offsets on the device rather than sliced tensors: Triton compiles a variant per pointer alignment, a
+    slice's start moves with the prefill sequences and tokens in front of it, and a graph's replay can change
+    only what the device reads."""
+    if decode_span is None:
+        decode_span = torch.tensor([0, 0, context_lens.shape[0]], dtype=torch.int32, device=q.device)
+    num_seqs = context_lens.shape[0] if num_programs is None else num_programs
     num_heads, head_dim = q.shape[1], q.shape[2]
     num_kv_heads = k_cache.shape[2]
     group = num_heads // num_kv_heads
@@ -472,8 +493,7 @@ def decode_attention(
         v_cache,
         block_tables,
         context_lens,
-        first_seq,
-        first_token,
+        decode_span,
         scale * LOG2_E,
         split_len,
         q.stride(0),
@@ -497,7 +517,7 @@ def decode_attention(
             part_out,
             part_lse,
             out,
-            first_token,
+            decode_span,
             num_splits,
             out.stride(0),
             out.stride(1),

@@ -1,0 +1,74 @@
+"""What the worker's CUDA graphs share: their static inputs, filled on the host and copied over in one transfer,
+and the capture itself.
+
+A captured graph reads fixed device addresses, so everything a step changes lives in one int32 device buffer
+whose fields are views, refilled before each replay from a pinned host buffer of the same layout:
+
+    host (pinned, a ring) ─ one copy ─▶ | field | field | ... |   one int32 device buffer, each field 16-byte aligned
+
+The host side is a ring (host_copy.py says why): a buffer whose copy is still queued is never rewritten.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+import torch
+
+from common.pipeline import host_ring_size
+
+FIELD_ALIGN = 4  # int32 elements: 16 bytes, the alignment Triton specializes kernels on
+
+
+class GraphInputs:
+    """Named int32 fields of one device buffer. `fill()` hands out the next host buffer's fields as numpy
+    arrays (writing them is a step's whole host-side input work); `upload()` queues its copy to the device."""
+
+    def __init__(self, shapes: dict[str, tuple[int, ...]], device: torch.device):
+        total = flat_size(shapes)
+        self._hosts = [torch.zeros(total, dtype=torch.int32).pin_memory() for _ in range(host_ring_size())]
+        self._device = torch.zeros(total, dtype=torch.int32, device=device)
+        self._host_fields = [field_views(shapes, host.numpy()) for host in self._hosts]  # views made once
+        self.device = field_views(shapes, self._device)
+        self._turn = 0
+
+    def fill(self) -> dict[str, np.ndarray]:
+        """The next host buffer's fields, to be written and then uploaded (they hold older steps' values)."""
+        self._turn = (self._turn + 1) % len(self._hosts)
+        return self._host_fields[self._turn]
+
+    def upload(self) -> None:
+        self._device.copy_(self._hosts[self._turn], non_blocking=True)
+
+
+def flat_size(shapes: dict[str, tuple[int, ...]]) -> int:
+    return sum(-(-int(np.prod(shape)) // FIELD_ALIGN) * FIELD_ALIGN for shape in shapes.values())
+
+
+def field_views(shapes: dict[str, tuple[int, ...]], flat):
+    """Each field's view of `flat` (a 1-D array or tensor of flat_size(shapes) elements), in order, aligned."""
+    views, offset = {}, 0
+    for name, shape in shapes.items():
+        size = int(np.prod(shape))
+        views[name] = flat[offset : offset + size].reshape(shape)
+        offset += -(-size // FIELD_ALIGN) * FIELD_ALIGN
+    return views
+
+
+def capture(
+    forward: Callable[[], torch.Tensor], pool, device: torch.device
+) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
+    """A graph of `forward` (run once outside the capture first: that compiles and autotunes), and its output."""
+    with torch.inference_mode():
+        stream = torch.cuda.Stream(device)
+        stream.wait_stream(torch.cuda.current_stream(device))
+        with torch.cuda.stream(stream):
+            forward()
+        torch.cuda.current_stream(device).wait_stream(stream)
+        graph = torch.cuda.CUDAGraph()
+        # thread_local: a CUDA call on another thread (NCCL's watchdog polling its events, with tensor
+        # parallelism; the control thread) must not invalidate this thread's capture.
+        with torch.cuda.graph(graph, pool=pool, capture_error_mode="thread_local"):
+            output = forward()
+    return graph, output
