@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -41,13 +42,15 @@ from gpu_worker.host_copy import StagingRing
 from gpu_worker.input_batch import PersistentBatch, StepInputs, eager_bucket, pad_batch
 from gpu_worker.kv_cache import PagedKVCache
 from gpu_worker.kv_sizing import requests_held, size_kv_store
-from gpu_worker.mixed_graphs import MixedGraphs
 from gpu_worker.model_loader import load_model, resolve_dtype
 from gpu_worker.models.forward_context import ForwardContext
 from gpu_worker.parallel import SINGLE, TensorParallel
 from gpu_worker.sampler import SampledLogprobs, SamplingRows, process_logits, sample, sampled_logprobs
 from gpu_worker.token_counts import TokenCounts
 from gpu_worker.warm_up import WARM_UP_REQUESTS
+
+if TYPE_CHECKING:
+    from gpu_worker.mixed_graphs import MixedGraphs
 
 PROMPT_LOGPROBS_ROWS = 256  # prompt positions whose logits are made at once (bounds that memory)
 
@@ -163,6 +166,9 @@ class ModelRunner:
         self.graphs: DecodeGraphs | None = None
         self.mixed_graphs: MixedGraphs | None = None
         if captures_graphs:
+            # Imported only here: it builds on the Triton kernels, which the CPU path never loads.
+            from gpu_worker.mixed_graphs import MixedGraphs
+
             pool = torch.cuda.graph_pool_handle()  # one pool for every graph: they never run at once
             # Largest activations first (a full prompt budget), so the decode graphs reuse their memory.
             self.mixed_graphs = MixedGraphs(

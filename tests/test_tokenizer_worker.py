@@ -38,9 +38,11 @@ from common.profiling import ProfileConfig
 from common.sampling_params import InvalidParameter, SamplingParams
 from common.transport import Endpoints, make_run_dir, pull_socket, push_socket, recv, send
 from tests.tiny_models import build_tokenizer
+from tokenizer_worker.background_encoder import EncodeJob
 from tokenizer_worker.chat_template import ChatTemplateError, read_chat_template
 from tokenizer_worker.process import main
-from tokenizer_worker.tokenizer import Tokenizer
+from tokenizer_worker.tokenizer import LONG_PROMPT_CHARS, Tokenizer
+from tokenizer_worker.worker import TokenizerWorker
 
 STARTUP_S = 60.0  # spawning and importing transformers
 REPLY_S = 10.0
@@ -376,7 +378,51 @@ def test_requests_are_spread_over_engine_replicas_and_each_abort_reaches_its_req
 
 
 # Last: it ends the module's worker (a start costs seconds of CPU: transformers and torch).
+def test_a_long_prompt_does_not_hold_back_other_requests_tokens(worker, rid):
+    """While the worker encodes a huge prompt (seconds), the tokens of a request it already streams are
+    detokenized: their output reaches the frontend before the huge prompt reaches the scheduler."""
+    while worker.to_scheduler.poll(0):  # what earlier tests left for the scheduler (their stop-string aborts)
+        recv(worker.to_scheduler)
+    worker.submit(rid, prompt="hi")
+    huge = next(_rids)
+    send(worker.requests, GenerateRequest(huge, SamplingParams(), 100.0, prompt=LONG_TEXT * 60))
+    output = worker.step(tokens(rid, worker.tokenizer.hf.encode("ok")[0]))
+    assert [out.rid for out in output.items] == [rid]
+    assert worker.to_scheduler.poll(0) == 0  # the huge prompt's encoding is still going on
+    tokenized = receive(worker.to_scheduler, timeout_s=60.0)
+    assert tokenized.rid == huge and tokenized.prompt_token_ids == worker.tokenizer.hf.encode(LONG_TEXT * 60)
+
+
 def test_sigterm_stops_the_worker_cleanly(worker):
     worker.process.terminate()
     worker.process.join(REPLY_S)
     assert worker.process.exitcode == 0
+
+
+# ------------------------------------------------------------------ long prompts, encoded off the loop
+
+LONG_TEXT = " ".join(f"word{i % 97} 你好 {i}" for i in range(LONG_PROMPT_CHARS // 8))
+
+
+def test_a_long_prompt_is_encoded_off_the_loop_to_the_same_ids(tokenizer):
+    request = GenerateRequest(1, SamplingParams(), 0.0, prompt=LONG_TEXT)
+    text, add_special_tokens = tokenizer.long_prompt_text(request)
+    assert tokenizer.encode_releasing_gil(text, add_special_tokens) == tokenizer.tokenize(request)
+    assert tokenizer.long_prompt_text(GenerateRequest(2, SamplingParams(), 0.0, prompt="short")) is None
+
+
+def test_long_chat_messages_are_encoded_off_the_loop_to_the_same_ids(tokenizer):
+    messages = [{"role": "system", "content": "be brief"}, {"role": "user", "content": LONG_TEXT}]
+    request = GenerateRequest(1, SamplingParams(), 0.0, chat_messages=messages)
+    text, add_special_tokens = tokenizer.long_prompt_text(request)
+    assert tokenizer.encode_releasing_gil(text, add_special_tokens) == tokenizer.tokenize(request)
+
+
+def test_a_request_aborted_while_its_prompt_is_encoded_is_forgotten(tokenizer):
+    worker = TokenizerWorker(tokenizer)
+    job = worker.add_request(GenerateRequest(7, SamplingParams(), 0.0, prompt=LONG_TEXT))
+    assert isinstance(job, EncodeJob) and job.rid == 7
+    assert isinstance(worker.add_request(GenerateRequest(7, SamplingParams(), 0.0, prompt="x")), RequestRejected)
+    assert worker.drop(7) is False  # the scheduler never saw it: there is no abort to forward
+    assert worker.finish_encoding(7, tokenizer.encode_releasing_gil(job.text, job.add_special_tokens)) is None
+    assert worker.requests == {} and worker.encoding == {}

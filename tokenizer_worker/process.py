@@ -32,12 +32,14 @@ from common.messages import (
     RequestOutput,
     RequestRejected,
     TokenBatch,
+    TokenizedRequest,
     TokenizeRequest,
 )
 from common.process import announce_ready, exit_child, init_child_process
 from common.profiling import ProcessProfiler, ProcessStats, ProfileConfig
 from common.request_ids import frontend_of
 from common.transport import Endpoints, pull_socket, push_socket, send
+from tokenizer_worker.background_encoder import BackgroundEncoder, EncodeJob
 from tokenizer_worker.router import ReplicaRouter
 from tokenizer_worker.tokenizer import Tokenizer
 from tokenizer_worker.worker import TokenizerWorker
@@ -57,8 +59,9 @@ class WorkerStats:
     aborted: int = 0
     stop_string_aborts: int = 0
     tokens_detokenized: int = 0
-    tokenize_s: float = 0.0
+    tokenize_s: float = 0.0  # on the loop
     detokenize_s: float = 0.0
+    prompts_encoded_off_loop: int = 0  # long prompts handed to the encoding thread
 
 
 class TokenizerProcess:
@@ -83,6 +86,7 @@ class TokenizerProcess:
         self.from_scheduler = pull_socket(ctx, endpoints.tokenizer_tokens(index))
         self.to_schedulers = [push_socket(ctx, endpoints.scheduler_requests(r)) for r in range(len(router.in_flight))]
         self.to_frontends = [push_socket(ctx, endpoints.frontend_outputs(k)) for k in range(num_frontends)]
+        self.encoder = BackgroundEncoder(tokenizer.encode_releasing_gil, ctx)
         self.control = ControlServer(endpoints, self.role, stats=self.stats_snapshot)
 
     def stats_snapshot(self) -> dict:
@@ -90,6 +94,7 @@ class TokenizerProcess:
             **self.activity.summary(),
             **dataclasses.asdict(self.stats),
             "active_requests": len(self.worker.requests),
+            "prompts_encoding": self.encoder.in_flight,
             "replicas_in_flight": list(self.router.in_flight),
             "replicas_routed": list(self.router.routed),
         }
@@ -101,6 +106,7 @@ class TokenizerProcess:
         poller = zmq.Poller()
         poller.register(self.from_scheduler, zmq.POLLIN)
         poller.register(self.from_frontend, zmq.POLLIN)
+        poller.register(self.encoder.wake, zmq.POLLIN)
         while True:
             ready = dict(poller.poll(CONTROL_POLL_MS))
             with self.activity.busy():
@@ -109,10 +115,16 @@ class TokenizerProcess:
                     self._drain(self.from_scheduler, self._on_scheduler_message)
                 if self.from_frontend in ready:
                     self._drain(self.from_frontend, self._on_frontend_message)
+                if self.encoder.wake in ready:
+                    for rid, ids in self.encoder.finished():
+                        reply = self.worker.finish_encoding(rid, ids)
+                        if reply is not None:  # None: aborted while it was encoded
+                            self._forward_tokenized(reply)
                 for command in self.control.pending():
                     self.control.reply(command, self.profiler.answer(command.kind))
 
     def close(self) -> None:
+        self.encoder.close()
         for sock in (self.from_frontend, self.from_scheduler, *self.to_schedulers, *self.to_frontends):
             sock.close(linger=0)
 
@@ -123,12 +135,11 @@ class TokenizerProcess:
             started = time.perf_counter()
             reply = self.worker.add_request(message)
             self.stats.tokenize_s += time.perf_counter() - started
-            if isinstance(reply, RequestRejected):
-                self.stats.rejected += 1
-                self._send(self._frontend_of(reply.rid), reply)
+            if isinstance(reply, EncodeJob):
+                self.stats.prompts_encoded_off_loop += 1
+                self.encoder.submit(reply)
             else:
-                self.stats.requests += 1
-                self._send(self.to_schedulers[self.router.route(reply.rid, reply.prompt_token_ids)], reply)
+                self._forward_tokenized(reply)
         elif isinstance(message, (TokenizeRequest, DetokenizeRequest)):
             self._send(self._frontend_of(message.rid), self.worker.answer_text_request(message))
         elif isinstance(message, AbortRequest):
@@ -138,6 +149,14 @@ class TokenizerProcess:
                 self.router.release(message.rid)
         else:
             log.warning("unexpected %s from the frontend, dropped", type(message).__name__)
+
+    def _forward_tokenized(self, reply: TokenizedRequest | RequestRejected) -> None:
+        if isinstance(reply, RequestRejected):
+            self.stats.rejected += 1
+            self._send(self._frontend_of(reply.rid), reply)
+        else:
+            self.stats.requests += 1
+            self._send(self.to_schedulers[self.router.route(reply.rid, reply.prompt_token_ids)], reply)
 
     def _on_scheduler_message(self, message: Any) -> None:
         if isinstance(message, TokenBatch):

@@ -17,6 +17,11 @@ from common.sampling_params import InvalidParameter
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
+# Prompts (or chat messages' contents) of at least this many characters are encoded off the worker's loop
+# (background_encoder.py): ~1,000 tokens, a millisecond or more of encoding; shorter ones cost less than the
+# hand-over to a thread.
+LONG_PROMPT_CHARS = 4096
+
 
 @dataclass(slots=True)
 class Tokenizer:
@@ -63,6 +68,26 @@ class Tokenizer:
             raise InvalidParameter("prompt", "the prompt is empty")
         return ids
 
+    def long_prompt_text(self, request: GenerateRequest) -> tuple[str, bool] | None:
+        """(text, add_special_tokens) to encode off the loop when the request's prompt is long, with the same
+        ids as tokenize() would give; None: tokenize() it inline. Only a fast tokenizer's batch encode releases
+        the GIL, so only it goes off the loop. Raises InvalidParameter for chat messages that cannot render."""
+        if self._backend is None or request.prompt_token_ids is not None:
+            return None
+        if request.prompt is not None and request.chat_messages is None:
+            return (request.prompt, True) if len(request.prompt) >= LONG_PROMPT_CHARS else None
+        if request.prompt is None and isinstance(request.chat_messages, list):
+            contents = sum(len(str(m.get("content", ""))) for m in request.chat_messages if isinstance(m, dict))
+            if contents >= LONG_PROMPT_CHARS:
+                # What apply_chat_template(tokenize=True) encodes: the rendered text, with no special tokens added.
+                return self.render_chat(request.chat_messages, tokenize=False), False
+        return None
+
+    def encode_releasing_gil(self, text: str, add_special_tokens: bool) -> list[int]:
+        """The ids hf.encode(text, add_special_tokens=...) gives, from the Rust tokenizer's batch encode, which
+        lets other threads run meanwhile."""
+        return self._backend.encode_batch([text], add_special_tokens=add_special_tokens)[0].ids
+
     def check_token_ids(self, ids: list) -> list[int]:
         if not ids:
             raise InvalidParameter("prompt", "the prompt is empty")
@@ -74,8 +99,9 @@ class Tokenizer:
                 )
         return list(ids)
 
-    def render_chat(self, messages: list[dict], add_generation_prompt: bool = True) -> list[int]:
-        """Messages rendered with the model's chat template, ending with the assistant's turn opened."""
+    def render_chat(self, messages: list[dict], add_generation_prompt: bool = True, tokenize: bool = True) -> Any:
+        """Messages rendered with the model's chat template, ending with the assistant's turn opened: their ids,
+        or with tokenize=False the rendered text."""
         if not messages:
             raise InvalidParameter("messages", "messages must be a non-empty list")
         for m in messages:
@@ -84,13 +110,13 @@ class Tokenizer:
         if self.hf.chat_template is None:
             raise InvalidParameter("messages", "this model has no chat template; use a completion prompt")
         try:
-            ids = self.hf.apply_chat_template(
-                messages, add_generation_prompt=add_generation_prompt, tokenize=True, return_dict=False
+            rendered = self.hf.apply_chat_template(
+                messages, add_generation_prompt=add_generation_prompt, tokenize=tokenize, return_dict=False
             )
         except (TemplateError, TypeError, KeyError, ValueError) as exc:
             # Templates reject what they cannot render (an unknown role, alternation broken) by raising.
             raise InvalidParameter("messages", f"the chat template cannot render these messages: {exc}") from exc
-        return list(ids)
+        return list(rendered) if tokenize else rendered
 
     def token_texts(self, ids: list[int]) -> list[str]:
         """Each token's text decoded alone, special tokens included: how logprobs name tokens (a byte-level

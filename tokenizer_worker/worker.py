@@ -1,6 +1,7 @@
 """What a tokenizer worker does with each message, sockets aside: the requests it owns and their text.
 
     GenerateRequest ──tokenize──▶ TokenizedRequest (to the scheduler)  or  RequestRejected (to the frontend)
+                    (a long prompt: an EncodeJob for background_encoder.py, then finish_encoding)
     TokenBatch ──detokenize, stop strings, logprobs' token texts──▶ RequestOutput per request
                                                                (+ AbortRequest "stop" to the scheduler)
     TokenizeRequest / DetokenizeRequest ──▶ TextReply  or  RequestRejected (to the frontend; nothing kept)
@@ -30,6 +31,7 @@ from common.messages import (
     TokenizeRequest,
 )
 from common.sampling_params import InvalidParameter
+from tokenizer_worker.background_encoder import EncodeJob
 from tokenizer_worker.detokenizer import IncrementalDetokenizer
 from tokenizer_worker.stop_strings import StopStringMatcher
 from tokenizer_worker.tokenizer import Tokenizer
@@ -50,16 +52,35 @@ class TokenizerWorker:
     def __init__(self, tokenizer: Tokenizer):
         self.tokenizer = tokenizer
         self.requests: dict[int, RequestState] = {}
+        self.encoding: dict[int, GenerateRequest] = {}  # long prompts being encoded off the loop
 
-    def add_request(self, request: GenerateRequest) -> TokenizedRequest | RequestRejected:
-        if request.rid in self.requests:
+    def add_request(self, request: GenerateRequest) -> TokenizedRequest | RequestRejected | EncodeJob:
+        """The tokenized request, its rejection, or for a long prompt the job of encoding it off the loop
+        (finish_encoding() takes the ids)."""
+        if request.rid in self.requests or request.rid in self.encoding:
             # Refused here: the scheduler's own refusal would come back and drop the live request's state.
             return RequestRejected(request.rid, 400, f"request id {request.rid} is already in use")
         try:  # sampling parameters were validated by the frontend; what needs the vocabulary is checked here
             request.sampling.check_token_ids(self.tokenizer.vocab_size)
+            long_prompt = self.tokenizer.long_prompt_text(request)
+            if long_prompt is not None:
+                self.encoding[request.rid] = request
+                return EncodeJob(request.rid, *long_prompt)
             ids = self.tokenizer.tokenize(request)
         except InvalidParameter as exc:
             return RequestRejected(request.rid, 400, str(exc), exc.field)
+        return self._track(request, ids)
+
+    def finish_encoding(self, rid: int, ids: list[int] | Exception) -> TokenizedRequest | RequestRejected | None:
+        """A long prompt's ids (or its encode's failure); None: the request was aborted meanwhile."""
+        request = self.encoding.pop(rid, None)
+        if request is None:
+            return None
+        if isinstance(ids, Exception):
+            return RequestRejected(rid, 400, f"the prompt cannot be tokenized: {ids}", "prompt")
+        return self._track(request, ids)
+
+    def _track(self, request: GenerateRequest, ids: list[int]) -> TokenizedRequest:
         sampling = request.sampling
         stop = StopStringMatcher(sampling.stop, sampling.include_stop_str_in_output)
         self.requests[request.rid] = RequestState(
@@ -86,7 +107,9 @@ class TokenizerWorker:
         return TextReply(request.rid, list(ids), "")
 
     def drop(self, rid: int) -> bool:
-        """Forget a request (aborted by the client, or rejected by the scheduler); False if untracked."""
+        """Forget a request (aborted by the client, or rejected by the scheduler); False if the scheduler does
+        not hold it (never tokenized, still being encoded, or already ended)."""
+        self.encoding.pop(rid, None)
         return self.requests.pop(rid, None) is not None
 
     def process_tokens(self, batch: TokenBatch) -> tuple[list[RequestOutput], list[AbortRequest]]:
