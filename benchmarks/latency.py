@@ -14,6 +14,8 @@ One request's clock, every stamp from time.time() on the same machine:
     TTFT                streamed[0] − submit
     TPOT                (streamed[n-1] − streamed[0]) / (n − 1)    none for a one-token request
     ITL                 streamed[i] − streamed[i-1], every gap of every request pooled
+    ITL as sampled      sampled[i] − sampled[i-1], likewise: the engine's own gaps, before the tokens travel;
+                        where ITL is longer, the serving path (tokenizer worker, frontend) held them
     end-to-end          finished − submit              finished: when the output carrying finish_reason streamed
 
 Token times are `streamed`: where the frontend hands a token to the client's stream, not where this
@@ -34,6 +36,7 @@ LATENCY_METRICS: list[tuple[str, str]] = [
     ("ttft", "TTFT"),
     ("tpot", "TPOT"),
     ("itl", "ITL"),
+    ("itl_sampled", "ITL as sampled (GPU worker)"),
     ("e2e", "end-to-end"),
 ]
 PERCENTILES = (50, 95, 99)
@@ -112,6 +115,11 @@ def inter_token_latencies(r: RequestTimings) -> list[float]:
     return [b - a for a, b in zip(times, times[1:])]
 
 
+def sampled_gaps(r: RequestTimings) -> list[float]:
+    times = r.token_sampled
+    return [b - a for a, b in zip(times, times[1:])]
+
+
 def request_latencies(r: RequestTimings) -> dict[str, float | None]:
     """Every single-valued latency of one successful request, in seconds (ITL excluded: it has many)."""
     return {
@@ -157,6 +165,7 @@ def summarize(requests: list[RequestTimings]) -> Summary:
             if value is not None:
                 samples[key].append(value * 1000)
         samples["itl"].extend(gap * 1000 for gap in inter_token_latencies(r))
+        samples["itl_sampled"].extend(gap * 1000 for gap in sampled_gaps(r))
     duration = 0.0
     if ok:
         duration = max(r.done or r.finished for r in ok) - min(r.submit for r in requests)

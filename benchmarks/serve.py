@@ -175,11 +175,16 @@ def build_workload(args: argparse.Namespace) -> list[WorkloadRequest]:
         return [WorkloadRequest(max_tokens[i], input_ids=ids[i]) for i in range(n)]
     if args.prompts_file:
         items = load_prompts_file(args.prompts_file)
+        timed = items[0][2] is not None
+        if timed and (n != len(items) or args.submit_interval_ms is not None or args.request_rate is not None):
+            raise ValueError("a prompts file with 'at_ms' sets the arrivals: send each of its prompts once")
         requests = []
         for i in range(n):
-            text, own_max = items[i % len(items)]
+            text, own_max, at_ms = items[i % len(items)]
             text = unique_prompt(i, text) if args.unique_prompts else text
-            requests.append(WorkloadRequest(own_max if own_max is not None else max_tokens[i], prompt=text))
+            request = WorkloadRequest(own_max if own_max is not None else max_tokens[i], prompt=text)
+            request.send_at_s = at_ms / 1000 if at_ms is not None else None
+            requests.append(request)
         return requests
     prompts = repeated_text_prompts(args.prompt, parse_repeats(args.prompt_repeats), n, args.unique_prompts)
     return [WorkloadRequest(max_tokens[i], prompt=prompts[i]) for i in range(n)]
@@ -526,7 +531,10 @@ def run(args: argparse.Namespace, command: str) -> dict:
     """Run the benchmark against args.url (or a server launched for it); the result as --output-json has it."""
     workload = build_workload(args)
     interval = args.submit_interval_ms / 1000 if args.submit_interval_ms is not None else None
-    offsets = send_offsets(len(workload), interval, args.request_rate, args.seed)
+    if workload[0].send_at_s is not None:  # a prompts file's own arrival times
+        offsets = [request.send_at_s or 0.0 for request in workload]
+    else:
+        offsets = send_offsets(len(workload), interval, args.request_rate, args.seed)
     sampling = {"temperature": args.temperature, "ignore_eos": args.ignore_eos}
     headers = {"Authorization": f"Bearer {args.api_key}"} if args.api_key else {}
     if args.mock_server:

@@ -47,6 +47,7 @@ class WorkloadRequest:
     max_tokens: int | None
     prompt: str | None = None
     input_ids: list[int] | None = None
+    send_at_s: float | None = None  # when to send it, seconds after the first request (a prompts file's "at_ms")
 
 
 def parse_repeats(text: str) -> list[int]:
@@ -73,20 +74,23 @@ def unique_prompt(index: int, prompt: str) -> str:
     return f"[{index}] {prompt}"
 
 
-def load_prompts_file(path: str) -> list[tuple[str, int | None]]:
-    """A JSON list of prompts, each a string or {"prompt": str, "max_tokens": int (optional)}."""
+def load_prompts_file(path: str) -> list[tuple[str, int | None, float | None]]:
+    """A JSON list of prompts, each a string or {"prompt": str, "max_tokens": int, "at_ms": number} (both
+    optional; at_ms: when to send it, in milliseconds after the first request, given for every item or none)."""
     with open(path) as f:
         items = json.load(f)
     if not isinstance(items, list) or not items:
         raise ValueError(f"{path}: want a non-empty JSON list of prompts")
-    prompts: list[tuple[str, int | None]] = []
+    prompts: list[tuple[str, int | None, float | None]] = []
     for i, item in enumerate(items):
         if isinstance(item, str):
-            prompts.append((item, None))
+            prompts.append((item, None, None))
         elif isinstance(item, dict) and isinstance(item.get("prompt"), str):
-            prompts.append((item["prompt"], item.get("max_tokens")))
+            prompts.append((item["prompt"], item.get("max_tokens"), item.get("at_ms")))
         else:
             raise ValueError(f"{path}: item {i} is neither a string nor an object with a 'prompt' string")
+    if len({at is None for _, _, at in prompts}) > 1:
+        raise ValueError(f"{path}: give 'at_ms' for every item or for none")
     return prompts
 
 

@@ -113,6 +113,14 @@ def test_itl_pools_every_gap_of_every_request():
     assert summarize([a, b]).latencies_ms["tpot"].mean == pytest.approx(475.0)
 
 
+def test_itl_as_sampled_leaves_out_what_the_serving_path_held():
+    request = timed_request(100.0, [100.1, 100.2, 100.3])
+    request.token_streamed[2] = 100.5  # the third token waited 200 ms after it was sampled, on its way out
+    summary = summarize([request]).latencies_ms
+    assert summary["itl"].mean == pytest.approx(200.0)  # gaps of 100 and 300 ms as streamed
+    assert summary["itl_sampled"].count == 2 and summary["itl_sampled"].mean == pytest.approx(100.0)
+
+
 def test_end_to_end_runs_from_submit_to_the_finishing_output():
     request = timed_request(100.0, [100.1, 100.2])
     request.finished = 100.25  # the finish came in an output without tokens

@@ -101,7 +101,16 @@ def test_offsets_refuse_both_an_interval_and_a_rate():
 def test_prompts_file_holds_strings_or_objects_with_max_tokens(tmp_path):
     path = tmp_path / "prompts.json"
     path.write_text(json.dumps(["plain", {"prompt": "with a limit", "max_tokens": 7}, {"prompt": "no limit"}]))
-    assert load_prompts_file(str(path)) == [("plain", None), ("with a limit", 7), ("no limit", None)]
+    assert load_prompts_file(str(path)) == [("plain", None, None), ("with a limit", 7, None), ("no limit", None, None)]
+
+
+def test_prompts_file_may_time_every_arrival_or_none(tmp_path):
+    path = tmp_path / "prompts.json"
+    path.write_text(json.dumps([{"prompt": "a", "at_ms": 0}, {"prompt": "b", "at_ms": 250}]))
+    assert [at for _, _, at in load_prompts_file(str(path))] == [0, 250]
+    path.write_text(json.dumps([{"prompt": "a", "at_ms": 0}, "b"]))
+    with pytest.raises(ValueError, match="every item or for none"):
+        load_prompts_file(str(path))
 
 
 def test_prompts_file_refuses_an_item_without_a_prompt(tmp_path):
@@ -111,13 +120,14 @@ def test_prompts_file_refuses_an_item_without_a_prompt(tmp_path):
         load_prompts_file(str(path))
 
 
-def test_long_prompt_workload_puts_long_prompts_among_decoding_ones():
+def test_long_prompt_workload_sends_long_prompts_while_the_short_ones_decode():
     from benchmarks.scheduler_suite import long_prompt_workload
 
-    items = long_prompt_workload(num_short=64, num_long=8)
-    long = [i for i, item in enumerate(items) if item["max_tokens"] == 16]
-    assert len(items) == 72 and len(long) == 8
-    assert long == [9 * k + 8 for k in range(8)]  # one after every eighth short prompt
-    words = [items[i]["prompt"].count("Hello") for i in long]
+    items = long_prompt_workload(num_short=64, num_long=16)
+    short, long = items[:64], items[64:]
+    assert len(long) == 16 and all(item["max_tokens"] == 16 for item in long)
+    assert {item["at_ms"] for item in short} == {0.0}  # together, then one long prompt every 50 ms
+    assert [item["at_ms"] for item in long] == [100.0 + 50.0 * k for k in range(16)]
+    words = [item["prompt"].count("Hello") for item in long]
     assert words[0] == 4000 and words[-1] == 7000 and words == sorted(words)
     assert len({item["prompt"] for item in items}) == len(items)  # nothing shared through the prefix cache
