@@ -18,8 +18,9 @@ import random
 import time
 
 from benchmarks.soak import make_request
-from common.messages import GenerateRequest, RequestRejected, TokenBatch
+from common.messages import GenerateRequest, TokenBatch, TokenizedRequest
 from common.sampling_params import SamplingParams
+from tokenizer_worker.background_encoder import EncodeJob
 from tokenizer_worker.router import ReplicaRouter
 from tokenizer_worker.tokenizer import Tokenizer
 from tokenizer_worker.worker import TokenizerWorker
@@ -53,7 +54,10 @@ def serve_one(worker: TokenizerWorker, router: ReplicaRouter, rng: random.Random
             rid, sampling, time.time(), prompt=body.get("prompt"), chat_messages=body.get("messages")
         )
         reply = worker.add_request(request)
-        if not isinstance(reply, RequestRejected):
+        if isinstance(reply, EncodeJob):  # a long prompt: encoded here, where the process hands it to a thread
+            ids = worker.tokenizer.encode_releasing_gil(reply.text, reply.add_special_tokens)
+            reply = worker.finish_encoding(rid, ids)
+        if isinstance(reply, TokenizedRequest):
             router.route(rid, reply.prompt_token_ids)
             live.append(rid)
     cancel_after = rng.randint(1, 8) if rng.random() < CANCEL_FRACTION else body["max_tokens"]
