@@ -312,3 +312,38 @@ def test_a_step_in_a_graph_buckets_static_inputs_matches_reference(seqs, max_con
     for cache, ref in ((k_cache, ref_k), (v_cache, ref_v)):
         expected = _poison_slots(ref, batch.poisoned & ~written)
         torch.testing.assert_close(cache[others], expected[others], rtol=0, atol=0, equal_nan=True)
+
+
+@pytest.mark.parametrize("num_splits", [1, 2, 3, 8])
+def test_prefill_result_does_not_depend_on_the_number_of_splits(num_splits, monkeypatch):
+    """Chunks of long prompts (one whose tiles straddle a slice boundary on the causal diagonal, one with
+    fewer key tiles than slices): every slice count gives the reference's output."""
+    batch = mixed_batch([(600, 70), (35, 20)], 16, 8, 2, 32, seed=10)
+    backend = TritonAttention(16)
+    metadata = build_metadata(backend, batch.layout, batch.slots)
+    q, k, v = batch.qkv_views()
+    k_cache, v_cache = batch.k_cache.clone(), batch.v_cache.clone()
+    triton_kernels.store_kv(k, v, k_cache, v_cache, metadata.slot_mapping)
+    with monkeypatch.context() as patch:
+        nan_filled_empty(patch)
+        out = torch.empty_like(q)
+        triton_kernels.prefill_attention(
+            q,
+            out,
+            k_cache,
+            v_cache,
+            metadata.block_tables,
+            metadata.context_lens,
+            metadata.query_starts,
+            metadata.prefill_tiles,
+            SCALE,
+            num_splits,
+        )
+    torch.testing.assert_close(out, run_reference(batch)[0], rtol=1e-5, atol=1e-5)
+
+
+def test_prefill_split_heuristic_splits_a_chunk_of_a_long_prompt_only():
+    splits = triton_kernels.prefill_num_splits
+    assert splits(num_tiles=8, num_heads=9, max_context=7000, num_sms=132) > 1  # a 512-token chunk, 7k context
+    assert splits(num_tiles=8, num_heads=9, max_context=200, num_sms=132) == 1  # short context: nothing to split
+    assert splits(num_tiles=256, num_heads=12, max_context=16384, num_sms=132) == 1  # GPU already full

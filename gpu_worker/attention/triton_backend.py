@@ -40,6 +40,7 @@ class TritonAttentionMetadata:
     decode_span: torch.Tensor  # [3]: first decode sequence, its query's token row, number of decodes
     block_tables: torch.Tensor  # [S, W], W a power of two, rows padded with block 0 (never read)
     decode_programs: int  # decode sequences the decode launch covers (0: no launch)
+    max_prefill_context: int
     max_decode_context: int
     num_sms: int
     zero_padding: bool = False  # whether tokens outside every sequence (a graph's padding) get zeros
@@ -62,6 +63,7 @@ class TritonAttention(AttentionBackend):
             decode_span=buffers.decode_span,
             block_tables=buffers.block_tables,
             decode_programs=buffers.decode_programs,
+            max_prefill_context=max_context,
             max_decode_context=max_context,
             num_sms=_num_sms(device),
             zero_padding=buffers.padding_outside_sequences,
@@ -95,6 +97,7 @@ class TritonAttention(AttentionBackend):
             decode_span=span_t,
             block_tables=table_t,
             decode_programs=num_decode,
+            max_prefill_context=int(context_lens[:num_pre].max(initial=0)),
             max_decode_context=int(context_lens[num_pre:].max(initial=0)),
             num_sms=_num_sms(flat.device),
         )
@@ -113,6 +116,11 @@ class TritonAttention(AttentionBackend):
         new = torch.zeros if metadata.zero_padding else torch.empty
         out = new(q.shape, dtype=q.dtype, device=q.device)
         if metadata.prefill_programs:
+            # A graph launches for its largest step's tiles; its token count says how many real ones to expect.
+            tiles = min(metadata.prefill_programs, -(-q.shape[0] // kernels.PREFILL_BLOCK_M))
+            prefill_splits = kernels.prefill_num_splits(
+                tiles, q.shape[1], metadata.max_prefill_context, metadata.num_sms
+            )
             kernels.prefill_attention(
                 q,
                 out,
@@ -123,6 +131,8 @@ class TritonAttention(AttentionBackend):
                 metadata.query_starts,
                 metadata.prefill_tiles,
                 scale,
+                prefill_splits,
+                metadata.decode_span,
             )
         if metadata.decode_programs:
             num_splits = kernels.decode_num_splits(

@@ -1,7 +1,8 @@
 """Triton kernels for attention over the paged KV store, and the functions that launch them.
 
     store_kv           grid (tokens,)                   one token's K and V, every KV head, into its slot
-    prefill_attention  grid (query tiles, q heads)      BLOCK_M queries of one sequence against its context
+    prefill_attention  grid (query tiles, q heads,      BLOCK_M queries of one sequence against (a slice of)
+                             splits)                     its context [+ merge: grid (tokens, q heads)]
     decode_attention   grid (seqs, kv heads, splits)    one query per q head of a KV head's group, against a
                        [+ merge: grid (seqs, q heads)]   slice of the context; the merge combines the slices
 
@@ -30,6 +31,7 @@ DECODE_BLOCK_N = 64
 TARGET_PROGRAMS_PER_SM = 8
 MIN_SPLIT_TOKENS = 256
 MAX_SPLITS = 32
+MAX_PREFILL_SPLITS = 8
 
 
 def _pow2(n: int, floor: int = 16) -> int:
@@ -134,6 +136,13 @@ def _load_kv_tile(
 
 
 @triton.jit
+def _decode_span(decode_span_ptr):
+    """The decodes' place in the batch, read on the device so that a CUDA graph's replay sees each step's:
+    (first decode sequence, its query's token row, number of decode sequences)."""
+    return tl.load(decode_span_ptr), tl.load(decode_span_ptr + 1), tl.load(decode_span_ptr + 2)
+
+
+@triton.jit
 def _scores(q, k, qk_scale):
     """q [M, D] . k [N, D]^T in float32, in log2 units. ieee: float32 inputs must not drop to tf32."""
     return tl.dot(q, tl.trans(k), input_precision="ieee") * qk_scale
@@ -143,12 +152,12 @@ def _scores(q, k, qk_scale):
 def _online_softmax_step(acc, m_i, l_i, s, v):
     """Folds one tile of scores s [M, N] (masked ones -inf) and values v [N, D] into the running state.
 
-    Every row must have seen at least one visible key by now (m_i finite after this step), or
-    exp2(-inf - -inf) is NaN; the callers visit tiles in position order, so a row's own position (always
-    visible) comes before any tile that is entirely in its future."""
+    A row that has seen no visible key yet (a slice of the context that starts past its position) keeps
+    max -inf, sum 0 and acc 0: its exponents are taken against 0 rather than -inf (exp2(-inf - -inf) is NaN)."""
     m_new = tl.maximum(m_i, tl.max(s, 1))
-    alpha = tl.exp2(m_i - m_new)
-    p = tl.exp2(s - m_new[:, None])
+    m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+    alpha = tl.exp2(m_i - m_safe)
+    p = tl.exp2(s - m_safe[:, None])
     l_i = l_i * alpha + tl.sum(p, 1)
     acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision="ieee")
     return acc, m_new, l_i
@@ -163,6 +172,8 @@ def _online_softmax_step(acc, m_i, l_i, s, v):
 def _prefill_kernel(
     q_ptr,
     out_ptr,
+    part_out_ptr,
+    part_lse_ptr,
     k_cache_ptr,
     v_cache_ptr,
     block_tables_ptr,
@@ -185,9 +196,11 @@ def _prefill_kernel(
     HEAD_DIM_PAD: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
+    SPLIT: tl.constexpr,
 ):
     tile = tl.program_id(0)
     head = tl.program_id(1)
+    split = tl.program_id(2)
     seq = tl.load(tiles_ptr + tile)
     if seq < 0:
         return  # a padding tile (a graph launches a fixed number of them)
@@ -212,10 +225,16 @@ def _prefill_kernel(
     kv_end = tl.minimum(first_pos + BLOCK_M, ctx)
     shared_end = (first_pos + 1) // BLOCK_N * BLOCK_N
 
+    # Split-KV: this program takes one slice of [0, kv_end), whole BLOCK_N tiles; a later pass merges them.
+    num_splits = tl.num_programs(2)
+    slice_len = tl.cdiv(tl.cdiv(kv_end, BLOCK_N), num_splits) * BLOCK_N
+    lo = split * slice_len
+    hi = tl.minimum(lo + slice_len, kv_end)
+
     acc = tl.zeros([BLOCK_M, HEAD_DIM_PAD], dtype=tl.float32)
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
-    for start in range(0, shared_end, BLOCK_N):
+    for start in range(lo, tl.minimum(hi, shared_end), BLOCK_N):
         _, k, v = _load_kv_tile(
             k_cache_ptr,
             v_cache_ptr,
@@ -232,7 +251,7 @@ def _prefill_kernel(
             BLOCK_N,
         )
         acc, m_i, l_i = _online_softmax_step(acc, m_i, l_i, _scores(q, k, qk_scale), v)
-    for start in range(shared_end, kv_end, BLOCK_N):
+    for start in range(tl.maximum(lo, shared_end), hi, BLOCK_N):
         k_pos, k, v = _load_kv_tile(
             k_cache_ptr,
             v_cache_ptr,
@@ -251,12 +270,68 @@ def _prefill_kernel(
         s = tl.where(k_pos[None, :] <= q_pos[:, None], _scores(q, k, qk_scale), float("-inf"))
         acc, m_i, l_i = _online_softmax_step(acc, m_i, l_i, s, v)
 
-    out = acc / l_i[:, None]
-    tl.store(
-        out_ptr + tokens[:, None] * stride_ot + head * stride_oh + dims[None, :],
-        out.to(out_ptr.dtype.element_ty),
-        mask=io_mask,
+    if SPLIT:
+        # Partials [tokens, Hq, splits, HEAD_DIM_PAD] normalised, with their log2-sum-exp; a row that saw
+        # nothing in this slice (it lies before the slice, or the slice past the tile's keys) weighs 0.
+        seen = l_i > 0
+        l_safe = tl.where(seen, l_i, 1.0)
+        part = (tokens * tl.num_programs(1) + head) * num_splits + split
+        in_seq = rows < q_len
+        part_rows = part_out_ptr + part[:, None] * HEAD_DIM_PAD + dims[None, :]
+        tl.store(part_rows, acc / l_safe[:, None], mask=in_seq[:, None])
+        tl.store(part_lse_ptr + part, tl.where(seen, m_i + tl.log2(l_safe), float("-inf")), mask=in_seq)
+    else:
+        out = acc / l_i[:, None]
+        tl.store(
+            out_ptr + tokens[:, None] * stride_ot + head * stride_oh + dims[None, :],
+            out.to(out_ptr.dtype.element_ty),
+            mask=io_mask,
+        )
+
+
+@triton.jit(do_not_specialize=["num_splits"])
+def _prefill_merge_kernel(
+    part_out_ptr,
+    part_lse_ptr,
+    out_ptr,
+    decode_span_ptr,
+    num_splits,
+    stride_ot,
+    stride_oh,
+    SPLITS_PAD: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    HEAD_DIM_PAD: tl.constexpr,
+):
+    """One prefill token's head: its slices' partials combined. Tokens past the prefill ones (decodes, a
+    graph's padding; the decode span holds where the decodes start) return at once."""
+    token = tl.program_id(0)
+    head = tl.program_id(1)
+    _, num_prefill_tokens, _ = _decode_span(decode_span_ptr)
+    if token >= num_prefill_tokens:
+        return
+    splits = tl.arange(0, SPLITS_PAD)
+    dims = tl.arange(0, HEAD_DIM_PAD)
+    part = (token.to(tl.int64) * tl.num_programs(1) + head) * num_splits + splits
+    lse = tl.load(part_lse_ptr + part, mask=splits < num_splits, other=float("-inf"))
+    weights = tl.exp2(lse - tl.max(lse, 0))  # the slice holding the token's own position saw it: finite max
+    parts = tl.load(
+        part_out_ptr + part[:, None] * HEAD_DIM_PAD + dims[None, :], mask=(splits < num_splits)[:, None], other=0.0
     )
+    out = tl.sum(weights[:, None] * parts, 0) / tl.sum(weights, 0)
+    tl.store(
+        out_ptr + token.to(tl.int64) * stride_ot + head * stride_oh + dims,
+        out.to(out_ptr.dtype.element_ty),
+        mask=dims < HEAD_DIM,
+    )
+
+
+def prefill_num_splits(num_tiles: int, num_heads: int, max_context: int, num_sms: int) -> int:
+    """How many slices to cut each prefill tile's keys into: a chunk of a long prompt is a few tiles, each
+    walking thousands of keys, on a GPU of a hundred SMs; slices give every SM about TARGET_PROGRAMS_PER_SM
+    programs. Partials cost ~programs x BLOCK_M rows: bounded whatever the step's size."""
+    programs = max(1, num_tiles * num_heads)
+    wanted = triton.cdiv(TARGET_PROGRAMS_PER_SM * num_sms, programs)
+    return max(1, min(wanted, max_context // MIN_SPLIT_TOKENS, MAX_PREFILL_SPLITS))
 
 
 def prefill_attention(
@@ -269,17 +344,29 @@ def prefill_attention(
     query_starts: torch.Tensor,
     tiles: torch.Tensor,
     scale: float,
+    num_splits: int = 1,
+    decode_span: torch.Tensor | None = None,
 ) -> None:
     """Causal attention of the multi-token sequences, whose tokens come first in q, out [T, Hq, D].
 
     query_starts [P + 1]: token offsets of the sequences in q; tiles [2, num tiles]: (sequence, first
     query) of each PREFILL_BLOCK_M-query tile, a sequence of -1 for a tile that does nothing (a CUDA graph's
-    padding); block_tables [>= P, W] and context_lens [>= P] by sequence."""
-    num_heads, head_dim = q.shape[1], q.shape[2]
+    padding); block_tables [>= P, W] and context_lens [>= P] by sequence. num_splits > 1 cuts each tile's
+    keys into that many slices (prefill_num_splits), merged by a second pass over the prefill tokens, whose
+    count the decode span holds (its second entry; None: every token of q)."""
+    num_tokens, num_heads, head_dim = q.shape
     num_tiles = tiles.shape[1]
-    _prefill_kernel[(num_tiles, num_heads)](
+    head_dim_pad = _pow2(head_dim)
+    split = num_splits > 1
+    part_out = part_lse = out  # unused unless split (the kernel never touches them then)
+    if split:
+        part_out = torch.empty(num_tokens, num_heads, num_splits, head_dim_pad, dtype=torch.float32, device=q.device)
+        part_lse = torch.empty(num_tokens, num_heads, num_splits, dtype=torch.float32, device=q.device)
+    _prefill_kernel[(num_tiles, num_heads, num_splits)](
         q,
         out,
+        part_out,
+        part_lse,
         k_cache,
         v_cache,
         block_tables,
@@ -297,22 +384,31 @@ def prefill_attention(
         GROUP=num_heads // k_cache.shape[2],
         BLOCK_SIZE=k_cache.shape[1],
         HEAD_DIM=head_dim,
-        HEAD_DIM_PAD=_pow2(head_dim),
+        HEAD_DIM_PAD=head_dim_pad,
         BLOCK_M=PREFILL_BLOCK_M,
         BLOCK_N=PREFILL_BLOCK_N,
+        SPLIT=split,
         num_warps=4,
         num_stages=2,
     )
+    if split:
+        if decode_span is None:
+            decode_span = torch.tensor([0, num_tokens, 0], dtype=torch.int32, device=q.device)
+        _prefill_merge_kernel[(num_tokens, num_heads)](
+            part_out,
+            part_lse,
+            out,
+            decode_span,
+            num_splits,
+            out.stride(0),
+            out.stride(1),
+            SPLITS_PAD=_pow2(MAX_PREFILL_SPLITS, floor=2),
+            HEAD_DIM=head_dim,
+            HEAD_DIM_PAD=head_dim_pad,
+        )
 
 
 # ------------------------------------------------------------------------------------------- decode
-
-
-@triton.jit
-def _decode_span(decode_span_ptr):
-    """The decodes' place in the batch, read on the device so that a CUDA graph's replay sees each step's:
-    (first decode sequence, its query's token row, number of decode sequences)."""
-    return tl.load(decode_span_ptr), tl.load(decode_span_ptr + 1), tl.load(decode_span_ptr + 2)
 
 
 @triton.jit(do_not_specialize=["split_len", "stride_bt"])
