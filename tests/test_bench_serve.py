@@ -130,3 +130,13 @@ def test_prompts_file_workload_cycles_the_file_and_keeps_each_prompts_max_tokens
         serve.parse_args(["--prompts-file", str(path), "--num-requests", "4", "--max-new-tokens", "9"])
     )
     assert [(r.prompt, r.max_tokens) for r in workload] == [("a", 9), ("b", 3), ("a", 9), ("b", 3)]
+
+
+def test_a_timed_prompts_file_sets_each_requests_send_time_and_refuses_other_arrivals(tmp_path):
+    path = tmp_path / "prompts.json"
+    path.write_text(json.dumps([{"prompt": "a", "at_ms": 0}, {"prompt": "b", "at_ms": 250}]))
+    args = ["--prompts-file", str(path), "--num-requests", "2"]
+    assert [r.send_at_s for r in serve.build_workload(serve.parse_args(args))] == [0.0, 0.25]
+    for other in (["--submit-interval-ms", "20"], ["--num-requests", "3"]):
+        with pytest.raises(ValueError, match="at_ms"):
+            serve.build_workload(serve.parse_args(args + other))
