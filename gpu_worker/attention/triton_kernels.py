@@ -143,6 +143,16 @@ def _decode_span(decode_span_ptr):
 
 
 @triton.jit
+def _store_slice(part_out_ptr, part_lse_ptr, part, acc, m_i, l_i, dims, rows, HEAD_DIM_PAD: tl.constexpr):
+    """One slice's partial outputs of `rows` (a mask) at their partial indices `part`: normalised, with their
+    log2-sum-exp; a row that saw nothing in the slice gets output 0 and weight exp2(-inf) = 0."""
+    seen = l_i > 0
+    l_safe = tl.where(seen, l_i, 1.0)
+    tl.store(part_out_ptr + part[:, None] * HEAD_DIM_PAD + dims[None, :], acc / l_safe[:, None], mask=rows[:, None])
+    tl.store(part_lse_ptr + part, tl.where(seen, m_i + tl.log2(l_safe), float("-inf")), mask=rows)
+
+
+@triton.jit
 def _scores(q, k, qk_scale):
     """q [M, D] . k [N, D]^T in float32, in log2 units. ieee: float32 inputs must not drop to tf32."""
     return tl.dot(q, tl.trans(k), input_precision="ieee") * qk_scale
@@ -270,16 +280,9 @@ def _prefill_kernel(
         s = tl.where(k_pos[None, :] <= q_pos[:, None], _scores(q, k, qk_scale), float("-inf"))
         acc, m_i, l_i = _online_softmax_step(acc, m_i, l_i, s, v)
 
-    if SPLIT:
-        # Partials [tokens, Hq, splits, HEAD_DIM_PAD] normalised, with their log2-sum-exp; a row that saw
-        # nothing in this slice (it lies before the slice, or the slice past the tile's keys) weighs 0.
-        seen = l_i > 0
-        l_safe = tl.where(seen, l_i, 1.0)
+    if SPLIT:  # partials [tokens, Hq, splits, HEAD_DIM_PAD]
         part = (tokens * tl.num_programs(1) + head) * num_splits + split
-        in_seq = rows < q_len
-        part_rows = part_out_ptr + part[:, None] * HEAD_DIM_PAD + dims[None, :]
-        tl.store(part_rows, acc / l_safe[:, None], mask=in_seq[:, None])
-        tl.store(part_lse_ptr + part, tl.where(seen, m_i + tl.log2(l_safe), float("-inf")), mask=in_seq)
+        _store_slice(part_out_ptr, part_lse_ptr, part, acc, m_i, l_i, dims, rows < q_len, HEAD_DIM_PAD)
     else:
         out = acc / l_i[:, None]
         tl.store(
@@ -290,7 +293,7 @@ def _prefill_kernel(
 
 
 @triton.jit(do_not_specialize=["num_splits"])
-def _prefill_merge_kernel(
+def _merge_slices_kernel(
     part_out_ptr,
     part_lse_ptr,
     out_ptr,
@@ -298,22 +301,31 @@ def _prefill_merge_kernel(
     num_splits,
     stride_ot,
     stride_oh,
+    DECODES: tl.constexpr,
     SPLITS_PAD: tl.constexpr,
     HEAD_DIM: tl.constexpr,
     HEAD_DIM_PAD: tl.constexpr,
 ):
-    """One prefill token's head: its slices' partials combined. Tokens past the prefill ones (decodes, a
-    graph's padding; the decode span holds where the decodes start) return at once."""
-    token = tl.program_id(0)
+    """One row's head, its slices' partials combined. DECODES: rows are the decode sequences, whose queries
+    start at the decode span's token row; else rows are the prefill tokens, the ones before it. Rows past
+    them (a graph's padding) return at once."""
+    row = tl.program_id(0)
     head = tl.program_id(1)
-    _, num_prefill_tokens, _ = _decode_span(decode_span_ptr)
-    if token >= num_prefill_tokens:
+    _, first_decode_token, num_decodes = _decode_span(decode_span_ptr)
+    if DECODES:
+        num_rows = num_decodes
+        token = first_decode_token + row
+    else:
+        num_rows = first_decode_token
+        token = row
+    if row >= num_rows:
         return
     splits = tl.arange(0, SPLITS_PAD)
     dims = tl.arange(0, HEAD_DIM_PAD)
-    part = (token.to(tl.int64) * tl.num_programs(1) + head) * num_splits + splits
+    part = (row.to(tl.int64) * tl.num_programs(1) + head) * num_splits + splits
     lse = tl.load(part_lse_ptr + part, mask=splits < num_splits, other=float("-inf"))
-    weights = tl.exp2(lse - tl.max(lse, 0))  # the slice holding the token's own position saw it: finite max
+    # Finite max: the slice holding a query's own position (a decode's first slice) saw a key.
+    weights = tl.exp2(lse - tl.max(lse, 0))
     parts = tl.load(
         part_out_ptr + part[:, None] * HEAD_DIM_PAD + dims[None, :], mask=(splits < num_splits)[:, None], other=0.0
     )
@@ -394,7 +406,7 @@ def prefill_attention(
     if split:
         if decode_span is None:
             decode_span = torch.tensor([0, num_tokens, 0], dtype=torch.int32, device=q.device)
-        _prefill_merge_kernel[(num_tokens, num_heads)](
+        _merge_slices_kernel[(num_tokens, num_heads)](
             part_out,
             part_lse,
             out,
@@ -402,6 +414,7 @@ def prefill_attention(
             num_splits,
             out.stride(0),
             out.stride(1),
+            DECODES=False,
             SPLITS_PAD=_pow2(MAX_PREFILL_SPLITS, floor=2),
             HEAD_DIM=head_dim,
             HEAD_DIM_PAD=head_dim_pad,
@@ -481,59 +494,15 @@ def _decode_kernel(
         s = tl.where(k_pos[None, :] < hi, _scores(q, k, qk_scale), float("-inf"))
         acc, m_i, l_i = _online_softmax_step(acc, m_i, l_i, s, v)
 
-    if SPLIT:
-        # Partials [seqs, Hq, splits, HEAD_DIM_PAD] normalised, with their log2-sum-exp; a split past the
-        # end of a shorter context saw nothing: output 0 with weight exp2(-inf) = 0.
-        num_splits = tl.num_programs(2)
-        part = (seq * tl.num_programs(1) * GROUP + heads) * num_splits + split
-        seen = l_i > 0
-        l_safe = tl.where(seen, l_i, 1.0)
-        tl.store(
-            part_out_ptr + part[:, None] * HEAD_DIM_PAD + dims[None, :],
-            acc / l_safe[:, None],
-            mask=(members < GROUP)[:, None],
-        )
-        tl.store(part_lse_ptr + part, tl.where(seen, m_i + tl.log2(l_safe), float("-inf")), mask=members < GROUP)
+    if SPLIT:  # partials [seqs, Hq, splits, HEAD_DIM_PAD]
+        part = (seq * tl.num_programs(1) * GROUP + heads) * tl.num_programs(2) + split
+        _store_slice(part_out_ptr, part_lse_ptr, part, acc, m_i, l_i, dims, members < GROUP, HEAD_DIM_PAD)
     else:
         tl.store(
             out_ptr + token * stride_ot + heads[:, None] * stride_oh + dims[None, :],
             (acc / l_i[:, None]).to(out_ptr.dtype.element_ty),
             mask=io_mask,
         )
-
-
-@triton.jit(do_not_specialize=["num_splits"])
-def _decode_merge_kernel(
-    part_out_ptr,
-    part_lse_ptr,
-    out_ptr,
-    decode_span_ptr,
-    num_splits,
-    stride_ot,
-    stride_oh,
-    SPLITS_PAD: tl.constexpr,
-    HEAD_DIM: tl.constexpr,
-    HEAD_DIM_PAD: tl.constexpr,
-):
-    seq = tl.program_id(0)
-    head = tl.program_id(1)
-    _, first_token, num_seqs = _decode_span(decode_span_ptr)
-    if seq >= num_seqs:
-        return
-    splits = tl.arange(0, SPLITS_PAD)
-    dims = tl.arange(0, HEAD_DIM_PAD)
-    part = (seq * tl.num_programs(1) + head) * num_splits + splits
-    lse = tl.load(part_lse_ptr + part, mask=splits < num_splits, other=float("-inf"))
-    weights = tl.exp2(lse - tl.max(lse, 0))  # split 0 is never empty, so the max is finite
-    parts = tl.load(
-        part_out_ptr + part[:, None] * HEAD_DIM_PAD + dims[None, :], mask=(splits < num_splits)[:, None], other=0.0
-    )
-    out = tl.sum(weights[:, None] * parts, 0) / tl.sum(weights, 0)
-    tl.store(
-        out_ptr + (first_token + seq).to(tl.int64) * stride_ot + head * stride_oh + dims,
-        out.to(out_ptr.dtype.element_ty),
-        mask=dims < HEAD_DIM,
-    )
 
 
 def decode_num_splits(num_seqs: int, num_kv_heads: int, max_context: int, num_sms: int) -> int:
@@ -609,7 +578,7 @@ def decode_attention(
         num_stages=2,
     )
     if split:
-        _decode_merge_kernel[(num_seqs, num_heads)](
+        _merge_slices_kernel[(num_seqs, num_heads)](
             part_out,
             part_lse,
             out,
@@ -617,6 +586,7 @@ def decode_attention(
             num_splits,
             out.stride(0),
             out.stride(1),
+            DECODES=True,
             SPLITS_PAD=MAX_SPLITS,
             HEAD_DIM=head_dim,
             HEAD_DIM_PAD=head_dim_pad,
