@@ -52,7 +52,7 @@ def tiles_bound(num_tokens: int, max_seqs: int) -> int:
     return -(-num_tokens // PREFILL_BLOCK_M) + min(num_tokens // 2, max_seqs)
 
 
-class MixedStepInputs:
+class MixedStepLayout:
     """The static inputs' layout for steps of up to max_tokens tokens and max_seqs sequences: how a step fills
     them (host side, numpy) and what a bucket's graph reads of them (device side). No CUDA here: tests run it
     with the Triton interpreter."""
@@ -161,9 +161,9 @@ class MixedGraphs:
         self.model = model
         self.device = kv_cache.data.device
         width = -(-max_model_len // kv_cache.block_size)
-        self.layout = MixedStepInputs(max_tokens, max_seqs, width, scratch_block * kv_cache.block_size)
-        self.buckets = self.layout.buckets
-        self.inputs = GraphInputs(self.layout.shapes, self.device)
+        self.step_layout = MixedStepLayout(max_tokens, max_seqs, width, scratch_block * kv_cache.block_size)
+        self.buckets = self.step_layout.buckets
+        self.inputs = GraphInputs(self.step_layout.shapes, self.device)
         dtype = next(model.parameters()).dtype
         self.selected = torch.zeros(max_seqs, _hidden_size(model), dtype=dtype, device=self.device)
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
@@ -171,13 +171,13 @@ class MixedGraphs:
 
     def _capture(self, attention: AttentionBackend, kv_cache: PagedKVCache, max_model_len: int, pool) -> None:
         # Every bucket's first run and capture sees a step of padding alone: nothing but the scratch block changes.
-        self.layout.fill_padding(self.inputs.fill(), self.buckets[-1])
+        self.step_layout.fill_padding(self.inputs.fill(), self.buckets[-1])
         self.inputs.upload()
         d = self.inputs.device
         for bucket in reversed(self.buckets):  # largest first: smaller graphs reuse its memory
-            metadata = attention.static_metadata(self.layout.attention_buffers(d, bucket), max_model_len)
+            metadata = attention.static_metadata(self.step_layout.attention_buffers(d, bucket), max_model_len)
             ctx = ForwardContext(attention, metadata, kv_cache)
-            seqs = min(bucket, self.layout.max_seqs)
+            seqs = min(bucket, self.step_layout.max_seqs)
             ids, pos, rows = d["input_ids"][:bucket], d["positions"][:bucket], d["logit_rows"][:seqs]
 
             def forward(ids=ids, pos=pos, ctx=ctx, rows=rows, selected=self.selected[:seqs]) -> torch.Tensor:
@@ -187,7 +187,7 @@ class MixedGraphs:
         torch.cuda.synchronize(self.device)
 
     def bucket_for(self, num_tokens: int, num_seqs: int) -> int | None:
-        return self.layout.bucket_for(num_tokens, num_seqs)
+        return self.step_layout.bucket_for(num_tokens, num_seqs)
 
     def run(
         self,
@@ -201,7 +201,7 @@ class MixedGraphs:
         """Replay the graph for this step (bucket_for must have found one); returns the logits [R, V] of
         logit_rows (flat token rows), as the eager forward does. device_inputs: (rows, token ids) already on
         the device, overriding those rows of input_ids."""
-        bucket = self.layout.fill(self.inputs.fill(), input_ids, positions, slot_mapping, layout, logit_rows)
+        bucket = self.step_layout.fill(self.inputs.fill(), input_ids, positions, slot_mapping, layout, logit_rows)
         self.inputs.upload()
         if device_inputs is not None:
             rows, tokens = device_inputs
@@ -211,7 +211,7 @@ class MixedGraphs:
         if not r:
             return self.selected.new_empty(0, 0)
         # The LM head sees a row count it was warmed up with (warm_up.py): rows past r are stale, and dropped.
-        seqs = min(bucket, self.layout.max_seqs)
+        seqs = min(bucket, self.step_layout.max_seqs)
         return self.model.compute_logits(self.selected[: min(eager_bucket(r), seqs)])[:r]
 
 

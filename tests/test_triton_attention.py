@@ -27,7 +27,7 @@ from gpu_worker.attention import (  # noqa: E402
 from gpu_worker.attention.triton_backend import TritonAttention  # noqa: E402
 from gpu_worker.graph_capture import field_views, flat_size  # noqa: E402
 from gpu_worker.host_copy import StagingRing  # noqa: E402
-from gpu_worker.mixed_graphs import MixedStepInputs  # noqa: E402
+from gpu_worker.mixed_graphs import MixedStepLayout  # noqa: E402
 
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 STAGING = StagingRing(DEVICE, 1 << 24)
@@ -274,13 +274,13 @@ def test_a_step_in_a_graph_buckets_static_inputs_matches_reference(seqs, max_con
     num_tokens, layout = len(batch.slots), batch.layout
     owned = set(layout.block_table.ravel().tolist())
     scratch = next(b for b in range(batch.k_cache.shape[0]) if b not in owned)
-    inputs = MixedStepInputs(
+    step_layout = MixedStepLayout(
         max_tokens=300, max_seqs=12, table_width=max_context // block_size, scratch_slot=scratch * block_size
     )
-    flat = torch.full((flat_size(inputs.shapes),), 10**6, dtype=torch.int32)  # read anywhere, it would fault
+    flat = torch.full((flat_size(step_layout.shapes),), 10**6, dtype=torch.int32)  # read anywhere, it would fault
     last_rows = np.cumsum(layout.query_lens) - 1
-    bucket = inputs.fill(
-        field_views(inputs.shapes, flat.numpy()),
+    bucket = step_layout.fill(
+        field_views(step_layout.shapes, flat.numpy()),
         np.zeros(num_tokens, np.int64),
         np.zeros(num_tokens, np.int64),
         batch.slots.numpy(),
@@ -290,7 +290,7 @@ def test_a_step_in_a_graph_buckets_static_inputs_matches_reference(seqs, max_con
     assert bucket > num_tokens  # 125 or 121 tokens in the 128-token bucket
     backend = TritonAttention(block_size)
     metadata = backend.static_metadata(
-        inputs.attention_buffers(field_views(inputs.shapes, flat.to(DEVICE)), bucket), max_context
+        step_layout.attention_buffers(field_views(step_layout.shapes, flat.to(DEVICE)), bucket), max_context
     )
     if max_context > 256:  # the graph's decode launch, sized for 12 sequences, splits long contexts
         assert triton_kernels.decode_num_splits(12, kv_heads, max_context, num_sms=132) > 1
