@@ -40,10 +40,12 @@ class EngineConfig:
         return cls(**{f.name: getattr(args, f.name) for f in fields(cls) if hasattr(args, f.name)})
 
 
-# Batch limits left to the device. Measured on an H100 (docs/benchmarks.md, "Batch limits"): prefill steps
-# cost ~12 ms of host time each whatever their size, so a larger budget takes fewer of them (W1's TTFT p50
-# 131 -> 74 ms from 4,096 to 16,384 tokens); 512 running requests where the KV store holds them at a typical
-# length. A CPU computes a step's tokens one core-second at a time: the smaller limits keep steps short.
+# Batch limits left to the device. Measured on an H100 (docs/benchmarks.md, "Batch limits"): when prefill
+# steps ran eagerly they cost ~12 ms of host time each whatever their size, so a larger budget took fewer of
+# them (W1's TTFT p50 131 -> 74 ms from 4,096 to 16,384 tokens); they now replay CUDA graphs, and the budget
+# mostly bounds how long one step holds the decodes back. 512 running requests where the KV store holds them
+# at a typical length. A CPU computes a step's tokens one core-second at a time: the smaller limits keep
+# steps short.
 CPU_MAX_NUM_SEQS = 256
 CPU_MAX_NUM_BATCHED_TOKENS = 4096
 GPU_MAX_NUM_BATCHED_TOKENS = 16384
