@@ -2,8 +2,9 @@
 
     python -m benchmarks.step_time --model ../shared/models/gpt2 --load-format dummy --prompt-lens 4,23,158
 
-Such a step runs eagerly (only decode-only steps replay CUDA graphs), so on a GPU it mostly measures how
-fast the host launches the forward's kernels. Each figure is the median of --repeats steps, synchronised.
+On a GPU such a step replays a CUDA graph of its token-count bucket (gpu_worker/mixed_graphs.py); with
+--enforce-eager it runs op by op and mostly measures how fast the host launches the forward's kernels. Each
+figure is the median of --repeats steps, synchronised.
 """
 
 from __future__ import annotations

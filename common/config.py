@@ -155,7 +155,7 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
         "0: up to the rest of the context, as vLLM",
     )
     g.add_argument("--attention-backend", choices=["auto", "torch", "triton"], default=d.attention_backend)
-    g.add_argument("--enforce-eager", action="store_true", help="CUDA: run decode without CUDA graphs")
+    g.add_argument("--enforce-eager", action="store_true", help="CUDA: run every step op by op, without CUDA graphs")
     g.add_argument(
         "--tensor-parallel-size",
         "-tp",

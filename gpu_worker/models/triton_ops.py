@@ -1,7 +1,8 @@
 """Fused kernels for the Llama family's elementwise steps on CUDA, one launch each where torch needs many.
 
-An eager forward (every step with a prefill) is bound by the host launching kernels: RMSNorm written in
-torch ops is seven launches and the rotary embedding about fourteen, in every layer. Here:
+Fewer kernels make a forward cheaper to launch eagerly (--enforce-eager, steps with prompt logprobs) and its
+CUDA graph shorter: RMSNorm written in torch ops is seven launches and the rotary embedding about fourteen, in
+every layer. Here:
 
     add_rms_norm   grid (tokens,)   residual + x, then RMSNorm of the sum   (or RMSNorm of x alone)
     rotary         grid (tokens,)   rotates q and k in place, every head of both
