@@ -337,6 +337,45 @@ def _merge_slices_kernel(
     )
 
 
+def _slice_partials(
+    out: torch.Tensor, num_rows: int, num_splits: int, head_dim_pad: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Split-KV partials [rows, Hq, splits, head_dim_pad] and their log-sum-exps [rows, Hq, splits]; without
+    splits, `out` stands in for both (the kernels never touch them then)."""
+    if num_splits == 1:
+        return out, out
+    shape = (num_rows, out.shape[1], num_splits)
+    return (
+        torch.empty(*shape, head_dim_pad, dtype=torch.float32, device=out.device),
+        torch.empty(*shape, dtype=torch.float32, device=out.device),
+    )
+
+
+def _merge_slices(
+    part_out: torch.Tensor,
+    part_lse: torch.Tensor,
+    out: torch.Tensor,
+    decode_span: torch.Tensor,
+    num_rows: int,
+    decodes: bool,
+) -> None:
+    """Combine the partials of num_rows rows (the decodes, or the prefill tokens) into `out`."""
+    num_splits = part_lse.shape[2]
+    _merge_slices_kernel[(num_rows, out.shape[1])](
+        part_out,
+        part_lse,
+        out,
+        decode_span,
+        num_splits,
+        out.stride(0),
+        out.stride(1),
+        DECODES=decodes,
+        SPLITS_PAD=_pow2(MAX_SPLITS if decodes else MAX_PREFILL_SPLITS, floor=2),
+        HEAD_DIM=out.shape[2],
+        HEAD_DIM_PAD=part_out.shape[3],
+    )
+
+
 def prefill_num_splits(num_tiles: int, num_heads: int, max_context: int, num_sms: int) -> int:
     """How many slices to cut each prefill tile's keys into: a chunk of a long prompt is a few tiles, each
     walking thousands of keys, on a GPU of a hundred SMs; slices give every SM about TARGET_PROGRAMS_PER_SM
@@ -370,10 +409,7 @@ def prefill_attention(
     num_tiles = tiles.shape[1]
     head_dim_pad = _pow2(head_dim)
     split = num_splits > 1
-    part_out = part_lse = out  # unused unless split (the kernel never touches them then)
-    if split:
-        part_out = torch.empty(num_tokens, num_heads, num_splits, head_dim_pad, dtype=torch.float32, device=q.device)
-        part_lse = torch.empty(num_tokens, num_heads, num_splits, dtype=torch.float32, device=q.device)
+    part_out, part_lse = _slice_partials(out, num_tokens, num_splits, head_dim_pad)
     _prefill_kernel[(num_tiles, num_heads, num_splits)](
         q,
         out,
@@ -406,19 +442,7 @@ def prefill_attention(
     if split:
         if decode_span is None:
             decode_span = torch.tensor([0, num_tokens, 0], dtype=torch.int32, device=q.device)
-        _merge_slices_kernel[(num_tokens, num_heads)](
-            part_out,
-            part_lse,
-            out,
-            decode_span,
-            num_splits,
-            out.stride(0),
-            out.stride(1),
-            DECODES=False,
-            SPLITS_PAD=_pow2(MAX_PREFILL_SPLITS, floor=2),
-            HEAD_DIM=head_dim,
-            HEAD_DIM_PAD=head_dim_pad,
-        )
+        _merge_slices(part_out, part_lse, out, decode_span, num_tokens, decodes=False)
 
 
 # ------------------------------------------------------------------------------------------- decode
@@ -545,10 +569,7 @@ def decode_attention(
     split_len = triton.cdiv(triton.cdiv(max_context, num_splits), DECODE_BLOCK_N) * DECODE_BLOCK_N
     num_splits = triton.cdiv(max_context, split_len)
     split = num_splits > 1
-    part_out = part_lse = out  # unused unless split (the kernel never touches them then)
-    if split:
-        part_out = torch.empty(num_seqs, num_heads, num_splits, head_dim_pad, dtype=torch.float32, device=q.device)
-        part_lse = torch.empty(num_seqs, num_heads, num_splits, dtype=torch.float32, device=q.device)
+    part_out, part_lse = _slice_partials(out, num_seqs, num_splits, head_dim_pad)
     _decode_kernel[(num_seqs, num_kv_heads, num_splits)](
         q,
         out,
@@ -578,16 +599,4 @@ def decode_attention(
         num_stages=2,
     )
     if split:
-        _merge_slices_kernel[(num_seqs, num_heads)](
-            part_out,
-            part_lse,
-            out,
-            decode_span,
-            num_splits,
-            out.stride(0),
-            out.stride(1),
-            DECODES=True,
-            SPLITS_PAD=MAX_SPLITS,
-            HEAD_DIM=head_dim,
-            HEAD_DIM_PAD=head_dim_pad,
-        )
+        _merge_slices(part_out, part_lse, out, decode_span, num_seqs, decodes=True)
