@@ -297,6 +297,17 @@ class StepResult:
     prompt_logprobs: list[RequestLogprobs] = field(default_factory=list)
 
 
+@message(13)
+@dataclass(slots=True)
+class LeaveGroup:
+    """To a tensor-parallel rank, after the last plan, on the plans' own socket (so after every plan): leave
+    the process group and exit. Every rank must leave together: NCCL's teardown waits for all of them, so
+    rank 0 alone would wait forever for ranks that were simply killed. The in-process engine's close sends
+    it; the server's ranks just exit with their processes."""
+
+    reason: str = "closed"
+
+
 # ---------------------------------------------------------------- control
 
 

@@ -239,6 +239,17 @@ class ModelRunner:
         launching the next step before finishing this one would only hold this one's tokens back."""
         return self.device.type == "cuda"
 
+    def release_graphs(self) -> None:
+        """Destroy the CUDA graphs; later steps run eagerly. Every rank does this before leaving a tensor-parallel
+        group: NCCL's teardown never returns while a graph that captured its collectives still exists
+        (pytorch/pytorch#115388)."""
+        for owner in (self.graphs, self.mixed_graphs):
+            for graph in owner.graphs.values() if owner is not None else ():
+                graph.reset()
+        self.graphs = self.mixed_graphs = None
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+
     def execute(self, plan: StepPlan) -> StepResult:
         """Launch and finish one step (no overlap)."""
         return self.finish(self.launch(plan))

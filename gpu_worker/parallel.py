@@ -91,6 +91,12 @@ def init_tensor_parallel(
     return TensorParallel(rank, size)
 
 
+def dist_backend(tp: TensorParallel) -> str | None:
+    """ "nccl" or "gloo"; None for a group of one (no process group)."""
+    return dist.get_backend() if tp.size > 1 and dist.is_initialized() else None
+
+
 def close_tensor_parallel(tp: TensorParallel) -> None:
+    """Leave the group. With NCCL every rank must call it (the teardown flushes the communicators together)."""
     if tp.size > 1 and dist.is_initialized():
         dist.destroy_process_group()

@@ -21,6 +21,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import zmq
@@ -29,7 +30,7 @@ from common.config import EngineConfig
 from common.control import ControlServer
 from common.engine_replica import EngineReplica
 from common.garbage import freeze_startup_objects
-from common.messages import StepPlan, StepResult
+from common.messages import LeaveGroup, StepPlan, StepResult
 from common.model_info import ModelInfo
 from common.process import announce_ready, exit_child, init_child_process
 from common.profiling import ProcessProfiler, ProcessStats, ProfileConfig, TorchProfiler, epoch_us
@@ -57,6 +58,7 @@ def main(
     endpoints = Endpoints(run_dir)
     ranks = config.tensor_parallel_size
     device_index = replica.index * ranks + rank
+    leave_group: Callable[[], None] | None = None  # leaves the tensor-parallel process group
     if config.load_format == "null":
         from gpu_worker.null_runner import NullRunner
 
@@ -64,7 +66,7 @@ def main(
     else:
         # torch is imported here, in the child, never before spawn.
         from gpu_worker.model_runner import ModelRunner, resolve_device
-        from gpu_worker.parallel import init_tensor_parallel
+        from gpu_worker.parallel import close_tensor_parallel, init_tensor_parallel
         from gpu_worker.warm_up import warm_up
 
         device_type = resolve_device(config.device, device_index).type
@@ -72,6 +74,12 @@ def main(
         phases = PhaseClock(logging.getLogger(role)) if rank == 0 else None  # rank 0 speaks for all
         runner = ModelRunner(config, info, phases, tp, device_index)
         warm_up(runner)  # every rank runs the same warm-up plans: their collectives pair up
+
+        def release_graphs_and_leave() -> None:
+            runner.release_graphs()  # first: NCCL's teardown waits on graphs that captured its collectives
+            close_tensor_parallel(tp)
+
+        leave_group = release_graphs_and_leave
         if phases is not None:
             phases.done("warmed up: every kind of step ran once")
 
@@ -99,7 +107,9 @@ def main(
         },
     )
     try:
-        worker.run(control)
+        worker.run(control)  # returns on LeaveGroup (a follower rank of the in-process engine)
+        if leave_group is not None:
+            leave_group()
     except SystemExit:
         pass
     finally:
@@ -164,6 +174,10 @@ class WorkerLoop:
                 continue
             with self.activity.busy():
                 plan = self._receive()
+                if isinstance(plan, LeaveGroup):
+                    while steps:  # every launched collective completes on every rank before the group goes
+                        self._send(steps.finish_oldest())
+                    return
                 if steps and steps.oldest_step_id == self.profile_last_step:
                     self._send(steps.finish_oldest())  # closes the profile window before anything else runs
                 if plan.profile_steps:
@@ -179,14 +193,15 @@ class WorkerLoop:
                 for result in results:
                     self._send(result)
 
-    def _receive(self) -> StepPlan:
-        """The next plan. Its bytes go to the other ranks first, as received (no second encoding), so every
-        rank runs every plan, in the same order."""
+    def _receive(self) -> StepPlan | LeaveGroup:
+        """The next plan (or, to a follower rank of the in-process engine, the word to leave). Its bytes go to
+        the other ranks first, as received (no second encoding), so every rank runs every plan, in the same
+        order."""
         data = self.plans.recv(copy=True)
         for relay in self.relays:
             relay.send(data)
-        plan: StepPlan = self.activity.sockets.decode(data)
-        if plan.sent_time:
+        plan: StepPlan | LeaveGroup = self.activity.sockets.decode(data)
+        if isinstance(plan, StepPlan) and plan.sent_time:
             self._plan_waits[plan.step_id] = max(0.0, time.time() - plan.sent_time)
         return plan
 

@@ -16,11 +16,13 @@ import zmq
 
 from common.config import EngineConfig
 from common.engine_replica import EngineReplica
+from common.messages import LeaveGroup
 from common.model_info import ModelInfo, check_tensor_parallel
 from common.profiling import ProfileConfig
 from common.transport import Endpoints, make_run_dir, pull_socket, push_socket, recv
+from common.wire import encode
 from gpu_worker.model_runner import resolve_device
-from gpu_worker.parallel import TensorParallel, close_tensor_parallel, init_tensor_parallel
+from gpu_worker.parallel import TensorParallel, close_tensor_parallel, dist_backend, init_tensor_parallel
 
 READY_POLL_MS = 200
 ENGINE = EngineReplica()  # the in-process engine is one replica: its own process is rank 0
@@ -48,6 +50,7 @@ class FollowerRanks:
         }
         for process in self.processes.values():
             process.start()
+        self._serving = False  # every follower warmed up and running plans
         self._relays = [push_socket(ctx, endpoints.worker_rank_plans(ENGINE.index, rank)) for rank in ranks]
         device_type = resolve_device(config.device).type
         self.tp: TensorParallel = init_tensor_parallel(
@@ -62,6 +65,7 @@ class FollowerRanks:
             self.check_alive()
             if self._ready.poll(timeout=READY_POLL_MS):
                 waiting.discard(recv(self._ready).role)
+        self._serving = True
 
     def check_alive(self) -> None:
         for role, process in self.processes.items():
@@ -75,9 +79,19 @@ class FollowerRanks:
             relay.send(plan_bytes)
 
     def close(self) -> None:
-        for process in self.processes.values():
-            if process.exitcode is None:
-                process.terminate()
+        """Every rank leaves the process group together, then the followers exit. If a follower never got to
+        serving or died, it is stopped and rank 0 leaves alone where the backend allows it (gloo); NCCL's
+        teardown would wait forever for the missing rank, so that group is left to the process's exit."""
+        everyone = self._serving and all(process.exitcode is None for process in self.processes.values())
+        if everyone:
+            self.send(encode(LeaveGroup()))
+            close_tensor_parallel(self.tp)
+        else:
+            for process in self.processes.values():
+                if process.exitcode is None:
+                    process.terminate()
+            if dist_backend(self.tp) != "nccl":
+                close_tensor_parallel(self.tp)
         deadline = time.monotonic() + 5
         for process in self.processes.values():
             process.join(timeout=max(0.0, deadline - time.monotonic()))
@@ -86,5 +100,4 @@ class FollowerRanks:
                 process.join()
         for sock in [self._ready, *self._relays]:
             sock.close()
-        close_tensor_parallel(self.tp)
         shutil.rmtree(self.run_dir, ignore_errors=True)

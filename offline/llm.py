@@ -73,6 +73,8 @@ class LLM:
     def close(self) -> None:
         """Stop the other tensor-parallel ranks (nothing to do with one)."""
         if self._followers is not None:
+            if hasattr(self, "runner"):  # (not when the runner failed to start)
+                self.runner.release_graphs()  # on every rank before the group goes: see release_graphs
             self._followers.close()
             self._followers = None
 

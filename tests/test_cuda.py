@@ -13,6 +13,9 @@ from tests.tiny_models import random_prompts
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 
 PROMPT_LENGTHS = [5, 13, 17, 23, 31, 35, 47, 50]
+# Room for these tests' batches and no more: the defaults on a GPU (hundreds of seats, a prompt budget of
+# thousands) would capture dozens of graph buckets per engine, and a test starts several engines.
+SMALL = dict(max_num_seqs=8, max_num_batched_tokens=512)
 
 
 def hf_greedy_on(folder, prompts, new_tokens, dtype) -> list[list[int]]:
@@ -41,16 +44,19 @@ def test_float32_on_cuda_matches_transformers(tiny_model, backend):
     if backend == "triton":
         pytest.importorskip("triton", reason="the triton backend needs triton")
     prompts = random_prompts(8, PROMPT_LENGTHS, vocab=512)
-    llm = LLM(str(tiny_model), device="cuda", dtype="float32", attention_backend=backend)
-    ours = [o.token_ids for o in llm.generate(prompts, SamplingParams(max_tokens=32, temperature=0.0, ignore_eos=True))]
+    with LLM(str(tiny_model), device="cuda", dtype="float32", attention_backend=backend, **SMALL) as llm:
+        params = SamplingParams(max_tokens=32, temperature=0.0, ignore_eos=True)
+        ours = [o.token_ids for o in llm.generate(prompts, params)]
     torch.backends.cuda.matmul.allow_tf32 = False
     assert ours == hf_greedy_on(tiny_model, prompts, 32, torch.float32)
 
 
 def test_bfloat16_on_cuda_mostly_agrees_with_transformers(tiny_model):
     prompts = random_prompts(8, PROMPT_LENGTHS, vocab=512)
-    llm = LLM(str(tiny_model), device="cuda", dtype="bfloat16")
-    ours = [o.token_ids for o in llm.generate(prompts, SamplingParams(max_tokens=16, temperature=0.0, ignore_eos=True))]
+    with LLM(str(tiny_model), device="cuda", dtype="bfloat16", **SMALL) as llm:
+        ours = [
+            o.token_ids for o in llm.generate(prompts, SamplingParams(max_tokens=16, temperature=0.0, ignore_eos=True))
+        ]
     theirs = hf_greedy_on(tiny_model, prompts, 16, torch.bfloat16)
     # bf16 rounding differs between kernels, and a single flipped token changes the rest of a sequence:
     # compare the first tokens, where both start from the same context.
@@ -61,13 +67,12 @@ def test_bfloat16_on_cuda_mostly_agrees_with_transformers(tiny_model):
 def test_cuda_graph_decode_gives_the_same_tokens_as_eager(tiny_model):
     prompts = random_prompts(5, PROMPT_LENGTHS, vocab=512, seed=2)  # 5 sequences: replayed padded to 8
     params = SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True)
-    graphs = LLM(str(tiny_model), device="cuda", dtype="float32")
-    assert graphs.runner.graphs is not None
-    eager = LLM(str(tiny_model), device="cuda", dtype="float32", enforce_eager=True)
-    assert eager.runner.graphs is None
-    assert [o.token_ids for o in graphs.generate(prompts, params)] == [
-        o.token_ids for o in eager.generate(prompts, params)
-    ]
+    with LLM(str(tiny_model), device="cuda", dtype="float32", **SMALL) as graphs:
+        assert graphs.runner.graphs is not None
+        replayed = [o.token_ids for o in graphs.generate(prompts, params)]
+    with LLM(str(tiny_model), device="cuda", dtype="float32", enforce_eager=True, **SMALL) as eager:
+        assert eager.runner.graphs is None
+        assert replayed == [o.token_ids for o in eager.generate(prompts, params)]
 
 
 def staggered_run(llm: LLM, params: SamplingParams) -> list[list[int]]:
@@ -99,12 +104,12 @@ def test_steps_computing_prompts_replay_graphs_and_give_the_same_tokens_as_eager
     monkeypatch.setattr(MixedGraphs, "run", lambda self, *a: replays.append(len(a[0])) or real_run(self, *a))
     params = SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True)
     config = dict(device="cuda", dtype="float32", max_num_seqs=8, max_num_batched_tokens=128)
-    graphs = LLM(str(tiny_model), **config)
-    ours = staggered_run(graphs, params)
+    with LLM(str(tiny_model), **config) as graphs:
+        ours = staggered_run(graphs, params)
     assert len(replays) >= 6 and max(replays) > 100  # prefill alone and beside decodes, chunks of 128 tokens
-    eager = LLM(str(tiny_model), enforce_eager=True, **config)
-    assert eager.runner.mixed_graphs is None
-    assert ours == staggered_run(eager, params)
+    with LLM(str(tiny_model), enforce_eager=True, **config) as eager:
+        assert eager.runner.mixed_graphs is None
+        assert ours == staggered_run(eager, params)
 
 
 def test_no_step_after_warm_up_compiles_a_kernel(tiny_model, monkeypatch):
@@ -113,8 +118,8 @@ def test_no_step_after_warm_up_compiles_a_kernel(tiny_model, monkeypatch):
     triton = pytest.importorskip("triton", reason="the triton backend needs triton")
     if not hasattr(getattr(triton, "knobs", None), "runtime"):
         pytest.skip(f"Triton {triton.__version__} has no compile hook to observe")
-    llm = LLM(str(tiny_model), device="cuda", dtype="bfloat16", attention_backend="triton", max_num_seqs=8)
-    compiled: list[str] = []
-    monkeypatch.setattr(triton.knobs.runtime, "jit_cache_hook", lambda *, repr, **_: compiled.append(repr))
-    staggered_run(llm, SamplingParams(max_tokens=40, temperature=0.0, ignore_eos=True))
+    with LLM(str(tiny_model), device="cuda", dtype="bfloat16", attention_backend="triton", max_num_seqs=8) as llm:
+        compiled: list[str] = []
+        monkeypatch.setattr(triton.knobs.runtime, "jit_cache_hook", lambda *, repr, **_: compiled.append(repr))
+        staggered_run(llm, SamplingParams(max_tokens=40, temperature=0.0, ignore_eos=True))
     assert compiled == []

@@ -1,6 +1,7 @@
-"""Tensor parallelism on the CPU (gloo): two ranks give exactly the tokens one gives (float32, tiny GPT-2 and
-tiny grouped-query Llama), in process and through the server; a model whose heads do not split fails at
-start naming the numbers; a dead rank stops the server, naming it, with nothing left running."""
+"""Tensor parallelism on the CPU (gloo; NCCL where two GPUs are visible): two ranks give exactly the tokens
+one gives (float32, tiny GPT-2 and tiny grouped-query Llama), in process and through the server; a model whose
+heads do not split fails at start naming the numbers; a dead rank stops the server, naming it, with nothing
+left running."""
 
 from __future__ import annotations
 
@@ -32,9 +33,15 @@ def sampling() -> list[SamplingParams]:
     return [greedy, greedy, *drawn]
 
 
-def generate(folder, tensor_parallel_size: int, prompts) -> list[list[int]]:
+def generate(folder, tensor_parallel_size: int, prompts, device: str = "cpu") -> list[list[int]]:
     with LLM(
-        str(folder), device="cpu", dtype="float32", num_kv_blocks=64, tensor_parallel_size=tensor_parallel_size
+        str(folder),
+        device=device,
+        dtype="float32",
+        num_kv_blocks=64,
+        max_num_seqs=8,
+        max_num_batched_tokens=512,
+        tensor_parallel_size=tensor_parallel_size,
     ) as llm:
         llm.record_plans = True
         outputs = llm.generate(prompts, sampling(), on_step=llm.scheduler.check_integrity)
@@ -45,6 +52,30 @@ def generate(folder, tensor_parallel_size: int, prompts) -> list[list[int]]:
 def test_two_ranks_match_one_token_for_token(tiny_model):
     prompts = random_prompts(4, [5, 13, 17, 35], vocab=512, seed=3)
     assert generate(tiny_model, 2, prompts) == generate(tiny_model, 1, prompts)
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two CUDA devices")
+def test_two_gpus_match_one_token_for_token(tiny_model):
+    """NCCL, every step replaying a CUDA graph that holds the all-reduces (decodes and prompt steps alike)."""
+    prompts = random_prompts(4, [5, 13, 17, 35], vocab=512, seed=3)
+    assert generate(tiny_model, 2, prompts, "cuda") == generate(tiny_model, 1, prompts, "cuda")
+
+
+def test_closing_the_engine_lets_every_rank_leave_the_group_together(tiny_gpt2, monkeypatch):
+    """NCCL's teardown waits for every rank: the followers must leave the group themselves, not be killed
+    while rank 0 waits for them. They exit on their own, and a second engine can form a new group."""
+    import multiprocessing.context
+
+    terminated = []
+    real_terminate = multiprocessing.context.SpawnProcess.terminate
+    monkeypatch.setattr(
+        multiprocessing.context.SpawnProcess, "terminate", lambda p: terminated.append(p.name) or real_terminate(p)
+    )
+    prompts = random_prompts(2, [5, 9], vocab=512, seed=4)
+    first = generate(tiny_gpt2, 2, prompts)
+    assert terminated == []
+    assert not torch.distributed.is_initialized()
+    assert generate(tiny_gpt2, 2, prompts) == first
 
 
 def unshard(shards: list, parts: list[int]):
