@@ -202,6 +202,7 @@ class ZmqEngineClient(EngineClient):
         self._tasks: list[asyncio.Task] = []
         self._stopping: str | None = None  # set once the frontend stops: later requests are refused at once
         self.event_loop = ""  # the running loop's kind, set by start()
+        self.http_parser = ""  # the frontend's HTTP parser, "httptools" or "h11" (frontend/http_protocol.py)
 
     @property
     def roles(self) -> list[str]:
@@ -223,7 +224,13 @@ class ZmqEngineClient(EngineClient):
         # requests_open: requests this frontend still routes outputs to. Every way a request ends (finished,
         # refused, aborted by its client, timed out, failed at shutdown) removes it: at rest this is 0.
         extra = {key: source() for key, source in self.stats_sources.items()}
-        return {**self.activity.summary(), "requests_open": len(self._streams), "event_loop": self.event_loop, **extra}
+        return {
+            **self.activity.summary(),
+            "requests_open": len(self._streams),
+            "event_loop": self.event_loop,
+            "http_parser": self.http_parser,
+            **extra,
+        }
 
     async def submit(self, request: EngineRequest) -> RequestStream:
         request.rid = next(self._rids)

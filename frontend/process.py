@@ -21,7 +21,6 @@ import socket
 from dataclasses import dataclass, field
 
 import uvicorn
-from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from common.control import frontend_role
 from common.garbage import freeze_startup_objects
@@ -29,11 +28,11 @@ from common.process import announce_ready, exit_child, init_child_process
 from common.profiling import ProcessProfiler, ProfileConfig
 from common.transport import Endpoints
 from frontend.engine_client import EngineClient, EngineLimits
+from frontend.http_protocol import MAX_HEADER_BYTES, protocol_class
 from frontend.limits import HttpLimits
 
 log = logging.getLogger(__name__)
 GRACEFUL_SHUTDOWN_S = 3  # responses get this long to end; the launcher kills what is left after 5 s
-MAX_HEADER_BYTES = 64 * 1024  # a request's line and headers; more: 400 and the connection closed (h11)
 STOPPING = "the server is stopping"
 GARBAGE_COLLECTION_PERIOD_S = 10.0
 
@@ -51,6 +50,7 @@ class FrontendSpec:
     log_level: str
     http: HttpLimits = field(default_factory=HttpLimits)
     event_loop: str = "auto"  # "uvloop" | "asyncio" | "auto": uvloop where installed
+    http_parser: str = "auto"  # "httptools" | "h11" | "auto": httptools where installed (frontend/http_protocol.py)
 
 
 def event_loop_runner(choice: str):
@@ -89,17 +89,19 @@ async def serve(spec: FrontendSpec, sock: socket.socket, run_dir: str, profile: 
     client.start()
     app = build_app(client, api_key=spec.api_key, profiler=profiler, limits=spec.http)
     raise_open_file_limit()
-    ReadDeadlineProtocol.timeout_headers_s = spec.http.timeout_headers_s
-    ReadDeadlineProtocol.timeout_body_s = spec.http.timeout_body_s
+    protocol = protocol_class(spec.http_parser)
+    protocol.timeout_headers_s = spec.http.timeout_headers_s
+    protocol.timeout_body_s = spec.http.timeout_body_s
+    client.http_parser = "httptools" if "HttpTools" in protocol.__name__ else "h11"
     config = uvicorn.Config(
         app,
-        http=ReadDeadlineProtocol,
+        http=protocol,
         log_level=spec.log_level,
         access_log=spec.log_level == "debug",
         timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S,
         limit_concurrency=spec.http.max_connections,
         timeout_keep_alive=spec.http.timeout_keep_alive_s,  # type: ignore[arg-type]
-        h11_max_incomplete_event_size=MAX_HEADER_BYTES,
+        h11_max_incomplete_event_size=MAX_HEADER_BYTES,  # h11's own bound; http_protocol.py counts for httptools
     )
     server = AnnouncingServer(config, lambda: announce_ready(run_dir, role), client)
     collector = asyncio.create_task(collect_request_garbage())
@@ -130,65 +132,6 @@ async def collect_request_garbage(period_s: float = GARBAGE_COLLECTION_PERIOD_S)
     while True:
         await asyncio.sleep(period_s)
         gc.collect()
-
-
-class ReadDeadlineProtocol(H11Protocol):
-    """uvicorn's HTTP/1.1 protocol, plus deadlines for reading a request, so that a client that trickles its
-    bytes (slowloris) or stops sending cannot hold a socket, or a task waiting on a body, forever:
-
-        connection opened, or the previous response ended ── timeout_headers_s ──▶ the request's headers
-        the request's headers ───────────────────────────── timeout_body_s ────▶ the end of its body
-
-    A deadline missed closes the connection (an app waiting on the body sees the client leave). Idle
-    keep-alive connections are uvicorn's own timeout_keep_alive."""
-
-    timeout_headers_s = 10.0
-    timeout_body_s = 30.0
-    _read_deadline: asyncio.TimerHandle | None = None
-    _body_clock_of: object = None  # the request cycle whose body the deadline is timing
-
-    def connection_made(self, transport) -> None:  # type: ignore[override]
-        super().connection_made(transport)
-        self._arm_read_deadline(self.timeout_headers_s)
-
-    def data_received(self, data: bytes) -> None:
-        if self._read_deadline is None and self._waiting_for_headers():
-            self._arm_read_deadline(self.timeout_headers_s)  # a keep-alive connection's next request: its own clock
-        super().data_received(data)
-        if self._reading_body():
-            if self._body_clock_of is not self.cycle:  # a request whose headers are in: its body's clock starts
-                self._body_clock_of = self.cycle
-                self._arm_read_deadline(self.timeout_body_s)
-        elif not self._waiting_for_headers():
-            self._disarm_read_deadline()  # the request is read whole
-
-    def on_response_complete(self) -> None:
-        self._disarm_read_deadline()
-        super().on_response_complete()
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        self._disarm_read_deadline()
-        super().connection_lost(exc)
-
-    def _waiting_for_headers(self) -> bool:
-        return self.cycle is None or self.cycle.response_complete
-
-    def _reading_body(self) -> bool:
-        return self.cycle is not None and self.cycle.more_body and not self.cycle.response_complete
-
-    def _arm_read_deadline(self, seconds: float) -> None:
-        self._disarm_read_deadline()
-        self._read_deadline = self.loop.call_later(seconds, self._read_late)
-
-    def _disarm_read_deadline(self) -> None:
-        if self._read_deadline is not None:
-            self._read_deadline.cancel()
-            self._read_deadline = None
-
-    def _read_late(self) -> None:
-        self._read_deadline = None
-        if (self._waiting_for_headers() or self._reading_body()) and not self.transport.is_closing():
-            self.transport.close()
 
 
 class AnnouncingServer(uvicorn.Server):

@@ -4,6 +4,7 @@ anything starts, and a dead frontend ends the server like any other child."""
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import re
 import signal
@@ -89,18 +90,26 @@ def test_health_and_stats_cover_every_frontend(server):
     assert len(frontend_pids) == 2 and server.proc.pid not in frontend_pids
 
 
-def test_the_frontends_run_on_uvloop_where_installed_and_on_asyncio_when_asked(server, tiny_llama, tmp_path):
-    try:
-        import uvloop  # noqa: F401
+def installed(module: str) -> bool:
+    return importlib.util.find_spec(module) is not None
 
-        default = "uvloop"
-    except ImportError:
-        default = "asyncio"
+
+def test_the_frontends_run_on_uvloop_and_httptools_where_installed_and_on_asyncio_and_h11_when_asked(
+    server, tiny_llama, tmp_path
+):
     stats = server.stats()
-    assert {stats[f"frontend-{k}"]["payload"]["event_loop"] for k in (0, 1)} == {default}
-    plain = ServerProcess(tiny_llama, "--load-format", "null", "--event-loop", "asyncio", log_path=tmp_path / "log")
+    for k in (0, 1):
+        payload = stats[f"frontend-{k}"]["payload"]
+        assert payload["event_loop"] == ("uvloop" if installed("uvloop") else "asyncio")
+        assert payload["http_parser"] == ("httptools" if installed("httptools") else "h11")
+    plain = ServerProcess(
+        tiny_llama,
+        *("--load-format", "null", "--event-loop", "asyncio", "--http-parser", "h11"),
+        log_path=tmp_path / "log",
+    )
     try:
-        assert plain.stats()["frontend-0"]["payload"]["event_loop"] == "asyncio"
+        payload = plain.stats()["frontend-0"]["payload"]
+        assert (payload["event_loop"], payload["http_parser"]) == ("asyncio", "h11")
         _, text = complete(plain, "hello")
         assert text  # it serves
     finally:

@@ -79,6 +79,53 @@ def test_a_slowloris_connection_is_closed_after_the_header_timeout(server):
     assert time.monotonic() - opened < HEADER_TIMEOUT_S + 3
 
 
+def read_until_closed(sock: socket.socket) -> bytes:
+    """Everything the server sends until it closes (a reset, when our bytes were left unread, ends it too)."""
+    sock.settimeout(10)
+    received = b""
+    try:
+        while chunk := sock.recv(65536):
+            received += chunk
+    except ConnectionResetError:
+        pass
+    return received
+
+
+def request_with_headers(header_bytes: int) -> bytes:
+    """A complete request whose header lines add up to about `header_bytes`."""
+    lines = "".join(f"X-Filler-{i}: {'v' * 990}\r\n" for i in range(header_bytes // 1000))
+    body = b'{"prompt": "hi", "max_tokens": 2}'
+    return (
+        f"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nConnection: close\r\n"
+        f"{lines}Content-Length: {len(body)}\r\n\r\n"
+    ).encode() + body
+
+
+@pytest.mark.parametrize("header_bytes, status", [(48_000, b"200"), (100_000, b"400")])
+def test_request_headers_over_64_kib_are_400_and_the_connection_closed(server, header_bytes, status):
+    with socket.create_connection(("127.0.0.1", server.port)) as sock:
+        sock.sendall(request_with_headers(header_bytes))
+        assert read_until_closed(sock).split(b" ")[1] == status
+    assert_serving(server)
+
+
+def test_a_header_that_never_ends_is_cut_off_at_64_kib_not_at_the_header_deadline(server):
+    with socket.create_connection(("127.0.0.1", server.port)) as sock:
+        opened = time.monotonic()
+        sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nX-Endless: ")
+        closed = False
+        for _ in range(40):  # 40 x 4 KiB: the bound is passed halfway
+            try:
+                sock.sendall(b"v" * 4096)
+            except OSError:
+                closed = True
+                break
+        answer = b"" if closed else read_until_closed(sock)  # returns once the server has closed
+    assert answer == b"" or answer.startswith(b"HTTP/1.1 400")
+    assert time.monotonic() - opened < HEADER_TIMEOUT_S  # the bound closed it, not the header deadline
+    assert_serving(server)
+
+
 def post_headers(content_length: int) -> bytes:
     return (
         "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
