@@ -59,7 +59,8 @@ def build_app(
     metrics = FrontendMetrics(client.limits.served_model_name)
     client.stats_sources[REQUEST_METRICS] = metrics.counts.to_payload  # in this frontend's /stats, for /metrics
     created = int(time.time())
-    keyed = [Depends(api_key_check(api_key))]
+    # Without a key, no dependency at all: FastAPI would still solve it on every request.
+    keyed = [Depends(api_key_check(api_key))] if api_key is not None else []
     app.include_router(openai_router(client, metrics, limits), dependencies=keyed)
     app.include_router(native_router(client, metrics, limits), dependencies=keyed)
     app.include_router(tokenizer_router(client, limits), dependencies=keyed)

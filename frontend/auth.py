@@ -10,10 +10,8 @@ from fastapi import Request
 from frontend.errors import ApiError
 
 
-def api_key_check(api_key: str | None) -> Callable[[Request], Awaitable[None]]:
+def api_key_check(api_key: str) -> Callable[[Request], Awaitable[None]]:
     async def check(request: Request) -> None:
-        if api_key is None:
-            return
         scheme, _, token = request.headers.get("authorization", "").partition(" ")
         # compare_digest: the time taken must not tell how much of a guessed key was right.
         if scheme.lower() != "bearer" or not secrets.compare_digest(token.strip().encode(), api_key.encode()):
