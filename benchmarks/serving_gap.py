@@ -11,6 +11,10 @@ Parts (each a list of `benchmarks.offline` / `benchmarks.serve` commands, printe
 - burst: 1,024 such requests at once, engine and server (TTFT against the engine's).
 - sweep: Poisson arrivals at increasing rates against one server, until it saturates: throughput against
   TTFT p99 and ITL p99 (sweep.json, sweep.png).
+- parallel (more than one GPU): W1 through the server with each --tensor-parallel-sizes, and the burst with
+  each --data-parallel-sizes at 256 seats per replica (one replica is then saturated four waves over, two
+  replicas two waves each: the load that can scale), the sizes interleaved --repeats times. The step period
+  (the GPU worker's own token gaps, "ITL as sampled" p50) says whether a replica slowed down.
 Every serve figure comes with the client's own CPU use; a table of all of them ends the run (table.md).
 """
 
@@ -60,6 +64,7 @@ def serve(label: str, flags: str, out: Path, log: Path, rows: list[dict]) -> dic
             "ttft_p50_ms": s["latencies_ms"]["ttft"]["p50"],
             "ttft_p99_ms": s["latencies_ms"]["ttft"]["p99"],
             "itl_p99_ms": s["latencies_ms"]["itl"]["p99"],
+            "step_ms": s["latencies_ms"].get("itl_sampled", {}).get("p50"),
             "client": f"{c['processes']} × peak {max(c['peak_cpu_pct'], default=0):.0f}%",
             "busy": ", ".join(f"{r} {p['busy_pct']:.0f}%" for r, p in processes.items()),
             # Where the time went: each process's busy µs per completion token and per request, its messages
@@ -92,6 +97,7 @@ def offline(label: str, flags: str, out: Path, log: Path, rows: list[dict]) -> N
             "ttft_p50_ms": 1000 * ours["ttft_p50_s"],
             "ttft_p99_ms": 1000 * ours["ttft_p99_s"],
             "itl_p99_ms": None,
+            "step_ms": None,
             "client": "in-process",
             "busy": f"{ours['steps']} steps",
         }
@@ -149,15 +155,16 @@ def sweep(model: str, k: int, clients: int, out: Path, log: Path, rows: list[dic
 
 def table(rows: list[dict]) -> str:
     lines = [
-        "| run | completion tok/s | failed | TTFT p50 / p99 (ms) | ITL p99 (ms) | client (processes × peak CPU) "
-        "| busy |",
-        "|---|---|---|---|---|---|---|",
+        "| run | completion tok/s | failed | TTFT p50 / p99 (ms) | ITL p99 (ms) | step period (ms) "
+        "| client (processes × peak CPU) | busy |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         itl = "-" if r["itl_p99_ms"] is None else f"{r['itl_p99_ms']:.1f}"
+        step = "-" if r.get("step_ms") is None else f"{r['step_ms']:.2f}"
         lines.append(
             f"| {r['label']} | {r['tok_s']:,.0f} | {r['failed']} | {r['ttft_p50_ms']:.0f} / {r['ttft_p99_ms']:.0f} | "
-            f"{itl} | {r['client']} | {r['busy']} |"
+            f"{itl} | {step} | {r['client']} | {r['busy']} |"
         )
     return "\n".join(lines)
 
@@ -171,6 +178,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--client-processes", type=int, default=default_client_processes())
     parser.add_argument("--mock-processes", type=int, default=8)
     parser.add_argument("--base-root", help="another checkout whose launch.py is the 'before' server")
+    parser.add_argument("--tensor-parallel-sizes", default="1,2", help="parallel: W1 with each")
+    parser.add_argument("--data-parallel-sizes", default="1,2", help="parallel: the burst with each")
+    parser.add_argument("--repeats", type=int, default=2, help="parallel: rounds of the sizes, interleaved")
     args = parser.parse_args(argv)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -221,6 +231,15 @@ def main(argv: list[str] | None = None) -> None:
             serve(f"burst_server_k{k}", flags, out, log, rows)
     if "sweep" in parts:
         sweep(m, max(counts), p, out, log, rows)
+    if "parallel" in parts:
+        k = max(counts)
+        for rep in range(1, args.repeats + 1):
+            for tp in (int(x) for x in args.tensor_parallel_sizes.split(",")):
+                flags = f"--launch '{dummy} --api-server-count {k} -tp {tp}' {W1} --client-processes {p}"
+                serve(f"w1_tp{tp}_{rep}", flags, out, log, rows)
+            for dp in (int(x) for x in args.data_parallel_sizes.split(",")):
+                launch = f"{dummy} --api-server-count {k} -dp {dp} --max-num-seqs 256"
+                serve(f"burst_dp{dp}_{rep}", f"--launch '{launch}' {BURST} --client-processes {p}", out, log, rows)
     (out / "summary.json").write_text(json.dumps(rows, indent=1))
     text = table(rows)
     (out / "table.md").write_text(text + "\n\n" + "\n".join(f"- {r['label']}: `{r['command']}`" for r in rows) + "\n")
