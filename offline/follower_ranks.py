@@ -78,11 +78,13 @@ class FollowerRanks:
         for relay in self._relays:
             relay.send(plan_bytes)
 
-    def close(self) -> None:
+    def close(self, together: bool = True) -> None:
         """Every rank leaves the process group together, then the followers exit. If a follower never got to
-        serving or died, it is stopped and rank 0 leaves alone where the backend allows it (gloo); NCCL's
-        teardown would wait forever for the missing rank, so that group is left to the process's exit."""
-        everyone = self._serving and all(process.exitcode is None for process in self.processes.values())
+        serving or died, or `together` is False (rank 0 failed, maybe halfway through a step), the followers
+        are stopped and rank 0 leaves alone where the backend allows it (gloo); NCCL's teardown would wait
+        forever for the missing ranks, so that group is left to the process's exit."""
+        alive = all(process.exitcode is None for process in self.processes.values())
+        everyone = together and self._serving and alive
         if everyone:
             self.send(encode(LeaveGroup()))
             close_tensor_parallel(self.tp)

@@ -56,7 +56,7 @@ class LLM:
             if self._followers is not None:
                 self._followers.wait_ready()
         except BaseException:
-            self.close()
+            self.close(failed=True)
             raise
         self.scheduler = Scheduler(self.config, self.info, self.runner.num_kv_blocks)
         self._tokenizer = None
@@ -70,19 +70,21 @@ class LLM:
         # Steps launched before the oldest one's tokens are read; None: as the worker process runs (StepQueue).
         self.plans_in_flight: int | None = None
 
-    def close(self) -> None:
-        """Stop the other tensor-parallel ranks (nothing to do with one)."""
+    def close(self, failed: bool = False) -> None:
+        """Stop the other tensor-parallel ranks (nothing to do with one). `failed`: after an error, when a
+        step may have stopped halfway (its collectives launched on some ranks only), the followers are
+        stopped rather than asked to leave the group with rank 0, which could then never complete."""
         if self._followers is not None:
-            if hasattr(self, "runner"):  # (not when the runner failed to start)
+            if hasattr(self, "runner") and not failed:  # (no runner: it failed to start)
                 self.runner.release_graphs()  # on every rank before the group goes: see release_graphs
-            self._followers.close()
+            self._followers.close(together=not failed)
             self._followers = None
 
     def __enter__(self) -> LLM:
         return self
 
-    def __exit__(self, *exc) -> None:
-        self.close()
+    def __exit__(self, exc_type, *exc) -> None:
+        self.close(failed=exc_type is not None)
 
     @classmethod
     def from_config(cls, config: EngineConfig) -> LLM:

@@ -61,21 +61,37 @@ def test_two_gpus_match_one_token_for_token(tiny_model):
     assert generate(tiny_model, 2, prompts, "cuda") == generate(tiny_model, 1, prompts, "cuda")
 
 
-def test_closing_the_engine_lets_every_rank_leave_the_group_together(tiny_gpt2, monkeypatch):
-    """NCCL's teardown waits for every rank: the followers must leave the group themselves, not be killed
-    while rank 0 waits for them. They exit on their own, and a second engine can form a new group."""
+def record_terminations(monkeypatch) -> list[str]:
     import multiprocessing.context
 
-    terminated = []
+    terminated: list[str] = []
     real_terminate = multiprocessing.context.SpawnProcess.terminate
     monkeypatch.setattr(
         multiprocessing.context.SpawnProcess, "terminate", lambda p: terminated.append(p.name) or real_terminate(p)
     )
+    return terminated
+
+
+def test_closing_the_engine_lets_every_rank_leave_the_group_together(tiny_gpt2, monkeypatch):
+    """NCCL's teardown waits for every rank: the followers must leave the group themselves, not be killed
+    while rank 0 waits for them. They exit on their own, and a second engine can form a new group."""
+    terminated = record_terminations(monkeypatch)
     prompts = random_prompts(2, [5, 9], vocab=512, seed=4)
     first = generate(tiny_gpt2, 2, prompts)
     assert terminated == []
     assert not torch.distributed.is_initialized()
     assert generate(tiny_gpt2, 2, prompts) == first
+
+
+def test_an_error_in_the_engine_block_stops_the_followers_instead(tiny_gpt2, monkeypatch):
+    """After an error a step may have stopped halfway, its collectives launched on some ranks only: leaving
+    together could never complete, so the followers are stopped (and gloo's group left by rank 0 alone)."""
+    terminated = record_terminations(monkeypatch)
+    engine = dict(device="cpu", dtype="float32", num_kv_blocks=64, tensor_parallel_size=2)
+    with pytest.raises(RuntimeError, match="a user's error"), LLM(str(tiny_gpt2), **engine):
+        raise RuntimeError("a user's error")
+    assert terminated == ["gpu_worker-rank1"]
+    assert not torch.distributed.is_initialized()
 
 
 def unshard(shards: list, parts: list[int]):
