@@ -34,6 +34,8 @@ class HeaderTooLarge(ValueError):
 class ReadDeadlines:
     """Mixed into a uvicorn protocol (both keep the request being served in `self.cycle`)."""
 
+    parser_name = ""  # "httptools" or "h11": which one the protocol parses with (the frontend's /stats say it)
+
     # The protocol's own, read here.
     cycle: Any
     loop: asyncio.AbstractEventLoop
@@ -93,8 +95,10 @@ class ReadDeadlines:
 class H11WithDeadlines(ReadDeadlines, H11Protocol):
     """h11 bounds the header bytes itself (uvicorn's h11_max_incomplete_event_size, set by the frontend)."""
 
+    parser_name = "h11"
 
-def protocol_class(choice: str) -> type:
+
+def protocol_class(choice: str) -> type[ReadDeadlines]:
     """ "httptools" | "h11" | "auto" (httptools where installed)."""
     if choice == "h11":
         return H11WithDeadlines
@@ -106,7 +110,7 @@ def protocol_class(choice: str) -> type:
         return H11WithDeadlines
 
 
-def _httptools_protocol() -> type:
+def _httptools_protocol() -> type[ReadDeadlines]:
     from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
     class HttpToolsWithDeadlines(ReadDeadlines, HttpToolsProtocol):
@@ -115,6 +119,7 @@ def _httptools_protocol() -> type:
         still arriving, as the bytes of every chunk that left the headers unfinished (a chunk that also ends
         the previous request's body counts that too: only pipelined requests can be over-counted)."""
 
+        parser_name = "httptools"
         _in_headers = False  # between a request's first byte and the end of its headers
         _header_bytes = 0  # its request line and complete headers
         _unfinished_bytes = 0  # the chunks that left its headers unfinished

@@ -92,7 +92,7 @@ async def serve(spec: FrontendSpec, sock: socket.socket, run_dir: str, profile: 
     protocol = protocol_class(spec.http_parser)
     protocol.timeout_headers_s = spec.http.timeout_headers_s
     protocol.timeout_body_s = spec.http.timeout_body_s
-    client.http_parser = "httptools" if "HttpTools" in protocol.__name__ else "h11"
+    client.http_parser = protocol.parser_name
     config = uvicorn.Config(
         app,
         http=protocol,

@@ -92,7 +92,7 @@ def init_tensor_parallel(
 
 
 def dist_backend(tp: TensorParallel) -> str | None:
-    """ "nccl" or "gloo"; None for a group of one (no process group)."""
+    """The group's backend, "nccl" or "gloo"; None for a group of one (no process group)."""
     return dist.get_backend() if tp.size > 1 and dist.is_initialized() else None
 
 
