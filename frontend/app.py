@@ -1,7 +1,8 @@
 """The HTTP application: OpenAI endpoints, the native /generate, /tokenize and /detokenize, health, metrics
 and control stubs.
 
-    build_app(client, api_key) -> FastAPI
+    build_app(client, api_key) -> the ASGI app: the FastAPI app, its generation endpoints served around it
+                                  (frontend/hot_routes.py)
 
 It knows the engine only through EngineClient, so tests drive it with a fake client and the server
 wires in the ZeroMQ one.
@@ -28,6 +29,7 @@ from frontend.auth import api_key_check
 from frontend.body_guard import RequestBodyGuard
 from frontend.engine_client import EngineClient
 from frontend.errors import ApiError, install_error_handlers
+from frontend.hot_routes import HotRoutes, hot_endpoints
 from frontend.limits import HttpLimits
 from frontend.metrics import REQUEST_METRICS, FrontendMetrics
 from frontend.native_api import native_router
@@ -46,7 +48,7 @@ def build_app(
     api_key: str | None = None,
     profiler: ProcessProfiler | None = None,
     limits: HttpLimits | None = None,
-) -> FastAPI:
+) -> HotRoutes:
     """`profiler`: this process's own, given when the server runs with --profile-dir."""
     limits = limits or HttpLimits()
     client.request_timeout_s = limits.request_timeout_s
@@ -55,15 +57,17 @@ def build_app(
     install_error_handlers(app)
     app.add_exception_handler(ClientDisconnected, _client_gone)  # type: ignore[arg-type]
     app.add_exception_handler(ClientDisconnect, _client_gone)  # gone while sending its body (or cut: --timeout-body)
+    # The generation endpoints are served around FastAPI (HotRoutes, below), the guard included.
     app.add_middleware(RequestBodyGuard, max_body_bytes=limits.max_request_body_bytes)  # type: ignore[arg-type]
     metrics = FrontendMetrics(client.limits.served_model_name)
     client.stats_sources[REQUEST_METRICS] = metrics.counts.to_payload  # in this frontend's /stats, for /metrics
     created = int(time.time())
     # Without a key, no dependency at all: FastAPI would still solve it on every request.
-    keyed = [Depends(api_key_check(api_key))] if api_key is not None else []
-    app.include_router(openai_router(client, metrics, limits), dependencies=keyed)
-    app.include_router(native_router(client, metrics, limits), dependencies=keyed)
-    app.include_router(tokenizer_router(client, limits), dependencies=keyed)
+    check_key = api_key_check(api_key) if api_key is not None else None
+    keyed = [Depends(check_key)] if check_key is not None else []
+    generation = [openai_router(client, metrics, limits), native_router(client, metrics, limits)]
+    for router in [*generation, tokenizer_router(client, limits)]:
+        app.include_router(router, dependencies=keyed)
 
     app.openapi = lambda: _openapi_with_request_bodies(app)  # type: ignore[method-assign]
 
@@ -137,7 +141,7 @@ def build_app(
         own = client.stats()
         return body if own is None else _with_own(client, body, own)
 
-    return app
+    return HotRoutes(app, hot_endpoints(*generation), limits.max_request_body_bytes, check_key)
 
 
 def _request_bodies() -> dict[str, type[BaseModel]]:

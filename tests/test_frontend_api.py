@@ -375,6 +375,35 @@ def test_health_and_metrics_need_no_api_key(keyed_http):
     assert keyed_http.get("/metrics").status_code == 200
 
 
+# ---------------------------------------------------------------- the generation endpoints' own path
+
+
+GENERATION = [
+    ("/v1/completions", {"prompt": "x"}),
+    ("/v1/chat/completions", {"messages": USER}),
+    ("/generate", {"prompt": "x"}),
+]
+
+
+def test_an_unexpected_error_in_a_generation_endpoint_is_the_openai_shaped_500(engine, monkeypatch):
+    async def broken(request):
+        raise RuntimeError("a bug")
+
+    monkeypatch.setattr(engine, "submit", broken)
+    http = TestClient(build_app(engine), raise_server_exceptions=False)
+    for path, body in GENERATION:
+        error = assert_error(http.post(path, json=body), 500, None, type="server_error")
+        assert "RuntimeError" in error["message"]
+
+
+def test_the_generation_paths_keep_the_apps_other_answers_and_their_schema(http):
+    schema = http.get("/openapi.json").json()["paths"]
+    for path, _ in GENERATION:
+        assert "post" in schema[path]
+        assert http.get(path).status_code == 405  # FastAPI's own answer to another method
+    assert_error(http.post("/v1/completion", json={"prompt": "x"}), 404, None)
+
+
 # ---------------------------------------------------------------- /v1/models, /health, control stubs
 
 
