@@ -14,7 +14,7 @@ Deadlines, both parsers alike:
 
 A deadline missed closes the connection (an app waiting on the body sees the client leave). Idle keep-alive
 connections are uvicorn's own timeout_keep_alive. Headers (request line included) over MAX_HEADER_BYTES: 400
-and the connection closed.
+and the connection closed. Connections past --max-connections: ConnectionCap's 503.
 """
 
 from __future__ import annotations
@@ -22,7 +22,10 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+from starlette.types import ASGIApp, Receive, Scope, Send
 from uvicorn.protocols.http.h11_impl import H11Protocol
+
+from frontend.errors import ApiError, error_response
 
 MAX_HEADER_BYTES = 64 * 1024
 
@@ -43,11 +46,13 @@ class ReadDeadlines:
 
     timeout_headers_s = 10.0
     timeout_body_s = 30.0
+    open_connections = 0  # in this process, counted on the mixin itself (ConnectionCap reads it)
     _read_deadline: asyncio.TimerHandle | None = None
     _body_clock_of: object = None  # the request cycle whose body the deadline is timing
 
     def connection_made(self, transport) -> None:
         super().connection_made(transport)  # type: ignore[misc]
+        ReadDeadlines.open_connections += 1  # the process's count, whichever parser
         self._arm_read_deadline(self.timeout_headers_s)
 
     def data_received(self, data: bytes) -> None:
@@ -66,6 +71,7 @@ class ReadDeadlines:
         super().on_response_complete()  # type: ignore[misc]
 
     def connection_lost(self, exc: Exception | None) -> None:
+        ReadDeadlines.open_connections -= 1
         self._disarm_read_deadline()
         super().connection_lost(exc)  # type: ignore[misc]
 
@@ -154,3 +160,22 @@ def _httptools_protocol() -> type[ReadDeadlines]:
                 raise HeaderTooLarge(f"request line and headers over {MAX_HEADER_BYTES} bytes")
 
     return HttpToolsWithDeadlines
+
+
+class ConnectionCap:
+    """--max-connections, in front of the app: while more connections are open than that, a request gets a 503
+    in the OpenAI error shape (with Retry-After, as the server's other 503s) and its connection is closed.
+    uvicorn's own cap (limit_concurrency) would answer in plain text."""
+
+    def __init__(self, app: ASGIApp, max_connections: int):
+        self.app = app
+        self.max_connections = max_connections
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and ReadDeadlines.open_connections > self.max_connections:
+            message = f"this server has more connections open than it takes ({self.max_connections}, --max-connections)"
+            response = error_response(ApiError(503, message, code="too_many_connections"))
+            response.headers["Connection"] = "close"
+            await response(scope, receive, send)
+            return
+        await self.app(scope, receive, send)

@@ -3,7 +3,7 @@
     body bytes        Content-Length and the bytes actually read         413 (request_too_large)
     prompt chars      each prompt or chat message text, before tokenizing 400 naming the field
     stop strings      how many, and how long each                         400 naming `stop`
-    connections       open per frontend (uvicorn's limit_concurrency)     503 beyond it
+    connections       open per frontend (http_protocol.ConnectionCap)     503 beyond it
     header timeout    a connection must send a request's headers within   closed
     body timeout      ... and then its body within                        closed
     keep-alive        idle time between requests                          closed

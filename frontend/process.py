@@ -28,7 +28,7 @@ from common.process import announce_ready, exit_child, init_child_process
 from common.profiling import ProcessProfiler, ProfileConfig
 from common.transport import Endpoints
 from frontend.engine_client import EngineClient, EngineLimits
-from frontend.http_protocol import MAX_HEADER_BYTES, protocol_class
+from frontend.http_protocol import MAX_HEADER_BYTES, ConnectionCap, protocol_class
 from frontend.limits import HttpLimits
 
 log = logging.getLogger(__name__)
@@ -94,12 +94,11 @@ async def serve(spec: FrontendSpec, sock: socket.socket, run_dir: str, profile: 
     protocol.timeout_body_s = spec.http.timeout_body_s
     client.http_parser = protocol.parser_name
     config = uvicorn.Config(
-        app,
+        ConnectionCap(app, spec.http.max_connections),
         http=protocol,
         log_level=spec.log_level,
         access_log=spec.log_level == "debug",
         timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S,
-        limit_concurrency=spec.http.max_connections,
         timeout_keep_alive=spec.http.timeout_keep_alive_s,  # type: ignore[arg-type]
         h11_max_incomplete_event_size=MAX_HEADER_BYTES,  # h11's own bound; http_protocol.py counts for httptools
     )
