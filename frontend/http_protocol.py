@@ -41,18 +41,21 @@ class ReadDeadlines:
 
     # The protocol's own, read here.
     cycle: Any
+    connections: set
     loop: asyncio.AbstractEventLoop
     transport: asyncio.Transport
 
     timeout_headers_s = 10.0
     timeout_body_s = 30.0
-    open_connections = 0  # in this process, counted on the mixin itself (ConnectionCap reads it)
+    # The server's open connections: uvicorn's own set (what its limit_concurrency counted), shared by every
+    # connection's protocol; ConnectionCap reads its size.
+    open_connections: set = set()
     _read_deadline: asyncio.TimerHandle | None = None
     _body_clock_of: object = None  # the request cycle whose body the deadline is timing
 
     def connection_made(self, transport) -> None:
         super().connection_made(transport)  # type: ignore[misc]
-        ReadDeadlines.open_connections += 1  # the process's count, whichever parser
+        ReadDeadlines.open_connections = self.connections  # uvicorn's own set of this server's connections
         self._arm_read_deadline(self.timeout_headers_s)
 
     def data_received(self, data: bytes) -> None:
@@ -71,7 +74,6 @@ class ReadDeadlines:
         super().on_response_complete()  # type: ignore[misc]
 
     def connection_lost(self, exc: Exception | None) -> None:
-        ReadDeadlines.open_connections -= 1
         self._disarm_read_deadline()
         super().connection_lost(exc)  # type: ignore[misc]
 
@@ -172,7 +174,7 @@ class ConnectionCap:
         self.max_connections = max_connections
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http" and ReadDeadlines.open_connections > self.max_connections:
+        if scope["type"] == "http" and len(ReadDeadlines.open_connections) > self.max_connections:
             message = f"this server has more connections open than it takes ({self.max_connections}, --max-connections)"
             response = error_response(ApiError(503, message, code="too_many_connections"))
             response.headers["Connection"] = "close"
