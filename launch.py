@@ -63,6 +63,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="a Jinja chat template, or a file holding one, for chat requests (none: the tokenizer's own)",
     )
     parser.add_argument("--served-model-name", default=None, help="the model name clients use (none: --model)")
+    parser.add_argument(
+        "--generation-config",
+        default="auto",
+        help="sampling defaults for the fields a request leaves out (temperature, top_p, top_k, min_p, "
+        "repetition_penalty): 'auto', those the model's generation_config.json sets (as vLLM); 'vllm', the API's "
+        "own; or a folder holding a generation_config.json",
+    )
     parser.add_argument("--host", default="127.0.0.1", help="address to listen on (127.0.0.1: this machine only)")
     parser.add_argument("--port", type=int, default=8000, help="HTTP port")
     parser.add_argument("--tokenizer-workers", type=int, default=2, help="tokenizer worker processes")
@@ -133,6 +140,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         parser.error("--tokenizer-workers must be at least 1")
     if args.data_parallel_size < 1:
         parser.error("--data-parallel-size must be at least 1")
+    if args.generation_config not in ("auto", "vllm") and not os.path.isfile(
+        os.path.join(args.generation_config, "generation_config.json")
+    ):
+        parser.error(
+            f"--generation-config {args.generation_config}: no generation_config.json there "
+            "(give 'auto', 'vllm' or a folder holding one)"
+        )
     if args.default_max_tokens < 0:
         parser.error("--default-max-tokens must be 0 (the rest of the context) or more")
     if args.api_server_count < 1:
@@ -142,6 +156,25 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if args.profile_steps is not None and (args.profile_steps < 1 or args.profile_dir is None):
         parser.error("--profile-steps needs --profile-dir and a count of at least 1")
     return args
+
+
+def model_sampling_defaults(choice: str, model_folder) -> dict[str, float]:
+    """--generation-config: the sampling defaults the frontends use for fields a request leaves out."""
+    from common.model_info import generation_defaults
+
+    if choice == "vllm":
+        return {}
+    source = model_folder if choice == "auto" else choice
+    defaults = generation_defaults(source)
+    if defaults:
+        shown = ", ".join(f"{name}={value}" for name, value in defaults.items())
+        log.info(
+            "sampling defaults from %s/generation_config.json: %s (a request's own values win; "
+            "--generation-config vllm: the API's defaults)",
+            source,
+            shown,
+        )
+    return defaults
 
 
 def default_api_server_count() -> int:
@@ -224,6 +257,7 @@ class Launcher:
 
         config = replace(EngineConfig.from_args(args), model=str(folder))
         info = ModelInfo.from_folder(folder, config.max_model_len)
+        sampling_defaults = model_sampling_defaults(args.generation_config, folder)
         check_tensor_parallel(folder, config.tensor_parallel_size)  # before any rank starts
         ready = pull_socket(zmq.Context.instance(), self.endpoints.launcher_ready)
         tail = (self.run_dir, args.log_level, os.getpid(), self.profile)
@@ -241,6 +275,7 @@ class Launcher:
             max_model_len=min(engine.max_model_len for engine in engines.values()),
             num_kv_blocks=min(engine.num_kv_blocks for engine in engines.values()),  # what one request may use
             block_size=config.block_size,
+            sampling_defaults=sampling_defaults,
         )
         frontends = [frontend_role(k) for k in range(num_frontends)]
         roles = sorted(self.children) + frontends

@@ -34,6 +34,23 @@ class ModelInfo:
         return cls(config["model_type"], int(context), eos, int(config["vocab_size"]))
 
 
+# The sampling fields a model's generation_config.json may set as its defaults, as vLLM takes them (its
+# --generation-config auto): a request that leaves one out gets the model's value instead of the API's.
+GENERATION_DEFAULT_FIELDS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty")
+
+
+def generation_defaults(folder: str | Path) -> dict[str, float]:
+    """The sampling defaults in `folder`'s generation_config.json: those of GENERATION_DEFAULT_FIELDS it sets to
+    a number (none without the file)."""
+    path = Path(folder) / "generation_config.json"
+    config = json.loads(path.read_text()) if path.is_file() else {}
+    return {
+        name: config[name]
+        for name in GENERATION_DEFAULT_FIELDS
+        if isinstance(config.get(name), (int, float)) and not isinstance(config[name], bool)
+    }
+
+
 class TensorParallelError(ValueError):
     """The model cannot be split over this many tensor-parallel ranks."""
 

@@ -19,7 +19,7 @@ import itertools
 import logging
 from abc import ABC, abstractmethod
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import zmq
 import zmq.asyncio
@@ -63,6 +63,9 @@ class EngineLimits:
     max_model_len: int
     num_kv_blocks: int
     block_size: int
+    # What a request that leaves a sampling field out gets instead of the API's default: the model's
+    # generation_config.json values (common/model_info.py: generation_defaults; --generation-config).
+    sampling_defaults: dict[str, float] = field(default_factory=dict)
 
 
 REQUEST_TIMED_OUT = 504

@@ -118,10 +118,10 @@ class SamplingFields(RequestBody):
         return None
 
     def sampling_params(self, max_tokens: int | None, max_tokens_field: str, limits: EngineLimits) -> SamplingParams:
-        defaults = SamplingParams()
+        defaults = SamplingParams(**limits.sampling_defaults)  # for the fields the request leaves out
         params = SamplingParams(
             max_tokens=max_tokens,
-            temperature=defaults.temperature if self.temperature is None else _greedy_if_tiny(self.temperature),
+            temperature=_greedy_if_tiny(defaults.temperature if self.temperature is None else self.temperature),
             top_p=defaults.top_p if self.top_p is None else self.top_p,
             top_k=defaults.top_k if self.top_k is None else self.top_k,
             seed=self.seed,

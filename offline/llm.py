@@ -13,7 +13,7 @@ from dataclasses import dataclass, field, fields, replace
 
 from common.config import EngineConfig
 from common.messages import Logprobs, RequestRejected, StageTimes, StepPlan, StepResult, TokenBatch, TokenizedRequest
-from common.model_info import ModelInfo
+from common.model_info import ModelInfo, generation_defaults
 from common.model_source import resolve_model
 from common.sampling_params import InvalidParameter, SamplingParams
 from common.wire import decode, encode
@@ -93,6 +93,11 @@ class LLM:
         return cls(
             config.model or None, **{f.name: getattr(config, f.name) for f in fields(config) if f.name != "model"}
         )
+
+    def default_sampling_params(self) -> SamplingParams:
+        """What generate() uses when given no sampling parameters: the model's generation_config.json defaults
+        where it sets them (as the server's --generation-config auto, and vLLM's), else the API's."""
+        return SamplingParams(**generation_defaults(self.config.model))
 
     @property
     def tokenizer(self):
@@ -176,7 +181,7 @@ class LLM:
     ) -> list[CompletionOutput]:
         """Generate for every prompt (text or token ids); outputs in prompt order."""
         if sampling_params is None:
-            sampling_params = SamplingParams()
+            sampling_params = self.default_sampling_params()
         params = (
             [sampling_params] * len(prompts) if isinstance(sampling_params, SamplingParams) else list(sampling_params)
         )

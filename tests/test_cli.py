@@ -3,6 +3,8 @@ of the flags this server has, and defaults shown in --help."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from launch import parse_args
@@ -124,3 +126,24 @@ def test_a_hub_id_the_hub_cannot_serve_names_the_local_ways_to_run():
         resolve_model("no-such-org/no-such-model")  # the tests run with HF_HUB_OFFLINE=1
     message = str(raised.value)
     assert "\n" not in message and "local folder" in message and "--load-format dummy" in message
+
+
+def test_generation_config_auto_takes_the_models_sampling_defaults_and_vllm_none(tmp_path, capsys):
+    from launch import model_sampling_defaults
+
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "generation_config.json").write_text(
+        json.dumps({"temperature": 0.6, "top_p": 0.9, "top_k": None, "do_sample": True, "eos_token_id": 2})
+    )
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "generation_config.json").write_text(json.dumps({"repetition_penalty": 1.2}))
+    assert model_sampling_defaults("auto", model) == {"temperature": 0.6, "top_p": 0.9}  # numbers only
+    assert model_sampling_defaults("vllm", model) == {}
+    assert model_sampling_defaults(str(other), model) == {"repetition_penalty": 1.2}
+    assert model_sampling_defaults("auto", other.parent) == {}  # no generation_config.json: none
+    assert parse_args(["--generation-config", str(other)]).generation_config == str(other)
+    with pytest.raises(SystemExit):
+        parse_args(["--generation-config", str(tmp_path)])
+    assert "no generation_config.json there" in capsys.readouterr().err

@@ -10,6 +10,7 @@ from fastapi.testclient import TestClient
 
 from common.messages import RequestRejected
 from frontend.app import build_app
+from frontend.engine_client import EngineLimits
 from tests.fake_engine import FakeEngineClient, Script
 
 
@@ -117,6 +118,21 @@ def test_completion_passes_prompt_and_sampling_parameters_to_the_engine(http, en
     assert (s.max_tokens, s.temperature, s.top_p, s.top_k, s.seed) == (7, 0.5, 0.9, 40, 3)
     assert (s.stop, s.stop_token_ids, s.ignore_eos) == (["\n"], [2], True)
     assert before <= request.arrival_time <= time.time()
+
+
+def test_the_models_generation_defaults_fill_the_sampling_fields_a_request_leaves_out():
+    model_defaults = {"temperature": 0.6, "top_p": 0.9, "top_k": 20, "min_p": 0.05, "repetition_penalty": 1.1}
+    limits = EngineLimits("fake-model", 128, 64, 16, sampling_defaults=model_defaults)
+    engine = FakeEngineClient(limits)
+    http = TestClient(build_app(engine))
+    for path, body in [("/v1/completions", {"prompt": "x"}), ("/v1/chat/completions", {"messages": USER})]:
+        http.post(path, json=body)
+        http.post(path, json={**body, "temperature": 0, "top_p": 1.0, "top_k": 0, "min_p": 0, "repetition_penalty": 1})
+    http.post("/generate", json={"prompt": "x"})
+    fields = [
+        (s.temperature, s.top_p, s.top_k, s.min_p, s.repetition_penalty) for s in (r.sampling for r in engine.submitted)
+    ]
+    assert fields == [(0.6, 0.9, 20, 0.05, 1.1), (0.0, 1.0, 0, 0.0, 1.0)] * 2 + [(0.6, 0.9, 20, 0.05, 1.1)]
 
 
 def test_completion_max_tokens_defaults_to_16_like_openai(http, engine):

@@ -5,7 +5,9 @@ min-p gives the same tokens alone, batched, chunked and preempted."""
 
 from __future__ import annotations
 
+import json
 import math
+import shutil
 
 import pytest
 import torch
@@ -136,3 +138,16 @@ def test_seeded_penalties_bias_and_min_p_survive_batching_chunking_and_preemptio
     assert [o.token_ids for o in crowded] == [o.token_ids for o in alone]
     for a, b in zip(crowded, alone):
         assert a.logprobs.logprobs == pytest.approx(b.logprobs.logprobs, abs=TOLERANCE)
+
+
+def test_generate_without_sampling_params_uses_the_models_generation_defaults(tiny_llama, tmp_path):
+    model = tmp_path / "model"
+    shutil.copytree(tiny_llama, model)
+    config = json.loads((model / "generation_config.json").read_text())
+    (model / "generation_config.json").write_text(json.dumps({**config, "temperature": 0.0, "top_k": 7}))
+    llm = LLM(str(model), device="cpu", dtype="float32", num_kv_blocks=32)
+    defaults = llm.default_sampling_params()
+    assert (defaults.temperature, defaults.top_k, defaults.top_p) == (0.0, 7, SamplingParams().top_p)
+    prompts = random_prompts(2, [5, 9], vocab=512, seed=5)
+    greedy = SamplingParams(max_tokens=defaults.max_tokens, temperature=0.0, top_k=7)
+    assert [o.token_ids for o in llm.generate(prompts)] == [o.token_ids for o in llm.generate(prompts, greedy)]
