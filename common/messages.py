@@ -62,6 +62,39 @@ class RequestLogprobs:
 # ---------------------------------------------------------------- frontend -> tokenizer worker -> scheduler
 
 
+# apply_chat_template's own parameters: a request's chat_template_kwargs may set the template's variables
+# (enable_thinking, say), never these (a chat_template among them would be a template of the client's).
+CHAT_TEMPLATE_RESERVED = frozenset(
+    {
+        "conversation",
+        "messages",
+        "tools",
+        "documents",
+        "chat_template",
+        "add_generation_prompt",
+        "continue_final_message",
+        "tokenize",
+        "padding",
+        "truncation",
+        "max_length",
+        "return_tensors",
+        "return_dict",
+        "return_assistant_tokens_mask",
+        "tokenizer_kwargs",
+    }
+)
+
+
+@dataclass(slots=True)
+class ChatTemplateOptions:
+    """How chat messages are rendered (vLLM's chat request extensions): open the assistant's turn, or leave
+    the last (assistant) message open to be continued; extra variables for the template."""
+
+    add_generation_prompt: bool = True
+    continue_final_message: bool = False
+    template_kwargs: dict = field(default_factory=dict)
+
+
 @message(1)
 @dataclass(slots=True)
 class GenerateRequest:
@@ -71,6 +104,7 @@ class GenerateRequest:
     prompt: str | None = None  # /v1/completions text
     prompt_token_ids: list[int] | None = None  # already tokenized prompt
     chat_messages: list[dict] | None = None  # /v1/chat/completions, rendered with the chat template
+    chat_options: ChatTemplateOptions | None = None  # None: the defaults
 
 
 @message(2)

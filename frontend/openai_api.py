@@ -59,10 +59,11 @@ def openai_router(client: EngineClient, metrics: FrontendMetrics, limits: HttpLi
         body.check_unsupported()
         body.check_stop_strings(limits)
         messages = body.engine_messages()
+        chat_options = body.chat_options()
         check_prompt_chars(["".join(m["content"] for m in messages)], max_chars, "messages")
         sampling = body.sampling_params(body.requested_max_tokens(), body.max_tokens_field(), client.limits)
         requests = [
-            GenerateRequest(0, sample_params(sampling, j), arrival, chat_messages=messages)
+            GenerateRequest(0, sample_params(sampling, j), arrival, chat_messages=messages, chat_options=chat_options)
             for j in range(body.num_choices)
         ]
         return await _respond(request, body, requests, "chatcmpl", ChatFormat, None)

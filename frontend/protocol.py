@@ -14,6 +14,7 @@ from typing import Annotated, Any, Literal, TypeVar
 from fastapi import Request
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from common.messages import CHAT_TEMPLATE_RESERVED, ChatTemplateOptions
 from common.sampling_params import MAX_LOGPROBS, InvalidParameter, SamplingParams, StructuredOutput
 from frontend.engine_client import EngineLimits
 from frontend.errors import ApiError
@@ -311,6 +312,10 @@ class ChatCompletionRequest(OpenAIFields):
     # safety_identifier (like user).
     prompt_cache_key: str | None = None
     safety_identifier: str | None = None
+    # vLLM's chat extensions: how the messages are rendered (common/messages.py: ChatTemplateOptions).
+    add_generation_prompt: bool = True
+    continue_final_message: bool = False
+    chat_template_kwargs: dict | None = None
     # OpenAI fields refused unless they hold their no-op value (check_unsupported).
     tools: list | None = None
     tool_choice: str | dict | None = None
@@ -334,6 +339,26 @@ class ChatCompletionRequest(OpenAIFields):
             {"role": m.role, "content": m.text(), **({"name": m.name} if m.name is not None else {})}
             for m in self.messages
         ]
+
+    def chat_options(self) -> ChatTemplateOptions | None:
+        """None when every option is its default (the common case sends nothing more)."""
+        kwargs = self.chat_template_kwargs or {}
+        if self.continue_final_message and self.add_generation_prompt:
+            raise ApiError(
+                400,
+                "continue_final_message continues the last message: set add_generation_prompt to false with it",
+                param="continue_final_message",
+            )
+        reserved = sorted(CHAT_TEMPLATE_RESERVED.intersection(kwargs))
+        if reserved:
+            raise ApiError(
+                400,
+                f"chat_template_kwargs may set the template's own variables, not {', '.join(reserved)}",
+                param="chat_template_kwargs",
+            )
+        if self.add_generation_prompt and not self.continue_final_message and not kwargs:
+            return None
+        return ChatTemplateOptions(self.add_generation_prompt, self.continue_final_message, dict(kwargs))
 
     def _logprobs(self) -> tuple[int | None, int | None]:
         if self.top_logprobs is not None and not self.logprobs:

@@ -8,7 +8,7 @@ import time
 import pytest
 from fastapi.testclient import TestClient
 
-from common.messages import RequestRejected
+from common.messages import ChatTemplateOptions, RequestRejected
 from frontend.app import build_app
 from frontend.engine_client import EngineLimits
 from tests.fake_engine import FakeEngineClient, Script
@@ -133,6 +133,19 @@ def test_the_models_generation_defaults_fill_the_sampling_fields_a_request_leave
         (s.temperature, s.top_p, s.top_k, s.min_p, s.repetition_penalty) for s in (r.sampling for r in engine.submitted)
     ]
     assert fields == [(0.6, 0.9, 20, 0.05, 1.1), (0.0, 1.0, 0, 0.0, 1.0)] * 2 + [(0.6, 0.9, 20, 0.05, 1.1)]
+
+
+def test_vllms_chat_template_options_reach_the_tokenizer_and_their_misuse_is_a_400(http, engine):
+    http.post("/v1/chat/completions", json={"messages": USER})
+    assert engine.submitted[-1].chat_options is None  # the defaults: nothing more on the wire
+    continued = {"add_generation_prompt": False, "continue_final_message": True}
+    http.post("/v1/chat/completions", json={"messages": USER, **continued, "chat_template_kwargs": {"think": 0}})
+    assert engine.submitted[-1].chat_options == ChatTemplateOptions(False, True, {"think": 0})
+    both = {"messages": USER, "continue_final_message": True}
+    assert_error(http.post("/v1/chat/completions", json=both), 400, "continue_final_message")
+    own_template = {"messages": USER, "chat_template_kwargs": {"chat_template": "{{ secrets }}"}}
+    assert_error(http.post("/v1/chat/completions", json=own_template), 400, "chat_template_kwargs")
+    assert len(engine.submitted) == 2
 
 
 def test_completion_max_tokens_defaults_to_16_like_openai(http, engine):

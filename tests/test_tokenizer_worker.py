@@ -17,6 +17,7 @@ import zmq
 
 from common.messages import (
     AbortRequest,
+    ChatTemplateOptions,
     ControlReply,
     ControlRequest,
     DetokenizeRequest,
@@ -299,6 +300,17 @@ def test_a_request_must_carry_exactly_one_prompt_form(tokenizer):
         tokenizer.tokenize(GenerateRequest(1, SamplingParams(), 0.0, prompt="a", prompt_token_ids=[5]))
     with pytest.raises(InvalidParameter, match="exactly one"):
         tokenizer.tokenize(GenerateRequest(1, SamplingParams(), 0.0))
+
+
+def test_a_final_message_can_be_continued_and_the_template_gets_the_requests_variables(model_folder):
+    tokenizer = Tokenizer.load(model_folder)
+    started = [{"role": "user", "content": "hello"}, {"role": "assistant", "content": "Sure, the"}]
+    continued = tokenizer.render_chat(started, ChatTemplateOptions(False, True), tokenize=False)
+    assert continued.endswith("<|im_start|>assistant\nSure, the")  # left open: the model writes on
+    template = "{% if shout %}{{ messages[0].content | upper }}{% else %}{{ messages[0].content }}{% endif %}"
+    custom = Tokenizer.load(model_folder, read_chat_template(template))
+    assert custom.render_chat(started, ChatTemplateOptions(template_kwargs={"shout": True}), tokenize=False) == "HELLO"
+    assert custom.render_chat(started, tokenize=False) == "hello"
 
 
 def test_a_model_without_a_chat_template_refuses_messages(model_folder):

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 from jinja2 import TemplateError
 
-from common.messages import GenerateRequest
+from common.messages import ChatTemplateOptions, GenerateRequest
 from common.sampling_params import InvalidParameter
 
 if TYPE_CHECKING:
@@ -21,6 +21,7 @@ if TYPE_CHECKING:
 # (background_encoder.py): ~1,000 tokens, a millisecond or more of encoding; shorter ones cost less than the
 # hand-over to a thread.
 LONG_PROMPT_CHARS = 4096
+DEFAULT_CHAT_OPTIONS = ChatTemplateOptions()
 
 
 @dataclass(slots=True)
@@ -59,7 +60,7 @@ class Tokenizer:
             return self.encode_prompt(request.prompt)
         if request.prompt_token_ids is not None:
             return self.check_token_ids(request.prompt_token_ids)
-        return self.render_chat(request.chat_messages)
+        return self.render_chat(request.chat_messages, request.chat_options)
 
     def encode_prompt(self, prompt: str) -> list[int]:
         """A completion prompt, with the special tokens (e.g. BOS) this tokenizer adds by default."""
@@ -80,7 +81,7 @@ class Tokenizer:
             contents = sum(len(str(m.get("content", ""))) for m in request.chat_messages if isinstance(m, dict))
             if contents >= LONG_PROMPT_CHARS:
                 # What apply_chat_template(tokenize=True) encodes: the rendered text, with no special tokens added.
-                return self.render_chat(request.chat_messages, tokenize=False), False
+                return self.render_chat(request.chat_messages, request.chat_options, tokenize=False), False
         return None
 
     def encode_releasing_gil(self, text: str, add_special_tokens: bool) -> list[int]:
@@ -99,9 +100,12 @@ class Tokenizer:
                 )
         return list(ids)
 
-    def render_chat(self, messages: list[dict], add_generation_prompt: bool = True, tokenize: bool = True) -> Any:
-        """Messages rendered with the model's chat template, ending with the assistant's turn opened: their ids,
-        or with tokenize=False the rendered text."""
+    def render_chat(
+        self, messages: list[dict], options: ChatTemplateOptions | None = None, tokenize: bool = True
+    ) -> Any:
+        """Messages rendered with the model's chat template, ending with the assistant's turn opened (unless
+        `options` say otherwise): their ids, or with tokenize=False the rendered text."""
+        options = options or DEFAULT_CHAT_OPTIONS
         if not messages:
             raise InvalidParameter("messages", "messages must be a non-empty list")
         for m in messages:
@@ -111,7 +115,12 @@ class Tokenizer:
             raise InvalidParameter("messages", "this model has no chat template; use a completion prompt")
         try:
             rendered = self.hf.apply_chat_template(
-                messages, add_generation_prompt=add_generation_prompt, tokenize=tokenize, return_dict=False
+                messages,
+                add_generation_prompt=options.add_generation_prompt,
+                continue_final_message=options.continue_final_message,
+                tokenize=tokenize,
+                return_dict=False,
+                **options.template_kwargs,
             )
         except (TemplateError, TypeError, KeyError, ValueError) as exc:
             # Templates reject what they cannot render (an unknown role, alternation broken) by raising.
