@@ -105,6 +105,7 @@ class GenerateRequest:
     prompt_token_ids: list[int] | None = None  # already tokenized prompt
     chat_messages: list[dict] | None = None  # /v1/chat/completions, rendered with the chat template
     chat_options: ChatTemplateOptions | None = None  # None: the defaults
+    add_special_tokens: bool = True  # for a text prompt: the tokenizer's BOS and the like
 
 
 @message(2)

@@ -41,7 +41,14 @@ def openai_router(client: EngineClient, metrics: FrontendMetrics, limits: HttpLi
         check_prompt_chars([text for text, _ in prompts if text is not None], max_chars, "prompt")
         sampling = body.sampling_params(body.max_tokens, "max_tokens", client.limits)
         requests = [
-            GenerateRequest(0, sample_params(sampling, j), arrival, prompt=text, prompt_token_ids=ids)
+            GenerateRequest(
+                0,
+                sample_params(sampling, j),
+                arrival,
+                prompt=text,
+                prompt_token_ids=ids,
+                add_special_tokens=body.add_special_tokens,
+            )
             for text, ids in prompts
             for j in range(body.num_choices)
         ]

@@ -244,6 +244,7 @@ class CompletionRequest(OpenAIFields):
     logprobs: Int | None = None
     best_of: Int | None = None
     suffix: str | None = None
+    add_special_tokens: bool = True  # vLLM's: a text prompt gets the tokenizer's BOS and the like
 
     def engine_prompts(self) -> list[tuple[str | None, list[int] | None]]:
         """Each prompt as text or as token ids (a list of prompts gives one choice per prompt and sample)."""

@@ -148,6 +148,12 @@ def test_vllms_chat_template_options_reach_the_tokenizer_and_their_misuse_is_a_4
     assert len(engine.submitted) == 2
 
 
+def test_a_completion_prompt_may_ask_for_no_special_tokens(http, engine):
+    http.post("/v1/completions", json={"prompt": "x"})
+    http.post("/v1/completions", json={"prompt": "x", "add_special_tokens": False})
+    assert [r.add_special_tokens for r in engine.submitted] == [True, False]
+
+
 def test_completion_max_tokens_defaults_to_16_like_openai(http, engine):
     http.post("/v1/completions", json={"prompt": "x"})
     assert engine.submitted[0].sampling.max_tokens == 16

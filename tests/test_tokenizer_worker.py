@@ -313,6 +313,24 @@ def test_a_final_message_can_be_continued_and_the_template_gets_the_requests_var
     assert custom.render_chat(started, tokenize=False) == "hello"
 
 
+def test_a_completion_prompt_may_go_without_the_tokenizers_special_tokens(model_folder):
+    from tokenizers.processors import TemplateProcessing
+
+    tokenizer = Tokenizer.load(model_folder)
+    bos = tokenizer.hf.convert_tokens_to_ids("<|endoftext|>")
+    tokenizer.hf.backend_tokenizer.post_processor = TemplateProcessing(
+        single="<|endoftext|> $A", special_tokens=[("<|endoftext|>", bos)]
+    )
+    plain = tokenizer.hf.encode("hello there", add_special_tokens=False)
+
+    def asking(text: str) -> list[GenerateRequest]:
+        return [GenerateRequest(1, SamplingParams(), 0.0, prompt=text, add_special_tokens=a) for a in (True, False)]
+
+    assert [tokenizer.tokenize(r) for r in asking("hello there")] == [[bos, *plain], plain]
+    long_text = "hello there " * 400  # past LONG_PROMPT_CHARS: encoded off the loop, with the same choice
+    assert [tokenizer.long_prompt_text(r) for r in asking(long_text)] == [(long_text, True), (long_text, False)]
+
+
 def test_a_model_without_a_chat_template_refuses_messages(model_folder):
     bare = Tokenizer.load(model_folder)
     bare.hf.chat_template = None

@@ -57,14 +57,15 @@ class Tokenizer:
         if sum(given) != 1:
             raise InvalidParameter("prompt", "exactly one of prompt, prompt token ids or messages must be given")
         if request.prompt is not None:
-            return self.encode_prompt(request.prompt)
+            return self.encode_prompt(request.prompt, request.add_special_tokens)
         if request.prompt_token_ids is not None:
             return self.check_token_ids(request.prompt_token_ids)
         return self.render_chat(request.chat_messages, request.chat_options)
 
-    def encode_prompt(self, prompt: str) -> list[int]:
-        """A completion prompt, with the special tokens (e.g. BOS) this tokenizer adds by default."""
-        ids = self.hf.encode(prompt) if prompt else []
+    def encode_prompt(self, prompt: str, add_special_tokens: bool = True) -> list[int]:
+        """A completion prompt, with the special tokens (e.g. BOS) this tokenizer adds by default unless asked
+        not to."""
+        ids = self.hf.encode(prompt, add_special_tokens=add_special_tokens) if prompt else []
         if not prompt or not ids:
             raise InvalidParameter("prompt", "the prompt is empty")
         return ids
@@ -76,7 +77,7 @@ class Tokenizer:
         if self._backend is None or request.prompt_token_ids is not None:
             return None
         if request.prompt is not None and request.chat_messages is None:
-            return (request.prompt, True) if len(request.prompt) >= LONG_PROMPT_CHARS else None
+            return (request.prompt, request.add_special_tokens) if len(request.prompt) >= LONG_PROMPT_CHARS else None
         if request.prompt is None and isinstance(request.chat_messages, list):
             contents = sum(len(str(m.get("content", ""))) for m in request.chat_messages if isinstance(m, dict))
             if contents >= LONG_PROMPT_CHARS:
