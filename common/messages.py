@@ -106,6 +106,7 @@ class GenerateRequest:
     chat_messages: list[dict] | None = None  # /v1/chat/completions, rendered with the chat template
     chat_options: ChatTemplateOptions | None = None  # None: the defaults
     add_special_tokens: bool = True  # for a text prompt: the tokenizer's BOS and the like
+    truncate_prompt_tokens: int | None = None  # keep only the prompt's last this many tokens (vLLM's)
 
 
 @message(2)

@@ -38,6 +38,7 @@ def openai_router(client: EngineClient, metrics: FrontendMetrics, limits: HttpLi
         body.check_unsupported()
         body.check_stop_strings(limits)
         prompts = body.engine_prompts()
+        kept = body.prompt_tokens_kept(client.limits)
         check_prompt_chars([text for text, _ in prompts if text is not None], max_chars, "prompt")
         sampling = body.sampling_params(body.max_tokens, "max_tokens", client.limits)
         requests = [
@@ -48,6 +49,7 @@ def openai_router(client: EngineClient, metrics: FrontendMetrics, limits: HttpLi
                 prompt=text,
                 prompt_token_ids=ids,
                 add_special_tokens=body.add_special_tokens,
+                truncate_prompt_tokens=kept,
             )
             for text, ids in prompts
             for j in range(body.num_choices)
@@ -67,10 +69,18 @@ def openai_router(client: EngineClient, metrics: FrontendMetrics, limits: HttpLi
         body.check_stop_strings(limits)
         messages = body.engine_messages()
         chat_options = body.chat_options()
+        kept = body.prompt_tokens_kept(client.limits)
         check_prompt_chars(["".join(m["content"] for m in messages)], max_chars, "messages")
         sampling = body.sampling_params(body.requested_max_tokens(), body.max_tokens_field(), client.limits)
         requests = [
-            GenerateRequest(0, sample_params(sampling, j), arrival, chat_messages=messages, chat_options=chat_options)
+            GenerateRequest(
+                0,
+                sample_params(sampling, j),
+                arrival,
+                chat_messages=messages,
+                chat_options=chat_options,
+                truncate_prompt_tokens=kept,
+            )
             for j in range(body.num_choices)
         ]
         return await _respond(request, body, requests, "chatcmpl", ChatFormat, None)

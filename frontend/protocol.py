@@ -179,10 +179,24 @@ class OpenAIFields(SamplingFields):
     guided_json: dict | str | None = None
     guided_regex: str | None = None
     guided_choice: list[str] | None = None
+    truncate_prompt_tokens: Int | None = None  # vLLM's: keep the prompt's last k tokens; -1: the context's worth
 
     @property
     def num_choices(self) -> int:
         return 1 if self.n is None else self.n
+
+    def prompt_tokens_kept(self, limits: EngineLimits) -> int | None:
+        """truncate_prompt_tokens as the tokenizer worker applies it: None (the whole prompt) or k >= 1."""
+        k = self.truncate_prompt_tokens
+        if k is None:
+            return None
+        if k == -1:
+            return limits.max_model_len
+        if k < 1:
+            raise ApiError(
+                400, f"truncate_prompt_tokens must be at least 1, or -1, got {k}", param="truncate_prompt_tokens"
+            )
+        return k
 
     def _structured_output(self) -> StructuredOutput | None:
         asked = []

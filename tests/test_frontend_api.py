@@ -154,6 +154,16 @@ def test_a_completion_prompt_may_ask_for_no_special_tokens(http, engine):
     assert [r.add_special_tokens for r in engine.submitted] == [True, False]
 
 
+def test_truncate_prompt_tokens_reaches_the_tokenizer_and_minus_one_means_the_context(http, engine):
+    for path, body in [("/v1/completions", {"prompt": "x"}), ("/v1/chat/completions", {"messages": USER})]:
+        http.post(path, json=body)
+        http.post(path, json={**body, "truncate_prompt_tokens": 5})
+        http.post(path, json={**body, "truncate_prompt_tokens": -1})
+        assert_error(http.post(path, json={**body, "truncate_prompt_tokens": 0}), 400, "truncate_prompt_tokens")
+    context = engine.limits.max_model_len
+    assert [r.truncate_prompt_tokens for r in engine.submitted] == [None, 5, context] * 2
+
+
 def test_completion_max_tokens_defaults_to_16_like_openai(http, engine):
     http.post("/v1/completions", json={"prompt": "x"})
     assert engine.submitted[0].sampling.max_tokens == 16

@@ -186,6 +186,11 @@ def test_a_prompt_is_tokenized_for_the_scheduler_with_its_stage_times(worker, ri
     assert tokenized.times.arrival == 100.0 and tokenized.times.tokenized > tokenized.times.arrival
 
 
+def test_a_truncated_prompt_keeps_its_last_tokens(worker, rid):
+    tokenized = worker.submit(rid, prompt_token_ids=[5, 6, 7, 8, 9], truncate_prompt_tokens=2)
+    assert tokenized.prompt_token_ids == [8, 9]
+
+
 def test_prompt_token_ids_are_passed_through(worker, rid):
     assert worker.submit(rid, prompt_token_ids=[5, 6, 7]).prompt_token_ids == [5, 6, 7]
 

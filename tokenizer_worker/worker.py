@@ -82,6 +82,8 @@ class TokenizerWorker:
         return self._track(request, ids)
 
     def _track(self, request: GenerateRequest, ids: list[int]) -> TokenizedRequest:
+        if request.truncate_prompt_tokens is not None:
+            ids = ids[-request.truncate_prompt_tokens :]
         sampling = request.sampling
         stop = StopStringMatcher(sampling.stop, sampling.include_stop_str_in_output)
         self.requests[request.rid] = RequestState(
