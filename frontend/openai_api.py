@@ -97,7 +97,7 @@ def openai_router(client: EngineClient, metrics: FrontendMetrics, limits: HttpLi
         fmt = format_type(f"{id_prefix}-{choices.rid}", int(requests[0].arrival_time), client.limits.served_model_name)
         with_logprobs = requests[0].sampling.logprobs is not None
         if body.stream:
-            chunks = _sse_chunks(choices, fmt, body.include_usage, with_logprobs, echoes)
+            chunks = _sse_chunks(choices, fmt, body.include_usage, with_logprobs, echoes, body.continuous_usage)
             return StreamingEvents(chunks, "text/event-stream", choices.close)
         outputs = await choices.collect(request.receive)
         whole = [
@@ -137,12 +137,17 @@ def _whole_choice(
 
 
 async def _sse_chunks(
-    choices: Choices, fmt: ResponseFormat, include_usage: bool, with_logprobs: bool, echoes: list[str] | None
+    choices: Choices,
+    fmt: ResponseFormat,
+    include_usage: bool,
+    with_logprobs: bool,
+    echoes: list[str] | None,
+    continuous_usage: bool = False,
 ) -> AsyncGenerator[bytes, None]:
     """The stream's events; one that ends in an error (the server stopping, a timeout) ends with an error
     event and [DONE], as vLLM's do, so a client never waits on a silent connection."""
     try:
-        async for chunk in _sse_events(choices, fmt, include_usage, with_logprobs, echoes):
+        async for chunk in _sse_events(choices, fmt, include_usage, with_logprobs, echoes, continuous_usage):
             yield chunk
     except ApiError as exc:
         yield sse_event(error_body(exc))
@@ -150,14 +155,24 @@ async def _sse_chunks(
 
 
 async def _sse_events(
-    choices: Choices, fmt: ResponseFormat, include_usage: bool, with_logprobs: bool, echoes: list[str] | None
+    choices: Choices,
+    fmt: ResponseFormat,
+    include_usage: bool,
+    with_logprobs: bool,
+    echoes: list[str] | None,
+    continuous_usage: bool,
 ) -> AsyncGenerator[bytes, None]:
-    # With include_usage, OpenAI sends "usage": null on every chunk but the last one.
-    extra = {"usage": None} if include_usage else {}
+    def extra() -> dict:
+        # With include_usage, OpenAI sends "usage": null on every chunk but the last one; with vLLM's
+        # continuous_usage_stats too, every chunk has the usage so far.
+        if continuous_usage:
+            return {"usage": choices.usage()}
+        return {"usage": None} if include_usage else {}
+
     for index in range(len(choices.generations)):
         opening = fmt.opening_chunk(index)
         if opening is not None:
-            yield sse_event({**opening, **extra})
+            yield sse_event({**opening, **extra()})
     offsets = [0] * len(choices.generations)  # completions' text_offset: characters of tokens sent so far
     echoed = [echoes is None] * len(choices.generations)
     async for index, batch in choices.batches():
@@ -171,8 +186,8 @@ async def _sse_events(
             logprobs = fmt.logprobs(parts, offsets[index])
             offsets[index] += sum(len(t) for part in parts for t in part.token_texts)
         finish_reason = batch[-1].finish_reason
-        if logprobs is not None:
-            yield sse_event({**fmt.chunk(index, text, finish_reason, logprobs), **extra})
+        if logprobs is not None or (continuous_usage and (text or finish_reason)):
+            yield sse_event({**fmt.chunk(index, text, finish_reason, logprobs), **extra()})
         elif text or finish_reason:  # tokens still held back by the detokenizer make no chunk
             yield fmt.chunk_event(index, text, finish_reason, usage_null=include_usage)
     if include_usage:

@@ -161,6 +161,7 @@ def _greedy_if_tiny(temperature: float) -> float:
 
 class StreamOptions(RequestBody):
     include_usage: bool = False
+    continuous_usage_stats: bool = False  # vLLM's: with include_usage, every chunk carries the usage so far
 
 
 MAX_N = 128  # choices per request (n times the prompts of a completion)
@@ -232,6 +233,10 @@ class OpenAIFields(SamplingFields):
     @property
     def include_usage(self) -> bool:
         return self.stream_options is not None and self.stream_options.include_usage
+
+    @property
+    def continuous_usage(self) -> bool:
+        return self.include_usage and self.stream_options is not None and self.stream_options.continuous_usage_stats
 
     def check_common(self, limits: EngineLimits) -> None:
         if self.model is not None and self.model != limits.served_model_name:

@@ -96,6 +96,20 @@ def test_completion_stream_ends_with_a_usage_chunk_when_asked(http):
     assert usage_chunk["usage"]["total_tokens"] == 8
 
 
+@pytest.mark.parametrize("path", ["/v1/completions", "/v1/chat/completions"])
+def test_continuous_usage_stats_put_the_usage_so_far_on_every_chunk(http, path):
+    body = {"prompt": "Say hi"} if path == "/v1/completions" else {"messages": USER}
+    options = {"include_usage": True, "continuous_usage_stats": True}
+    response = http.post(path, json={**body, "stream": True, "stream_options": options})
+    *chunks, usage_chunk, done = sse_events(response.text)
+    assert done == "[DONE]" and usage_chunk["choices"] == []
+    completion = [c["usage"]["completion_tokens"] for c in chunks]
+    assert completion == sorted(completion) and completion[-1] == usage_chunk["usage"]["completion_tokens"] == 3
+    assert all(c["usage"]["prompt_tokens"] == usage_chunk["usage"]["prompt_tokens"] for c in chunks)
+    text = "".join(c["choices"][0].get("text", c["choices"][0].get("delta", {}).get("content", "")) for c in chunks)
+    assert text == "Hello, world"
+
+
 def test_completion_passes_prompt_and_sampling_parameters_to_the_engine(http, engine):
     before = time.time()
     http.post(
