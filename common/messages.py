@@ -212,7 +212,7 @@ class TokenizeRequest:
     prompt: str | None = None
     chat_messages: list[dict] | None = None
     add_special_tokens: bool = True  # for a prompt: the tokenizer's BOS and the like
-    add_generation_prompt: bool = True  # for messages: open the assistant's turn
+    chat_options: ChatTemplateOptions | None = None  # for messages: as a chat request renders them
 
 
 @message(9)

@@ -361,24 +361,7 @@ class ChatCompletionRequest(OpenAIFields):
         ]
 
     def chat_options(self) -> ChatTemplateOptions | None:
-        """None when every option is its default (the common case sends nothing more)."""
-        kwargs = self.chat_template_kwargs or {}
-        if self.continue_final_message and self.add_generation_prompt:
-            raise ApiError(
-                400,
-                "continue_final_message continues the last message: set add_generation_prompt to false with it",
-                param="continue_final_message",
-            )
-        reserved = sorted(CHAT_TEMPLATE_RESERVED.intersection(kwargs))
-        if reserved:
-            raise ApiError(
-                400,
-                f"chat_template_kwargs may set the template's own variables, not {', '.join(reserved)}",
-                param="chat_template_kwargs",
-            )
-        if self.add_generation_prompt and not self.continue_final_message and not kwargs:
-            return None
-        return ChatTemplateOptions(self.add_generation_prompt, self.continue_final_message, dict(kwargs))
+        return chat_template_options(self.add_generation_prompt, self.continue_final_message, self.chat_template_kwargs)
 
     def _logprobs(self) -> tuple[int | None, int | None]:
         if self.top_logprobs is not None and not self.logprobs:
@@ -411,6 +394,29 @@ class ChatCompletionRequest(OpenAIFields):
         refuse_unless(self.service_tier, (None, "auto", "default"), "service_tier", "one tier only")
         refuse_unless(self.store, (None, False), "store", "completions are not stored")
         refuse_unless(self.metadata, (None, {}), "metadata", "completions are not stored")
+
+
+def chat_template_options(
+    add_generation_prompt: bool, continue_final_message: bool, kwargs: dict | None
+) -> ChatTemplateOptions | None:
+    """vLLM's chat rendering fields, checked (chat completions and /tokenize alike); None when every one is its
+    default (the common case sends nothing more)."""
+    if continue_final_message and add_generation_prompt:
+        raise ApiError(
+            400,
+            "continue_final_message continues the last message: set add_generation_prompt to false with it",
+            param="continue_final_message",
+        )
+    reserved = sorted(CHAT_TEMPLATE_RESERVED.intersection(kwargs or {}))
+    if reserved:
+        raise ApiError(
+            400,
+            f"chat_template_kwargs may set the template's own variables, not {', '.join(reserved)}",
+            param="chat_template_kwargs",
+        )
+    if add_generation_prompt and not continue_final_message and not kwargs:
+        return None
+    return ChatTemplateOptions(add_generation_prompt, continue_final_message, dict(kwargs or {}))
 
 
 class NativeSampling(SamplingFields):

@@ -1,6 +1,7 @@
 """POST /tokenize, POST /detokenize and GET /version, shaped as vLLM's.
 
-/tokenize    {"prompt": str, "add_special_tokens": true}  or  {"messages": [...], "add_generation_prompt": true}
+/tokenize    {"prompt": str, "add_special_tokens": true}  or  {"messages": [...], "add_generation_prompt": true,
+             "continue_final_message": false, "chat_template_kwargs": {...}} (rendered as a chat request would be)
              -> {"count": int, "max_model_len": int, "tokens": [int], "token_strs": null}
 /detokenize  {"tokens": [int]}  -> {"prompt": str}
 /version     -> {"version": str}
@@ -19,7 +20,15 @@ from common.messages import DetokenizeRequest, RequestRejected, TextReply, Token
 from frontend.engine_client import EngineClient
 from frontend.errors import ApiError
 from frontend.limits import HttpLimits
-from frontend.protocol import ChatMessage, Int, RequestBody, check_prompt_chars, parse_body, refuse_unless
+from frontend.protocol import (
+    ChatMessage,
+    Int,
+    RequestBody,
+    chat_template_options,
+    check_prompt_chars,
+    parse_body,
+    refuse_unless,
+)
 
 
 class TokenizeBody(RequestBody):
@@ -28,6 +37,8 @@ class TokenizeBody(RequestBody):
     messages: list[ChatMessage] | None = None
     add_special_tokens: bool | None = None  # default: true for a prompt, false for messages (vLLM's)
     add_generation_prompt: bool = True
+    continue_final_message: bool = False
+    chat_template_kwargs: dict | None = None
     return_token_strs: bool | None = False
 
 
@@ -66,7 +77,10 @@ def tokenizer_router(client: EngineClient, limits: HttpLimits) -> APIRouter:
         else:
             messages = [{"role": m.role, "content": m.text()} for m in body.messages]
             check_prompt_chars(["".join(m["content"] for m in messages)], max_chars, "messages")
-            ask = TokenizeRequest(0, chat_messages=messages, add_generation_prompt=body.add_generation_prompt)
+            options = chat_template_options(
+                body.add_generation_prompt, body.continue_final_message, body.chat_template_kwargs
+            )
+            ask = TokenizeRequest(0, chat_messages=messages, chat_options=options)
         reply = await _ask(client, ask)
         return {
             "count": len(reply.token_ids),

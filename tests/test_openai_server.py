@@ -170,3 +170,15 @@ def test_streamed_echo_and_logprobs_equal_the_whole_answer(client):
     assert [v for lp in streamed for v in lp.token_logprobs] == whole.logprobs.token_logprobs
     assert [v for lp in streamed for v in lp.text_offset] == whole.logprobs.text_offset
     assert whole.text.startswith("The capital of France is")
+
+
+def test_a_continued_final_message_is_counted_by_tokenize_as_chat_renders_it(server, client):
+    messages = [{"role": "user", "content": "Name a color."}, {"role": "assistant", "content": "The color is"}]
+    options = {"add_generation_prompt": False, "continue_final_message": True}
+    continued = tokenize(server, messages=messages, **options)
+    closed = tokenize(server, messages=messages)  # the turn ended and a new assistant turn opened
+    assert len(continued) < len(closed) and closed[: len(continued)] == continued
+    response = client.chat.completions.create(
+        model=MODEL, messages=messages, max_tokens=2, temperature=0, extra_body=options
+    )
+    assert response.usage.prompt_tokens == len(continued)

@@ -19,7 +19,6 @@ from dataclasses import dataclass
 
 from common.messages import (
     AbortRequest,
-    ChatTemplateOptions,
     DetokenizeRequest,
     GenerateRequest,
     Logprobs,
@@ -104,8 +103,7 @@ class TokenizerWorker:
             if request.prompt is not None:
                 ids = self.tokenizer.hf.encode(request.prompt, add_special_tokens=request.add_special_tokens)
             else:
-                options = ChatTemplateOptions(add_generation_prompt=request.add_generation_prompt)
-                ids = self.tokenizer.render_chat(request.chat_messages, options)
+                ids = self.tokenizer.render_chat(request.chat_messages, request.chat_options)
         except InvalidParameter as exc:
             return RequestRejected(request.rid, 400, str(exc), exc.field)
         return TextReply(request.rid, list(ids), "")
