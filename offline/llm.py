@@ -12,7 +12,16 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, fields, replace
 
 from common.config import EngineConfig
-from common.messages import Logprobs, RequestRejected, StageTimes, StepPlan, StepResult, TokenBatch, TokenizedRequest
+from common.messages import (
+    ChatTemplateOptions,
+    Logprobs,
+    RequestRejected,
+    StageTimes,
+    StepPlan,
+    StepResult,
+    TokenBatch,
+    TokenizedRequest,
+)
 from common.model_info import ModelInfo, generation_defaults
 from common.model_source import resolve_model
 from common.sampling_params import InvalidParameter, SamplingParams
@@ -22,6 +31,7 @@ from gpu_worker.parallel import SINGLE
 from gpu_worker.step_queue import StepQueue
 from gpu_worker.warm_up import warm_up
 from scheduler.scheduler import Scheduler
+from tokenizer_worker.tokenizer import Tokenizer
 
 
 @dataclass(slots=True)
@@ -59,7 +69,7 @@ class LLM:
             self.close(failed=True)
             raise
         self.scheduler = Scheduler(self.config, self.info, self.runner.num_kv_blocks)
-        self._tokenizer = None
+        self._tokenizer: Tokenizer | None = None
         self._rids = itertools.count()
         self.plans_executed: list[StepPlan] = []  # every plan run, for tests and inspection
         self.record_plans = False
@@ -101,10 +111,13 @@ class LLM:
 
     @property
     def tokenizer(self):
-        if self._tokenizer is None:
-            from transformers import AutoTokenizer
+        """The model's Hugging Face tokenizer."""
+        return self._text_tokenizer().hf
 
-            self._tokenizer = AutoTokenizer.from_pretrained(self.config.model)
+    def _text_tokenizer(self) -> Tokenizer:
+        # The tokenizer workers' own (tokenizer_worker/tokenizer.py): chat renders here as the server renders it.
+        if self._tokenizer is None:
+            self._tokenizer = Tokenizer.load(self.config.model)
         return self._tokenizer
 
     # ------------------------------------------------------------------ request level
@@ -172,6 +185,22 @@ class LLM:
             if rid in outputs:
                 outputs[rid].finish_reason = reason
                 pending.discard(rid)
+
+    def chat(
+        self,
+        messages: list[dict] | Sequence[list[dict]],
+        sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+        options: ChatTemplateOptions | None = None,
+    ) -> list[CompletionOutput]:
+        """vLLM's LLM.chat: one conversation (a list of messages) or several, each rendered with the model's chat
+        template exactly as the server renders a chat request (with the same options), then generated; the
+        outputs carry their text."""
+        conversations = [messages] if messages and isinstance(messages[0], dict) else list(messages)
+        prompts = [self._text_tokenizer().render_chat(list(c), options) for c in conversations]
+        outputs = self.generate(prompts, sampling_params)
+        for out in outputs:
+            out.text = self.tokenizer.decode(out.token_ids, skip_special_tokens=True)
+        return outputs
 
     def generate(
         self,

@@ -151,3 +151,26 @@ def test_generate_without_sampling_params_uses_the_models_generation_defaults(ti
     prompts = random_prompts(2, [5, 9], vocab=512, seed=5)
     greedy = SamplingParams(max_tokens=defaults.max_tokens, temperature=0.0, top_k=7)
     assert [o.token_ids for o in llm.generate(prompts)] == [o.token_ids for o in llm.generate(prompts, greedy)]
+
+
+def test_chat_renders_each_conversation_as_the_server_does_and_generates_it(tiny_llama):
+    from common.messages import ChatTemplateOptions
+    from tokenizer_worker.tokenizer import Tokenizer
+
+    conversations = [
+        [{"role": "user", "content": "hello"}],
+        [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "well"}],
+    ]
+    greedy = SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True)
+    continued = ChatTemplateOptions(add_generation_prompt=False, continue_final_message=True)
+    renderer = Tokenizer.load(tiny_llama)
+    with LLM(str(tiny_llama), device="cpu", dtype="float32", num_kv_blocks=32) as llm:
+        one = llm.chat(conversations[0], greedy)
+        both = llm.chat(conversations, greedy)
+        last = llm.chat(conversations[1], greedy, continued)
+        expected = llm.generate([renderer.render_chat(conversations[1], continued)], greedy)
+    assert one[0].prompt_token_ids == renderer.render_chat(conversations[0]) == both[0].prompt_token_ids
+    assert one[0].token_ids == both[0].token_ids
+    assert one[0].text == renderer.hf.decode(one[0].token_ids, skip_special_tokens=True)
+    assert last[0].prompt_token_ids != both[1].prompt_token_ids  # left open, not a new assistant turn
+    assert last[0].token_ids == expected[0].token_ids
