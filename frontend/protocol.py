@@ -322,7 +322,36 @@ class ChatMessage(RequestBody):
         return "".join(part.text or "" for part in self.content)
 
 
-class ChatCompletionRequest(OpenAIFields):
+class ChatTemplateFields(RequestBody):
+    """vLLM's chat rendering fields (common/messages.py: ChatTemplateOptions), on chat completions and /tokenize
+    alike, so both render messages the same way."""
+
+    add_generation_prompt: bool = True
+    continue_final_message: bool = False
+    chat_template_kwargs: dict | None = None
+
+    def chat_options(self) -> ChatTemplateOptions | None:
+        """The options, checked; None when every one is its default (the common case sends nothing more)."""
+        kwargs = self.chat_template_kwargs or {}
+        if self.continue_final_message and self.add_generation_prompt:
+            raise ApiError(
+                400,
+                "continue_final_message continues the last message: set add_generation_prompt to false with it",
+                param="continue_final_message",
+            )
+        reserved = sorted(CHAT_TEMPLATE_RESERVED.intersection(kwargs))
+        if reserved:
+            raise ApiError(
+                400,
+                f"chat_template_kwargs may set the template's own variables, not {', '.join(reserved)}",
+                param="chat_template_kwargs",
+            )
+        if self.add_generation_prompt and not self.continue_final_message and not kwargs:
+            return None
+        return ChatTemplateOptions(self.add_generation_prompt, self.continue_final_message, dict(kwargs))
+
+
+class ChatCompletionRequest(OpenAIFields, ChatTemplateFields):
     messages: list[ChatMessage]
     max_tokens: Int | None = None  # absent: the server's --default-max-tokens (never past the context)
     max_completion_tokens: Int | None = None  # OpenAI's newer name for max_tokens; wins when both are set
@@ -332,10 +361,6 @@ class ChatCompletionRequest(OpenAIFields):
     # safety_identifier (like user).
     prompt_cache_key: str | None = None
     safety_identifier: str | None = None
-    # vLLM's chat extensions: how the messages are rendered (common/messages.py: ChatTemplateOptions).
-    add_generation_prompt: bool = True
-    continue_final_message: bool = False
-    chat_template_kwargs: dict | None = None
     # OpenAI fields refused unless they hold their no-op value (check_unsupported).
     tools: list | None = None
     tool_choice: str | dict | None = None
@@ -359,9 +384,6 @@ class ChatCompletionRequest(OpenAIFields):
             {"role": m.role, "content": m.text(), **({"name": m.name} if m.name is not None else {})}
             for m in self.messages
         ]
-
-    def chat_options(self) -> ChatTemplateOptions | None:
-        return chat_template_options(self.add_generation_prompt, self.continue_final_message, self.chat_template_kwargs)
 
     def _logprobs(self) -> tuple[int | None, int | None]:
         if self.top_logprobs is not None and not self.logprobs:
@@ -394,29 +416,6 @@ class ChatCompletionRequest(OpenAIFields):
         refuse_unless(self.service_tier, (None, "auto", "default"), "service_tier", "one tier only")
         refuse_unless(self.store, (None, False), "store", "completions are not stored")
         refuse_unless(self.metadata, (None, {}), "metadata", "completions are not stored")
-
-
-def chat_template_options(
-    add_generation_prompt: bool, continue_final_message: bool, kwargs: dict | None
-) -> ChatTemplateOptions | None:
-    """vLLM's chat rendering fields, checked (chat completions and /tokenize alike); None when every one is its
-    default (the common case sends nothing more)."""
-    if continue_final_message and add_generation_prompt:
-        raise ApiError(
-            400,
-            "continue_final_message continues the last message: set add_generation_prompt to false with it",
-            param="continue_final_message",
-        )
-    reserved = sorted(CHAT_TEMPLATE_RESERVED.intersection(kwargs or {}))
-    if reserved:
-        raise ApiError(
-            400,
-            f"chat_template_kwargs may set the template's own variables, not {', '.join(reserved)}",
-            param="chat_template_kwargs",
-        )
-    if add_generation_prompt and not continue_final_message and not kwargs:
-        return None
-    return ChatTemplateOptions(add_generation_prompt, continue_final_message, dict(kwargs or {}))
 
 
 class NativeSampling(SamplingFields):

@@ -22,23 +22,20 @@ from frontend.errors import ApiError
 from frontend.limits import HttpLimits
 from frontend.protocol import (
     ChatMessage,
+    ChatTemplateFields,
     Int,
     RequestBody,
-    chat_template_options,
     check_prompt_chars,
     parse_body,
     refuse_unless,
 )
 
 
-class TokenizeBody(RequestBody):
+class TokenizeBody(ChatTemplateFields):
     model: str | None = None
     prompt: str | None = None
     messages: list[ChatMessage] | None = None
     add_special_tokens: bool | None = None  # default: true for a prompt, false for messages (vLLM's)
-    add_generation_prompt: bool = True
-    continue_final_message: bool = False
-    chat_template_kwargs: dict | None = None
     return_token_strs: bool | None = False
 
 
@@ -77,10 +74,7 @@ def tokenizer_router(client: EngineClient, limits: HttpLimits) -> APIRouter:
         else:
             messages = [{"role": m.role, "content": m.text()} for m in body.messages]
             check_prompt_chars(["".join(m["content"] for m in messages)], max_chars, "messages")
-            options = chat_template_options(
-                body.add_generation_prompt, body.continue_final_message, body.chat_template_kwargs
-            )
-            ask = TokenizeRequest(0, chat_messages=messages, chat_options=options)
+            ask = TokenizeRequest(0, chat_messages=messages, chat_options=body.chat_options())
         reply = await _ask(client, ask)
         return {
             "count": len(reply.token_ids),
