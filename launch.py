@@ -30,6 +30,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("launcher")
 SUMMARY_TIMEOUT_S = 1.0  # at shutdown: a process that died is not waited for long
+STOP_GRACE_S = 5.0  # at shutdown: from SIGTERM to SIGKILL
+PROFILE_WRITE_GRACE_S = 60.0  # the same where profiling is on: a GPU worker's trace of hundreds of steps is large
 WATCHDOG_TICK_S = 1.0  # how often every process is pinged
 
 
@@ -447,7 +449,9 @@ class Launcher:
         for _, process in frontends_first:
             if process.exitcode is None:
                 process.terminate()
-        deadline = time.monotonic() + 5
+        # A process writing its profile trace finishes it first (common/process.py: sigterm_deferred): seconds
+        # for a large one.
+        deadline = time.monotonic() + (PROFILE_WRITE_GRACE_S if self.profile.dir else STOP_GRACE_S)
         for process in self.children.values():
             process.join(timeout=max(0.0, deadline - time.monotonic()))
         for role, process in self.children.items():

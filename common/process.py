@@ -7,6 +7,8 @@ import logging
 import os
 import signal
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import NoReturn
 
 PR_SET_NAME = 15
@@ -64,8 +66,33 @@ def _thread_lock_for_progress_bars() -> None:
     tqdm.set_lock(threading.RLock())
 
 
+class _SigtermDeferral:
+    """How many sigterm_deferred() blocks are open, and whether a SIGTERM came during one."""
+
+    depth = 0
+    pending = False
+
+
 def _exit_on_sigterm(signum, frame) -> None:
+    if _SigtermDeferral.depth:
+        _SigtermDeferral.pending = True
+        return
     raise SystemExit(0)
+
+
+@contextmanager
+def sigterm_deferred() -> Iterator[None]:
+    """A block that a SIGTERM does not cut short: one that comes meanwhile ends the process when the block is
+    done. For work whose half is worse than none, such as writing a profile trace at shutdown (the launcher
+    waits for it: launch.py, Launcher.shutdown)."""
+    _SigtermDeferral.depth += 1
+    try:
+        yield
+    finally:
+        _SigtermDeferral.depth -= 1
+    if not _SigtermDeferral.depth and _SigtermDeferral.pending:
+        _SigtermDeferral.pending = False
+        raise SystemExit(0)
 
 
 def exit_child() -> NoReturn:

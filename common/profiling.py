@@ -34,6 +34,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from common.garbage import process_gc_pauses
+from common.process import sigterm_deferred
 from common.transport import SocketStats
 
 if TYPE_CHECKING:  # both are imported only where a profiler starts
@@ -95,17 +96,22 @@ class Profiler(ABC):
         if self._path is None:
             raise RuntimeError("the profiler is not running")
         path, self._path = self._path, None
-        # A trace shows what ran, prompts' token ids included: the owner's only (the file exists at 0600 before
-        # a byte is written; chmod again, as a writer may replace it).
-        os.close(os.open(path, os.O_CREAT | os.O_WRONLY | os.O_TRUNC, 0o600))
-        self._stop_and_write(path)
-        with open(path) as f:
-            trace = json.load(f)
-        to_epoch_us(trace, self._base_us(trace))
-        trace["traceEvents"] += self._marker_events()
-        with open(path, "w") as f:
-            json.dump(trace, f)
-        os.chmod(path, 0o600)
+        # Written beside its name and renamed when whole: a reader never opens half a trace. A large one takes
+        # seconds, and a SIGTERM meanwhile (the server stopping just after --profile-steps' last step) waits.
+        partial = path.removesuffix(".json") + ".partial.json"  # viztracer picks its format by the suffix
+        with sigterm_deferred():
+            # A trace shows what ran, prompts' token ids included: the owner's only (the file exists at 0600
+            # before a byte is written; chmod again, as a writer may replace it).
+            os.close(os.open(partial, os.O_CREAT | os.O_WRONLY | os.O_TRUNC, 0o600))
+            self._stop_and_write(partial)
+            with open(partial) as f:
+                trace = json.load(f)
+            to_epoch_us(trace, self._base_us(trace))
+            trace["traceEvents"] += self._marker_events()
+            with open(partial, "w") as f:
+                json.dump(trace, f)
+            os.chmod(partial, 0o600)
+            os.replace(partial, path)
         return path
 
     def mark(self, name: str, started_us: float, args: dict) -> None:

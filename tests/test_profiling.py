@@ -7,12 +7,14 @@ from __future__ import annotations
 import json
 import os
 import re
+import signal
 from pathlib import Path
 
 import pytest
 import zmq
 from fastapi.testclient import TestClient
 
+import common.process as process_module
 from common.messages import AbortRequest
 from common.profiling import (
     MARKER_TID,
@@ -271,13 +273,9 @@ def traces_by_role(paths) -> dict[str, tuple[int, list[dict]]]:
 
 
 def all_traces_written(folder: Path, processes: int) -> dict | None:
-    """The traces once one per process is there and whole (a trace being written does not parse yet)."""
-    if len(list(folder.iterdir())) < processes:
-        return None
-    try:
-        return traces_by_role(folder.iterdir())
-    except json.JSONDecodeError:
-        return None
+    """The traces once one per process is there (a trace being written has another name until it is whole)."""
+    written = list(folder.glob("*.trace.json"))
+    return traces_by_role(written) if len(written) >= processes else None
 
 
 def replies_with_frontend(body: dict) -> dict[str, dict]:
@@ -441,6 +439,57 @@ def test_profile_steps_profiles_that_many_steps_in_every_process_then_stops(tiny
         assert len(named(traces["gpu_worker"][1], "aten::embedding")) == 3
     finally:
         server.stop()
+
+
+def test_a_server_stopped_as_its_profile_window_closes_leaves_every_trace_whole(tiny_llama, tmp_path):
+    # The window closes on the run's last step and the server is stopped at once, as a benchmark does: each
+    # process finishes writing its trace before it exits (a SIGTERM used to cut the GPU worker's in half).
+    folder = tmp_path / "traces"
+    server = ServerProcess(
+        tiny_llama,
+        "--num-kv-blocks",
+        "64",
+        "--profile-dir",
+        str(folder),
+        "--profile-steps",
+        "4",
+        "--tokenizer-workers",
+        "1",
+        log_path=tmp_path / "server.log",
+    )
+    try:
+        processes = len(server_pids(server))
+        generate(server, n=1, max_tokens=4)
+    finally:
+        assert server.stop() == 0
+    assert sorted(p.name for p in folder.iterdir() if not p.name.endswith(".trace.json")) == []
+    traces = traces_by_role(folder.iterdir())  # every file parses
+    assert len(traces) == processes
+    assert len(named(traces["gpu_worker"][1], "aten::embedding")) == 4
+
+
+def test_a_sigterm_while_a_trace_is_written_ends_the_process_once_it_is_whole(tmp_path):
+    profiler = PythonProfiler()
+    profiler.start(str(tmp_path), "unit")
+    inner(1)
+    previous = signal.signal(signal.SIGTERM, process_module._exit_on_sigterm)  # as every child installs it
+    written = profiler._stop_and_write
+
+    def write_then_receive_sigterm(path: str) -> None:
+        written(path)
+        os.kill(os.getpid(), signal.SIGTERM)  # the launcher stopping the server mid-write
+
+    profiler._stop_and_write = write_then_receive_sigterm  # type: ignore[method-assign]
+    try:
+        with pytest.raises(SystemExit) as stopped:
+            profiler.stop()
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    assert stopped.value.code == 0
+    (trace,) = tmp_path.iterdir()
+    assert trace.name.endswith("-1.trace.json")
+    (call,) = named(complete_events(trace), "inner")
+    assert abs(call["ts"] - epoch_us()) < 60e6  # rewritten to the common clock: the trace was finished
 
 
 @pytest.mark.parametrize("kind", [PythonProfiler, TorchProfiler])
