@@ -66,6 +66,7 @@ from common.engine_replica import is_scheduler_role
 
 ROOT = Path(__file__).resolve().parent.parent
 SERVER_START_TIMEOUT_S = 300.0
+SERVER_STOP_TIMEOUT_S = 90.0  # more than the launcher waits for its processes to write their profile traces
 WARMUP_PROMPT = "warm-up"  # shares no KV block with any benchmark prompt
 # Cumulative scheduler counters of GET /stats; the benchmark reports their change over the run.
 SCHEDULER_COUNTERS = (
@@ -268,7 +269,7 @@ class LaunchedServer:
             return
         self.proc.send_signal(signal.SIGTERM)
         try:
-            self.proc.wait(timeout=30)
+            self.proc.wait(timeout=SERVER_STOP_TIMEOUT_S)
         except subprocess.TimeoutExpired:
             self.proc.kill()
             self.proc.wait()
