@@ -146,7 +146,7 @@ def check_one(
 ) -> float:
     batch = make_batch(seqs, shape, block_size, dtype, rng)
     scale = shape.head_dim**-0.5
-    out, k_cache, v_cache = run(TritonAttention(block_size), batch, scale)
+    out, k_cache, v_cache = run(TritonAttention(block_size, shape.kv_heads, DEVICE), batch, scale)
     ref, ref_k, ref_v = run(TorchAttention(block_size), batch.to(torch.float32), scale)
     if not (torch.equal(k_cache.float(), ref_k) and torch.equal(v_cache.float(), ref_v)):
         raise AssertionError("the KV store differs from the reference's after writing the new tokens")
@@ -227,7 +227,7 @@ def run_speed(failures: list[str]) -> list[str]:
                 batch = make_batch(seqs, shape, BLOCK_SIZE, dtype, rng)
                 scale = shape.head_dim**-0.5
                 torch_ms, torch_host = time_backend(TorchAttention(BLOCK_SIZE), batch, scale)
-                triton_ms, triton_host = time_backend(TritonAttention(BLOCK_SIZE), batch, scale)
+                triton_ms, triton_host = time_backend(TritonAttention(BLOCK_SIZE, shape.kv_heads, DEVICE), batch, scale)
             except Exception:
                 failures.append(label)
                 print(f"ERROR timing {label}:\n{traceback.format_exc()}")
@@ -242,15 +242,20 @@ def run_speed(failures: list[str]) -> list[str]:
 
 
 def sweep_splits(batch: Batch, shape: Shape, failures: list[str]) -> None:
-    """Decode time per forced split count, next to the heuristic's pick."""
+    """Decode time per forced slice length, next to the length decode_slices picks."""
     try:
-        metadata = build_metadata(TritonAttention(BLOCK_SIZE), batch.layout, batch.slots)
-        max_ctx = metadata.max_decode_context
-        sms = torch.cuda.get_device_properties(DEVICE).multi_processor_count
-        picked = kernels.decode_num_splits(len(batch.layout.query_lens), shape.kv_heads, max_ctx, sms)
+        backend = TritonAttention(BLOCK_SIZE, shape.kv_heads, DEVICE)
+        metadata = build_metadata(backend, batch.layout, batch.slots)
+        contexts = batch.layout.context_lens
+        picked = backend.decode_slices(contexts).slice_len
         out = torch.empty_like(batch.q)
         times = []
-        for splits in (1, 2, 3, 4, 6, 8, 16):
+        for slice_len in (64, 128, 256, 512, 1024, 4096, 1 << 20):
+            slices = kernels.decode_slices(contexts, shape.kv_heads, backend.num_sms, slice_len=slice_len)
+            span, seqs, starts = (
+                torch.tensor(values, dtype=torch.int32, device=DEVICE)
+                for values in ([0, 0, len(contexts), slice_len], slices.seqs, slices.starts)
+            )
             ms = bench_ms(
                 lambda: kernels.decode_attention(
                     batch.q,
@@ -260,14 +265,15 @@ def sweep_splits(batch: Batch, shape: Shape, failures: list[str]) -> None:
                     metadata.block_tables,
                     metadata.context_lens,
                     0.1,
-                    max_ctx,
-                    splits,
+                    span,
+                    seqs,
+                    starts,
                 )
             )
-            times.append(f"{splits}:{ms * 1e3:.0f}us")
+            times.append(f"{slice_len}:{ms * 1e3:.0f}us")
         print(
-            f"split sweep {shape.name}, {len(batch.layout.query_lens)} x {max_ctx} "
-            f"(heuristic picks {picked}): " + "  ".join(times)
+            f"slice sweep {shape.name}, {len(contexts)} x {int(contexts.max())} "
+            f"(decode_slices picks {picked}): " + "  ".join(times)
         )
     except Exception:
         failures.append(f"split sweep / {shape.name}")

@@ -5,7 +5,7 @@ microseconds of Python and driver time). Captured once, a step is one replay. Ev
 lives in static device buffers, refilled by a single host-to-device copy before each replay
 (graph_capture.py):
 
-    | input ids | positions | slots | context lens | decode span | block tables [B, W] |
+    | input ids | positions | slots | context lens | decode span | decode slices | block tables [B, W] |
 
 Inputs that only the device knows (tokens sampled by the previous step, not yet read back) are copied
 into the input-id buffer on the device, after the host copy and before the replay.
@@ -21,7 +21,7 @@ import numpy as np
 import torch
 
 from gpu_worker.attention.base import AttentionBackend, BatchLayout, StaticAttentionBuffers
-from gpu_worker.graph_capture import GraphInputs, capture
+from gpu_worker.graph_capture import GraphInputs, capture, write_decode_slices
 from gpu_worker.kv_cache import PagedKVCache
 from gpu_worker.models.forward_context import ForwardContext
 
@@ -52,6 +52,7 @@ class DecodeGraphs:
         self.width = -(-max_model_len // self.block_size)
         self.scratch_slot = scratch_block * self.block_size
         self.scratch_block = scratch_block
+        self.attention = attention
         b = max_batch
         self.inputs = GraphInputs(
             {
@@ -59,7 +60,9 @@ class DecodeGraphs:
                 "positions": (b,),
                 "slots": (b,),
                 "context_lens": (b,),
-                "decode_span": (3,),
+                "decode_span": (4,),
+                "slice_seqs": (attention.decode_slice_capacity(b),),
+                "slice_starts": (b + 1,),
                 "block_tables": (b, self.width),
             },
             self.device,
@@ -71,7 +74,8 @@ class DecodeGraphs:
     def _capture(self, attention: AttentionBackend, kv_cache: PagedKVCache, max_model_len: int, pool) -> None:
         host = self.inputs.fill()
         self._fill_padding(host, 0, self.max_batch)
-        host["decode_span"][:] = (0, 0, self.max_batch)
+        host["decode_span"][:3] = (0, 0, self.max_batch)
+        self._fill_slices(host, self.max_batch)
         self.inputs.upload()
         d = self.inputs.device
         no_prefill = torch.zeros(2, 0, dtype=torch.int32, device=self.device)  # no tile, no query start read
@@ -82,6 +86,8 @@ class DecodeGraphs:
                 query_starts=no_prefill[0],
                 prefill_tiles=no_prefill,
                 decode_span=d["decode_span"],
+                decode_slice_seqs=d["slice_seqs"][: attention.decode_slice_capacity(bucket)],
+                decode_slice_starts=d["slice_starts"][: bucket + 1],
                 block_tables=d["block_tables"][:bucket],
                 decode_programs=bucket,
                 padding_outside_sequences=False,
@@ -124,12 +130,18 @@ class DecodeGraphs:
         host["block_tables"][:n, :width] = layout.block_table[:, :width]
         if bucket > n:
             self._fill_padding(host, n, bucket)
+        self._fill_slices(host, bucket)
         self.inputs.upload()
         if device_inputs is not None:
             rows, tokens = device_inputs
             self.inputs.device["input_ids"].index_copy_(0, rows, tokens.to(torch.int32))
         self.graphs[bucket].replay()
         return self.logits[bucket][:n]
+
+    def _fill_slices(self, host: dict[str, np.ndarray], bucket: int) -> None:
+        """The decode slices of the bucket's rows (padding rows too: one slice of one token each)."""
+        capacity = self.attention.decode_slice_capacity(bucket)
+        write_decode_slices(host, self.attention.decode_slices(host["context_lens"][:bucket], capacity), capacity)
 
     def _fill_padding(self, host: dict[str, np.ndarray], first: int, last: int) -> None:
         """Rows [first, last) become harmless: token 0 at position 0, in the scratch block."""

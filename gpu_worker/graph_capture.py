@@ -72,3 +72,14 @@ def capture(
         with torch.cuda.graph(graph, pool=pool, capture_error_mode="thread_local"):
             output = forward()
     return graph, output
+
+
+def write_decode_slices(host: dict[str, np.ndarray], slices, capacity: int) -> None:
+    """A step's decode slices (AttentionBackend.decode_slices) into the static fields: their sequences, then -1
+    up to the `capacity` its graph launches for; each decode's first slice; the slice length, the decode
+    span's fourth entry."""
+    n = len(slices.seqs)
+    host["slice_seqs"][:n] = slices.seqs
+    host["slice_seqs"][n:capacity] = -1
+    host["slice_starts"][: len(slices.starts)] = slices.starts
+    host["decode_span"][3] = slices.slice_len

@@ -7,12 +7,13 @@ decode steps. Captured, such a step is one replay. What makes it capturable is t
 the most its bucket can hold, and the step's real extent is read on the device (attention/triton_backend.py):
 
     | input ids [T] | positions [T] | slots [T] | logit rows [S] | context lens [S] | query starts [S + 1] |
-    | prefill tiles [2, tiles] | decode span [3] | block tables [S, W] |            one copy (graph_capture.py)
+    | prefill tiles [2, tiles] | decode span [4] | decode slices | block tables [S, W] |     one copy
+                                                                                          (graph_capture.py)
 
 T: the bucket's token count; S: the most sequences a step holds. A step of t tokens fills rows [0, t); rows
 [t, T) are padding tokens in no sequence: their K/V land in a scratch block no request owns, their attention
-outputs are zeros, and no logits are made from them. Padding prefill tiles have sequence -1; decode programs
-past the decode span's count return at once.
+outputs are zeros, and no logits are made from them. Padding prefill tiles and decode slices have sequence -1,
+and merge rows past the decode span's count return at once.
 
 The graph ends by gathering the sampling rows' hidden states (one per sequence at most) into one buffer that
 every bucket shares; the logits are made from it outside the graph, for the rows that sample only, so no
@@ -27,7 +28,7 @@ import torch
 from gpu_worker.attention.base import AttentionBackend, BatchLayout, StaticAttentionBuffers
 from gpu_worker.attention.triton_backend import prefill_tiles
 from gpu_worker.attention.triton_kernels import PREFILL_BLOCK_M
-from gpu_worker.graph_capture import GraphInputs, capture
+from gpu_worker.graph_capture import GraphInputs, capture, write_decode_slices
 from gpu_worker.input_batch import eager_bucket
 from gpu_worker.kv_cache import PagedKVCache
 from gpu_worker.models.forward_context import ForwardContext
@@ -57,11 +58,15 @@ class MixedStepLayout:
     them (host side, numpy) and what a bucket's graph reads of them (device side). No CUDA here: tests run it
     with the Triton interpreter."""
 
-    def __init__(self, max_tokens: int, max_seqs: int, table_width: int, scratch_slot: int):
+    def __init__(
+        self, max_tokens: int, max_seqs: int, table_width: int, scratch_slot: int, attention: AttentionBackend
+    ):
+        """attention: plans the decodes' context slices (decode_slices) and says how many a launch covers."""
         self.buckets = token_buckets(max_tokens)
         self.max_seqs = max_seqs
         self.table_width = table_width
         self.scratch_slot = scratch_slot
+        self.attention = attention
         t, s = max_tokens, max_seqs
         self.shapes: dict[str, tuple[int, ...]] = {
             "input_ids": (t,),
@@ -71,7 +76,9 @@ class MixedStepLayout:
             "context_lens": (s,),
             "query_starts": (s + 1,),
             "tiles": (2, tiles_bound(t, s)),
-            "decode_span": (3,),
+            "decode_span": (4,),
+            "slice_seqs": (attention.decode_slice_capacity(s),),
+            "slice_starts": (s + 1,),
             "block_tables": (s, table_width),
         }
 
@@ -92,10 +99,16 @@ class MixedStepLayout:
             query_starts=fields["query_starts"],
             prefill_tiles=fields["tiles"][:, : tiles_bound(bucket, self.max_seqs)],
             decode_span=fields["decode_span"],
+            decode_slice_seqs=fields["slice_seqs"][: self.slice_capacity(bucket)],
+            decode_slice_starts=fields["slice_starts"][: seqs + 1],
             block_tables=fields["block_tables"][:seqs],
             decode_programs=seqs,
             padding_outside_sequences=True,
         )
+
+    def slice_capacity(self, bucket: int) -> int:
+        """The decode slices `bucket`'s graph launches for."""
+        return self.attention.decode_slice_capacity(min(bucket, self.max_seqs))
 
     def fill(
         self,
@@ -122,7 +135,9 @@ class MixedStepLayout:
         np.cumsum(layout.query_lens[:num_pre], out=starts[1 : num_pre + 1])
         tiles = prefill_tiles(layout.query_lens[:num_pre].astype(np.int32))
         host["tiles"][:, : tiles.shape[1]] = tiles
-        host["decode_span"][:] = (num_pre, starts[num_pre], num_seqs - num_pre)
+        host["decode_span"][:3] = (num_pre, starts[num_pre], num_seqs - num_pre)
+        capacity = self.slice_capacity(bucket)
+        write_decode_slices(host, self.attention.decode_slices(layout.context_lens[num_pre:], capacity), capacity)
         # Columns past the layout's width keep older entries: never read, as no context reaches them.
         width = min(self.table_width, layout.block_table.shape[1])
         host["block_tables"][:num_seqs, :width] = layout.block_table[:, :width]
@@ -142,6 +157,8 @@ class MixedStepLayout:
         host["tiles"][0, first_tile : tiles_bound(bucket, self.max_seqs)] = -1
         if first_token == 0:
             host["decode_span"][:] = 0
+            host["slice_seqs"][: self.slice_capacity(bucket)] = -1
+            host["slice_starts"][:] = 0
 
 
 class MixedGraphs:
@@ -161,7 +178,7 @@ class MixedGraphs:
         self.model = model
         self.device = kv_cache.data.device
         width = -(-max_model_len // kv_cache.block_size)
-        self.step_layout = MixedStepLayout(max_tokens, max_seqs, width, scratch_block * kv_cache.block_size)
+        self.step_layout = MixedStepLayout(max_tokens, max_seqs, width, scratch_block * kv_cache.block_size, attention)
         self.buckets = self.step_layout.buckets
         self.inputs = GraphInputs(self.step_layout.shapes, self.device)
         dtype = next(model.parameters()).dtype

@@ -130,7 +130,6 @@ class ModelRunner:
         # The Triton path is the whole forward: attention kernels and the models' fused elementwise ones;
         # the torch path is the reference throughout.
         backend = resolve_attention_backend(config.attention_backend, self.device.type)
-        self.attention = make_attention_backend(backend, self.device.type, config.block_size)
         self.model = load_model(
             config.model,
             config.load_format,
@@ -146,6 +145,7 @@ class ModelRunner:
             what = "random weights" if config.load_format == "dummy" else "weights loaded"
             phases.done(f"{what}: {params / 1e6:.0f}M parameters, {self.dtype} on {self.device}")
         num_layers, kv_heads, head_dim = self.model.kv_shape  # this rank's KV heads
+        self.attention = make_attention_backend(backend, self.device, config.block_size, kv_heads)
         captures_graphs = on_gpu and self.attention.supports_cuda_graphs and not config.enforce_eager
         # Every rank must have every block the scheduler hands out: the smallest store of any rank.
         self.num_kv_blocks = tp.min(

@@ -213,42 +213,74 @@ def test_sequence_reads_prefix_written_in_the_same_forward(monkeypatch):
 
 
 def test_long_decode_contexts_are_split_and_match_reference(monkeypatch):
-    """Few sequences with long contexts take the split-KV path; the short one has empty slices."""
+    """Few sequences with long contexts are cut into several slices, merged; the short one is one slice."""
     seqs = [(699, 1), (529, 1), (89, 1)]
     batch = mixed_batch(seqs, 16, 4, 2, 32, seed=7)
-    assert triton_kernels.decode_num_splits(len(seqs), 2, 700, num_sms=132) > 1
+    counts = np.diff(TritonAttention(16, num_kv_heads=2).decode_slices(batch.layout.context_lens).starts)
+    assert counts[0] > 1 and counts[1] > 1 and counts[2] == 1
     assert_matches_reference(batch, monkeypatch)
 
 
-@pytest.mark.parametrize("num_splits", [1, 2, 3, 8])
-def test_decode_result_does_not_depend_on_the_number_of_splits(num_splits):
+@pytest.mark.parametrize("slice_len", [64, 128, 320, 4096])
+def test_decode_result_does_not_depend_on_the_slice_length(slice_len, monkeypatch):
     batch = mixed_batch([(300, 1), (40, 1), (511, 1)], 16, 8, 2, 32, seed=8)
     backend = TritonAttention(16)
     metadata = build_metadata(backend, batch.layout, batch.slots)
     q, k, v = batch.qkv_views()
     k_cache, v_cache = batch.k_cache.clone(), batch.v_cache.clone()
     triton_kernels.store_kv(k, v, k_cache, v_cache, metadata.slot_mapping)
-    out = torch.full_like(q, float("nan"))
-    triton_kernels.decode_attention(
-        q,
-        out,
-        k_cache,
-        v_cache,
-        metadata.block_tables,
-        metadata.context_lens,
-        SCALE,
-        max_context=512,
-        num_splits=num_splits,
-    )
+    slices = triton_kernels.decode_slices(batch.layout.context_lens, 2, 132, slice_len=slice_len)
+
+    def on_device(values) -> torch.Tensor:
+        return torch.tensor(values, dtype=torch.int32, device=DEVICE)
+
+    with monkeypatch.context() as patch:
+        nan_filled_empty(patch)
+        out = torch.empty_like(q)
+        triton_kernels.decode_attention(
+            q,
+            out,
+            k_cache,
+            v_cache,
+            metadata.block_tables,
+            metadata.context_lens,
+            SCALE,
+            on_device([0, 0, 3, slices.slice_len]),
+            on_device(slices.seqs),
+            on_device(slices.starts),
+        )
     torch.testing.assert_close(out, run_reference(batch)[0], rtol=1e-5, atol=1e-5)
 
 
-def test_split_heuristic_splits_only_long_contexts_on_an_idle_gpu():
-    splits = triton_kernels.decode_num_splits
-    assert splits(num_seqs=256, num_kv_heads=12, max_context=768, num_sms=132) == 1  # GPU already full
-    assert splits(num_seqs=2, num_kv_heads=8, max_context=200, num_sms=132) == 1  # context too short
-    assert splits(num_seqs=32, num_kv_heads=8, max_context=4096, num_sms=132) > 1
-    assert splits(num_seqs=1, num_kv_heads=1, max_context=1 << 20, num_sms=132) == triton_kernels.MAX_SPLITS
+def slice_counts(contexts, num_kv_heads: int, capacity: int | None = None) -> np.ndarray:
+    return np.diff(triton_kernels.decode_slices(np.asarray(contexts), num_kv_heads, 132, capacity).starts)
+
+
+def test_decode_slices_split_only_where_the_gpu_would_otherwise_idle_or_wait():
+    assert (slice_counts([700] * 256, num_kv_heads=12) == 1).all()  # GPU already full: nothing to merge
+    assert (slice_counts([200, 200], num_kv_heads=8) == 1).all()  # contexts too short to be worth it
+    assert (slice_counts([4096] * 32, num_kv_heads=8) > 1).all()  # few long ones: every SM gets work
+    assert slice_counts([1 << 20], num_kv_heads=1)[0] == triton_kernels.MAX_SPLITS
+
+
+def test_one_long_decode_among_short_ones_is_cut_to_their_length():
+    # 64 requests decoding short contexts beside one that just prefilled 7,000 tokens: a step lasts as long as
+    # its longest program, so the long context is spread over as many programs as its length asks for.
+    slices = triton_kernels.decode_slices(np.array([500] * 64 + [7000]), 3, 132)
+    counts = np.diff(slices.starts)
+    assert slices.slice_len <= 512
+    assert counts[-1] == -(-7000 // slices.slice_len) and (counts[:-1] <= 2).all()
+    assert slices.seqs.tolist() == np.repeat(np.arange(65), counts).tolist()
+
+
+def test_decode_slices_always_fit_the_launch_a_graph_sized_for_its_decodes():
+    rng = np.random.default_rng(0)
+    for decodes in (1, 7, 64, 512):
+        capacity = triton_kernels.decode_slice_capacity(decodes)
+        for top in (2, 300, 8192, 1 << 17):
+            contexts = rng.integers(1, top, size=decodes, endpoint=True)
+            for kv_heads in (1, 3, 12):
+                assert slice_counts(contexts, kv_heads, capacity).sum() <= capacity
 
 
 def test_block_table_width_is_a_power_of_two_covering_every_context():
@@ -263,8 +295,16 @@ def test_block_table_width_is_a_power_of_two_covering_every_context():
     assert metadata.block_tables.tolist() == layout.block_table.tolist()
 
 
-@pytest.mark.parametrize("max_context", [256, 2048], ids=["unsplit", "split-kv"])
-@pytest.mark.parametrize("seqs", [MIXED, MIXED[:4]], ids=["prefills-and-decodes", "prefills-only"])
+@pytest.mark.parametrize(
+    "seqs,max_context",
+    [
+        pytest.param(MIXED, 256, id="prefills-and-decodes-unsplit"),
+        pytest.param(MIXED, 2048, id="prefills-and-decodes-split-kv"),
+        pytest.param(MIXED[:4], 256, id="prefills-only-unsplit"),
+        pytest.param(MIXED[:4], 2048, id="prefills-only-split-kv"),
+        pytest.param(MIXED + [(1500, 1)], 2048, id="a-long-decode-in-slices"),
+    ],
+)
 def test_a_step_in_a_graph_buckets_static_inputs_matches_reference(seqs, max_context, monkeypatch):
     """A step written into the static inputs a mixed-step CUDA graph reads (mixed_graphs.py), over fields
     holding garbage (a larger step's values), with every launch sized for the bucket: the real tokens'
@@ -274,26 +314,32 @@ def test_a_step_in_a_graph_buckets_static_inputs_matches_reference(seqs, max_con
     num_tokens, layout = len(batch.slots), batch.layout
     owned = set(layout.block_table.ravel().tolist())
     scratch = next(b for b in range(batch.k_cache.shape[0]) if b not in owned)
+    backend = TritonAttention(block_size, kv_heads)
     step_layout = MixedStepLayout(
-        max_tokens=300, max_seqs=12, table_width=max_context // block_size, scratch_slot=scratch * block_size
+        max_tokens=300,
+        max_seqs=12,
+        table_width=max_context // block_size,
+        scratch_slot=scratch * block_size,
+        attention=backend,
     )
     flat = torch.full((flat_size(step_layout.shapes),), 10**6, dtype=torch.int32)  # read anywhere, it would fault
     last_rows = np.cumsum(layout.query_lens) - 1
+    host = field_views(step_layout.shapes, flat.numpy())
     bucket = step_layout.fill(
-        field_views(step_layout.shapes, flat.numpy()),
+        host,
         np.zeros(num_tokens, np.int64),
         np.zeros(num_tokens, np.int64),
         batch.slots.numpy(),
         layout,
         last_rows,
     )
-    assert bucket > num_tokens  # 125 or 121 tokens in the 128-token bucket
-    backend = TritonAttention(block_size)
+    assert bucket > num_tokens  # 121 to 126 tokens in the 128-token bucket
+    num_decodes = len(seqs) - layout.num_prefill_seqs
+    slices_of_each = np.diff(host["slice_starts"][: num_decodes + 1])
+    assert (slices_of_each > 1).any() == (max(seqs)[0] > 1000)  # only the long decode is cut
     metadata = backend.static_metadata(
         step_layout.attention_buffers(field_views(step_layout.shapes, flat.to(DEVICE)), bucket), max_context
     )
-    if max_context > 256:  # the graph's decode launch, sized for 12 sequences, splits long contexts
-        assert triton_kernels.decode_num_splits(12, kv_heads, max_context, num_sms=132) > 1
     padding = torch.randn(bucket - num_tokens, *batch.qkv.shape[1:], generator=torch.Generator().manual_seed(1))
     qkv = torch.cat([batch.qkv, padding.to(DEVICE, batch.qkv.dtype)])
     q, k, v = qkv.split([heads, kv_heads, kv_heads], dim=1)

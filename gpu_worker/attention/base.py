@@ -70,7 +70,12 @@ class StaticAttentionBuffers:
     context_lens: torch.Tensor  # [S]
     query_starts: torch.Tensor  # [P + 1] token offsets of the multi-token sequences
     prefill_tiles: torch.Tensor  # [2, tiles]: (sequence, first query) per tile, sequence -1 for padding; tiles may be 0
-    decode_span: torch.Tensor  # [3]: first decode sequence, its query's token row, number of decodes
+    # [4]: first decode sequence, its query's token row, number of decodes, their contexts' slice length
+    decode_span: torch.Tensor
+    # The decodes' contexts cut into slices (AttentionBackend.decode_slices): the decode of each slice [slices the
+    # launch covers] (-1: padding) and each decode's first slice [decode_programs + 1].
+    decode_slice_seqs: torch.Tensor
+    decode_slice_starts: torch.Tensor
     block_tables: torch.Tensor  # [S, W]
     decode_programs: int  # the most decode sequences a step of the graph may hold
     # Whether padding tokens belong to no sequence (their outputs are zeros) rather than to one-token
@@ -91,6 +96,16 @@ class AttentionBackend(ABC):
         """Metadata for a forward reading caller-owned device buffers, which the caller refills before each
         graph replay. Every launch shape must depend only on the buffers' shapes and max_context, never on
         their contents."""
+        raise NotImplementedError(f"{type(self).__name__} cannot be captured in CUDA graphs")
+
+    def decode_slice_capacity(self, decode_programs: int) -> int:
+        """The slices a captured step's decode launch covers, for steps of up to decode_programs decodes."""
+        raise NotImplementedError(f"{type(self).__name__} cannot be captured in CUDA graphs")
+
+    def decode_slices(self, context_lens: np.ndarray, capacity: int) -> Any:
+        """How a captured step's decodes split their contexts into slices (seqs, starts and slice_len, for the
+        static buffers' decode_slice_* fields and the decode span's fourth entry); capacity: the slices the
+        graph launches for."""
         raise NotImplementedError(f"{type(self).__name__} cannot be captured in CUDA graphs")
 
     @abstractmethod

@@ -3,16 +3,19 @@
 build_metadata packs everything the kernels read into one int32 array (each field 16-byte aligned) and
 moves it to the device in a single copy (the runner's staging ring); every field is a view into it:
 
-    | slots [T] | context lens [S] | query starts [P+1] | tiles [2, num tiles] | decode span [3] | block tables [S, W] |
+    | slots [T] | context lens [S] | query starts [P+1] | tiles [2, num tiles] | decode span [4] |
+    | decode slices' sequences [slices] | decode slices' starts [D+1] | block tables [S, W] |
 
 forward then costs a fixed handful of launches per layer, whatever the batch: store K/V, prefill (the
-first P sequences) and decode (the rest, plus a merge when the context is split).
+first P sequences) and decode (the rest, one program per slice of their contexts, plus a merge of the
+contexts cut in several).
 
 Steps are captured in CUDA graphs (gpu_worker/cuda_graphs.py) through static_metadata: the caller's
-static buffers stand in for the packed array, and every launch shape (the split count included) follows
-only the graph's size and the longest context the server allows. A graph is launched for the most its
-steps can hold: padding tiles (sequence -1) and decode programs past the decode span's count return at
-once, and the padding tokens' outputs are zero.
+static buffers stand in for the packed array, and every launch shape (the prefill split count included)
+follows only the graph's size and the longest context the server allows. A graph is launched for the most
+its steps can hold: padding tiles (sequence -1), decode slices (sequence -1) and merge rows past the
+decode span's count return at once, and the padding tokens' outputs are zero. The decode slices are
+planned per step on the host (fill_decode_slices), which the graphs' fillers call too.
 """
 
 from __future__ import annotations
@@ -37,11 +40,13 @@ class TritonAttentionMetadata:
     context_lens: torch.Tensor  # [S]
     query_starts: torch.Tensor  # [P + 1] token offset of each prefill sequence, then the total
     prefill_tiles: torch.Tensor  # [2, tiles launched]: (sequence, first query) per PREFILL_BLOCK_M queries
-    decode_span: torch.Tensor  # [3]: first decode sequence, its query's token row, number of decodes
+    # [4]: first decode sequence, its query's token row, number of decodes, their contexts' slice length
+    decode_span: torch.Tensor
+    decode_slice_seqs: torch.Tensor  # [slices launched]: the decode each slice belongs to, -1 for padding
+    decode_slice_starts: torch.Tensor  # [>= decodes + 1]: each decode's first slice
     block_tables: torch.Tensor  # [S, W], W a power of two, rows padded with block 0 (never read)
-    decode_programs: int  # decode sequences the decode launch covers (0: no launch)
+    decode_programs: int  # decode sequences the merge covers (0: no decode launch)
     max_prefill_context: int
-    max_decode_context: int
     num_sms: int
     zero_padding: bool = False  # whether tokens outside every sequence (a graph's padding) get zeros
 
@@ -53,19 +58,33 @@ class TritonAttentionMetadata:
 class TritonAttention(AttentionBackend):
     supports_cuda_graphs = True
 
+    def __init__(self, block_size: int, num_kv_heads: int = 1, device: torch.device | None = None):
+        """num_kv_heads (the model's, on this rank) and the device's SMs size the decodes' slices: how many
+        programs keep the GPU busy."""
+        super().__init__(block_size)
+        self.num_kv_heads = num_kv_heads
+        self.num_sms = _num_sms(device or torch.device("cpu"))
+
+    def decode_slice_capacity(self, decode_programs: int) -> int:
+        return kernels.decode_slice_capacity(decode_programs)
+
+    def decode_slices(self, context_lens: np.ndarray, capacity: int | None = None) -> kernels.DecodeSlices:
+        """The decodes' slices for one step (kernels.decode_slices); capacity: a CUDA graph's launch size."""
+        return kernels.decode_slices(context_lens, self.num_kv_heads, self.num_sms, capacity)
+
     def static_metadata(self, buffers: StaticAttentionBuffers, max_context: int) -> TritonAttentionMetadata:
-        device = buffers.slot_mapping.device
         return TritonAttentionMetadata(
             slot_mapping=buffers.slot_mapping,
             context_lens=buffers.context_lens,
             query_starts=buffers.query_starts,
             prefill_tiles=buffers.prefill_tiles,
             decode_span=buffers.decode_span,
+            decode_slice_seqs=buffers.decode_slice_seqs,
+            decode_slice_starts=buffers.decode_slice_starts,
             block_tables=buffers.block_tables,
             decode_programs=buffers.decode_programs,
             max_prefill_context=max_context,
-            max_decode_context=max_context,
-            num_sms=_num_sms(device),
+            num_sms=self.num_sms,
             zero_padding=buffers.padding_outside_sequences,
         )
 
@@ -77,8 +96,18 @@ class TritonAttention(AttentionBackend):
         np.cumsum(query_lens[:num_pre], out=query_starts[1:])
         tiles = prefill_tiles(query_lens[:num_pre])
         num_decode = len(context_lens) - num_pre
-        decode_span = np.array([num_pre, query_starts[-1], num_decode], dtype=np.int32)
-        parts = [slot_mapping.astype(np.int32), context_lens, query_starts, tiles, decode_span, layout.block_table]
+        slices = self.decode_slices(context_lens[num_pre:])
+        decode_span = np.array([num_pre, query_starts[-1], num_decode, slices.slice_len], dtype=np.int32)
+        parts = [
+            slot_mapping.astype(np.int32),
+            context_lens,
+            query_starts,
+            tiles,
+            decode_span,
+            slices.seqs,
+            slices.starts,
+            layout.block_table,
+        ]
         # One copy for all fields; each starts 16-byte aligned, as Triton specializes on pointer alignment.
         sizes = [-(-p.size // 4) * 4 for p in parts]
         packed = np.zeros(sum(sizes), dtype=np.int32)
@@ -86,7 +115,7 @@ class TritonAttention(AttentionBackend):
         for part, offset in zip(parts, offsets):
             packed[offset : offset + part.size] = part.ravel()
         flat = upload(packed, torch.int32)
-        slots, ctx, starts, tile_t, span_t, table_t = (
+        slots, ctx, starts, tile_t, span_t, slice_seqs, slice_starts, table_t = (
             flat[o : o + p.size].view(p.shape) for p, o in zip(parts, offsets)
         )
         return TritonAttentionMetadata(
@@ -95,11 +124,12 @@ class TritonAttention(AttentionBackend):
             query_starts=starts,
             prefill_tiles=tile_t,
             decode_span=span_t,
+            decode_slice_seqs=slice_seqs,
+            decode_slice_starts=slice_starts,
             block_tables=table_t,
             decode_programs=num_decode,
             max_prefill_context=int(context_lens[:num_pre].max(initial=0)),
-            max_decode_context=int(context_lens[num_pre:].max(initial=0)),
-            num_sms=_num_sms(flat.device),
+            num_sms=self.num_sms,
         )
 
     def forward(
@@ -135,9 +165,6 @@ class TritonAttention(AttentionBackend):
                 metadata.decode_span,
             )
         if metadata.decode_programs:
-            num_splits = kernels.decode_num_splits(
-                metadata.decode_programs, k_cache.shape[2], metadata.max_decode_context, metadata.num_sms
-            )
             kernels.decode_attention(
                 q,
                 out,
@@ -146,9 +173,9 @@ class TritonAttention(AttentionBackend):
                 metadata.block_tables,
                 metadata.context_lens,
                 scale,
-                metadata.max_decode_context,
-                num_splits,
                 metadata.decode_span,
+                metadata.decode_slice_seqs,
+                metadata.decode_slice_starts,
                 metadata.decode_programs,
             )
         return out

@@ -3,8 +3,10 @@
     store_kv           grid (tokens,)                   one token's K and V, every KV head, into its slot
     prefill_attention  grid (query tiles, q heads,      BLOCK_M queries of one sequence against (a slice of)
                              splits)                     its context [+ merge: grid (tokens, q heads)]
-    decode_attention   grid (seqs, kv heads, splits)    one query per q head of a KV head's group, against a
-                       [+ merge: grid (seqs, q heads)]   slice of the context; the merge combines the slices
+    decode_attention   grid (slices, kv heads)          one query per q head of a KV head's group, against one
+                       [+ merge: grid (seqs, q heads)]   slice of its sequence's context (decode_slices: every
+                                                         context cut into slices of one length, so a long one
+                                                         is many programs); the merge combines a split one's
 
 Every kernel reads context through the block table one token at a time (position // block_size picks
 the block, position % block_size the slot in it), so a K/V tile may span several blocks and any block
@@ -17,6 +19,9 @@ loads; tl.dot wants every side at least 16, hence the floors of 16 below.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
+import numpy as np
 import torch
 import triton
 import triton.language as tl
@@ -25,13 +30,16 @@ LOG2_E = 1.4426950408889634
 PREFILL_BLOCK_M = 64  # queries per prefill program; the host splits sequences into tiles of this size
 PREFILL_BLOCK_N = 64
 DECODE_BLOCK_N = 64
-# Split-KV: decode runs one program per (sequence, KV head); with few sequences that leaves most SMs idle
-# while each program walks a long context. Splitting the context gives every SM about this many
-# programs, but never slices shorter than MIN_SPLIT_TOKENS (the merge costs a pass over the partials).
+# Split-KV: one program walking a whole context leaves most SMs idle with few sequences, and holds a whole
+# step back with one long context among short ones (a step takes as long as its longest walk). Contexts are
+# cut into slices so that every SM gets about this many programs, but never slices shorter than
+# MIN_SPLIT_TOKENS (the merge costs a pass over the partials) nor more than MAX_SPLITS of one context.
 TARGET_PROGRAMS_PER_SM = 8
 MIN_SPLIT_TOKENS = 256
 MAX_SPLITS = 32
 MAX_PREFILL_SPLITS = 8
+# A CUDA graph's decode launch covers this many slices beyond two per decode it may hold (decode_slice_capacity).
+EXTRA_DECODE_SLICES = 256
 
 
 def _pow2(n: int, floor: int = 16) -> int:
@@ -138,7 +146,8 @@ def _load_kv_tile(
 @triton.jit
 def _decode_span(decode_span_ptr):
     """The decodes' place in the batch, read on the device so that a CUDA graph's replay sees each step's:
-    (first decode sequence, its query's token row, number of decode sequences)."""
+    (first decode sequence, its query's token row, number of decode sequences). A fourth entry holds the
+    length of the decodes' context slices (decode_slices)."""
     return tl.load(decode_span_ptr), tl.load(decode_span_ptr + 1), tl.load(decode_span_ptr + 2)
 
 
@@ -298,6 +307,7 @@ def _merge_slices_kernel(
     part_lse_ptr,
     out_ptr,
     decode_span_ptr,
+    slice_starts_ptr,
     num_splits,
     stride_ot,
     stride_oh,
@@ -307,27 +317,34 @@ def _merge_slices_kernel(
     HEAD_DIM_PAD: tl.constexpr,
 ):
     """One row's head, its slices' partials combined. DECODES: rows are the decode sequences, whose queries
-    start at the decode span's token row; else rows are the prefill tokens, the ones before it. Rows past
-    them (a graph's padding) return at once."""
+    start at the decode span's token row, each with its own number of slices (slice_starts; one slice: the
+    decode kernel wrote the output itself); else rows are the prefill tokens, the ones before it, each with
+    num_splits slices. Rows past them (a graph's padding) return at once."""
     row = tl.program_id(0)
     head = tl.program_id(1)
     _, first_decode_token, num_decodes = _decode_span(decode_span_ptr)
-    if DECODES:
-        num_rows = num_decodes
-        token = first_decode_token + row
-    else:
-        num_rows = first_decode_token
-        token = row
-    if row >= num_rows:
-        return
     splits = tl.arange(0, SPLITS_PAD)
+    if DECODES:
+        if row >= num_decodes:
+            return
+        first = tl.load(slice_starts_ptr + row)
+        count = tl.load(slice_starts_ptr + row + 1) - first
+        if count < 2:
+            return
+        token = first_decode_token + row
+        part = (first + splits).to(tl.int64) * tl.num_programs(1) + head  # partials [slices, Hq, ...]
+    else:
+        if row >= first_decode_token:
+            return
+        count = num_splits
+        token = row
+        part = (row.to(tl.int64) * tl.num_programs(1) + head) * num_splits + splits  # [tokens, Hq, splits, ...]
     dims = tl.arange(0, HEAD_DIM_PAD)
-    part = (row.to(tl.int64) * tl.num_programs(1) + head) * num_splits + splits
-    lse = tl.load(part_lse_ptr + part, mask=splits < num_splits, other=float("-inf"))
+    lse = tl.load(part_lse_ptr + part, mask=splits < count, other=float("-inf"))
     # Finite max: the slice holding a query's own position (a decode's first slice) saw a key.
     weights = tl.exp2(lse - tl.max(lse, 0))
     parts = tl.load(
-        part_out_ptr + part[:, None] * HEAD_DIM_PAD + dims[None, :], mask=(splits < num_splits)[:, None], other=0.0
+        part_out_ptr + part[:, None] * HEAD_DIM_PAD + dims[None, :], mask=(splits < count)[:, None], other=0.0
     )
     out = tl.sum(weights[:, None] * parts, 0) / tl.sum(weights, 0)
     tl.store(
@@ -357,22 +374,24 @@ def _merge_slices(
     out: torch.Tensor,
     decode_span: torch.Tensor,
     num_rows: int,
-    decodes: bool,
+    slice_starts: torch.Tensor | None = None,
 ) -> None:
-    """Combine the partials of num_rows rows (the decodes, or the prefill tokens) into `out`."""
-    num_splits = part_lse.shape[2]
+    """Combine the partials of num_rows rows into `out`: the prefill tokens' (partials [tokens, Hq, splits,
+    D]), or with slice_starts the decodes' (partials [slices, Hq, D])."""
+    decodes = slice_starts is not None
     _merge_slices_kernel[(num_rows, out.shape[1])](
         part_out,
         part_lse,
         out,
         decode_span,
-        num_splits,
+        slice_starts if decodes else decode_span,
+        1 if decodes else part_lse.shape[2],
         out.stride(0),
         out.stride(1),
         DECODES=decodes,
         SPLITS_PAD=_pow2(MAX_SPLITS if decodes else MAX_PREFILL_SPLITS, floor=2),
         HEAD_DIM=out.shape[2],
-        HEAD_DIM_PAD=part_out.shape[3],
+        HEAD_DIM_PAD=part_out.shape[-1],
     )
 
 
@@ -441,14 +460,14 @@ def prefill_attention(
     )
     if split:
         if decode_span is None:
-            decode_span = torch.tensor([0, num_tokens, 0], dtype=torch.int32, device=q.device)
-        _merge_slices(part_out, part_lse, out, decode_span, num_tokens, decodes=False)
+            decode_span = torch.tensor([0, num_tokens, 0, 0], dtype=torch.int32, device=q.device)
+        _merge_slices(part_out, part_lse, out, decode_span, num_tokens)
 
 
 # ------------------------------------------------------------------------------------------- decode
 
 
-@triton.jit(do_not_specialize=["split_len", "stride_bt"])
+@triton.jit(do_not_specialize=["stride_bt"])
 def _decode_kernel(
     q_ptr,
     out_ptr,
@@ -459,8 +478,9 @@ def _decode_kernel(
     block_tables_ptr,
     context_lens_ptr,
     decode_span_ptr,
+    slice_seqs_ptr,
+    slice_starts_ptr,
     qk_scale,
-    split_len,
     stride_qt,
     stride_qh,
     stride_ot,
@@ -475,16 +495,18 @@ def _decode_kernel(
     HEAD_DIM: tl.constexpr,
     HEAD_DIM_PAD: tl.constexpr,
     BLOCK_N: tl.constexpr,
-    SPLIT: tl.constexpr,
 ):
-    seq = tl.program_id(0)
+    item = tl.program_id(0)
     kv_head = tl.program_id(1)
-    split = tl.program_id(2)
-    first_seq, first_token, num_seqs = _decode_span(decode_span_ptr)
-    if seq >= num_seqs:
-        return  # a padding program (a graph launches for the most decodes its step may hold)
+    seq = tl.load(slice_seqs_ptr + item)
+    if seq < 0:
+        return  # a padding program (a graph launches for the most slices its steps may hold)
+    first_seq, first_token, _ = _decode_span(decode_span_ptr)
+    split_len = tl.load(decode_span_ptr + 3)
+    first_slice = tl.load(slice_starts_ptr + seq)
+    num_slices = tl.load(slice_starts_ptr + seq + 1) - first_slice
     ctx = tl.load(context_lens_ptr + first_seq + seq)
-    lo = split * split_len
+    lo = (item - first_slice) * split_len
     hi = tl.minimum(lo + split_len, ctx)
     table_ptr = block_tables_ptr + (first_seq + seq).to(tl.int64) * stride_bt
     token = (first_token + seq).to(tl.int64)  # its query's row in q and out
@@ -518,8 +540,8 @@ def _decode_kernel(
         s = tl.where(k_pos[None, :] < hi, _scores(q, k, qk_scale), float("-inf"))
         acc, m_i, l_i = _online_softmax_step(acc, m_i, l_i, s, v)
 
-    if SPLIT:  # partials [seqs, Hq, splits, HEAD_DIM_PAD]
-        part = (seq * tl.num_programs(1) * GROUP + heads) * tl.num_programs(2) + split
+    if num_slices > 1:  # partials [slices, Hq, HEAD_DIM_PAD]
+        part = item.to(tl.int64) * tl.num_programs(1) * GROUP + heads
         _store_slice(part_out_ptr, part_lse_ptr, part, acc, m_i, l_i, dims, members < GROUP, HEAD_DIM_PAD)
     else:
         tl.store(
@@ -529,11 +551,47 @@ def _decode_kernel(
         )
 
 
-def decode_num_splits(num_seqs: int, num_kv_heads: int, max_context: int, num_sms: int) -> int:
-    """How many slices to cut each decode context into: enough programs to occupy the GPU."""
-    programs = num_seqs * num_kv_heads
-    wanted = triton.cdiv(TARGET_PROGRAMS_PER_SM * num_sms, programs)
-    return max(1, min(wanted, max_context // MIN_SPLIT_TOKENS, MAX_SPLITS))
+@dataclass(frozen=True, slots=True)
+class DecodeSlices:
+    """The decodes' contexts cut into slices of one length, planned on the host: slice_len, the decode (index
+    among the decodes) each slice belongs to [slices], and each decode's first slice [decodes + 1] (offsets:
+    decode i owns slices starts[i] to starts[i + 1]). Slice j of a decode covers its keys [j * slice_len,
+    (j + 1) * slice_len)."""
+
+    slice_len: int
+    seqs: np.ndarray
+    starts: np.ndarray
+
+
+def decode_slices(
+    context_lens: np.ndarray, num_kv_heads: int, num_sms: int, capacity: int | None = None, slice_len: int = 0
+) -> DecodeSlices:
+    """One step's slices: programs for about TARGET_PROGRAMS_PER_SM per SM, every slice about the same length
+    (so the longest context sets no step's pace), none shorter than MIN_SPLIT_TOKENS, at most MAX_SPLITS of
+    one context. capacity: the most slices the launch covers (a CUDA graph's decode_slice_capacity), at least
+    two per decode. slice_len > 0 forces a length (tests, benchmarks)."""
+    contexts = np.asarray(context_lens, dtype=np.int64)
+    num_decodes = len(contexts)
+    if not slice_len:
+        target = max(num_decodes, triton.cdiv(TARGET_PROGRAMS_PER_SM * num_sms, num_kv_heads))
+        if capacity is not None:  # slices <= total / slice_len + decodes <= target + decodes <= capacity
+            target = min(target, capacity - num_decodes)
+        longest = int(contexts.max(initial=1))
+        slice_len = max(MIN_SPLIT_TOKENS, triton.cdiv(longest, MAX_SPLITS), triton.cdiv(int(contexts.sum()), target))
+        slice_len = triton.cdiv(slice_len, DECODE_BLOCK_N) * DECODE_BLOCK_N
+    counts = -(-contexts // slice_len)
+    starts = np.zeros(num_decodes + 1, dtype=np.int32)
+    np.cumsum(counts, out=starts[1:])
+    seqs = np.repeat(np.arange(num_decodes, dtype=np.int32), counts)
+    if capacity is not None and len(seqs) > capacity:
+        raise ValueError(f"{len(seqs)} decode slices of {slice_len} tokens exceed the launch's {capacity}")
+    return DecodeSlices(slice_len, seqs, starts)
+
+
+def decode_slice_capacity(decode_programs: int) -> int:
+    """The most slices a CUDA graph's decode launch covers, for steps of up to decode_programs decodes: what
+    decode_slices plans for them always fits."""
+    return 2 * decode_programs + EXTRA_DECODE_SLICES
 
 
 def decode_attention(
@@ -544,33 +602,33 @@ def decode_attention(
     block_tables: torch.Tensor,
     context_lens: torch.Tensor,
     scale: float,
-    max_context: int,
-    num_splits: int,
-    decode_span: torch.Tensor | None = None,
+    decode_span: torch.Tensor,
+    slice_seqs: torch.Tensor,
+    slice_starts: torch.Tensor,
     num_programs: int | None = None,
 ) -> None:
     """One query per sequence, for the decode sequences of block_tables [S, W] and context_lens [S]:
     decode_span, int32 on the device, holds (first decode sequence, the token row of its query in q and
-    out [T, Hq, D], number of decode sequences), the following ones' queries in the following rows; None:
-    every sequence decodes, from row 0. num_programs: how many sequences the launch covers (at least the
-    number of decodes; programs past it return at once): a CUDA graph's launch is sized for its largest step.
+    out [T, Hq, D], number of decode sequences, slice length), the following ones' queries in the following
+    rows. slice_seqs [slices launched] and slice_starts [>= decodes + 1], int32 on the device: a
+    DecodeSlices' seqs (-1 past the step's own: programs that return at once) and starts. num_programs: how
+    many decodes the merge covers (at least the number of decodes; default every sequence): a CUDA graph's
+    launches are sized for its largest step.
 
     Offsets on the device rather than sliced tensors: Triton compiles a variant per pointer alignment, a
     slice's start moves with the prefill sequences and tokens in front of it, and a graph's replay can change
     only what the device reads."""
-    if decode_span is None:
-        decode_span = torch.tensor([0, 0, context_lens.shape[0]], dtype=torch.int32, device=q.device)
-    num_seqs = context_lens.shape[0] if num_programs is None else num_programs
+    num_rows = context_lens.shape[0] if num_programs is None else num_programs
     num_heads, head_dim = q.shape[1], q.shape[2]
     num_kv_heads = k_cache.shape[2]
     group = num_heads // num_kv_heads
     head_dim_pad = _pow2(head_dim)
-    # Slices are whole tiles; rounding up may leave fewer slices than asked for.
-    split_len = triton.cdiv(triton.cdiv(max_context, num_splits), DECODE_BLOCK_N) * DECODE_BLOCK_N
-    num_splits = triton.cdiv(max_context, split_len)
-    split = num_splits > 1
-    part_out, part_lse = _slice_partials(out, num_seqs, num_splits, head_dim_pad)
-    _decode_kernel[(num_seqs, num_kv_heads, num_splits)](
+    num_slices = slice_seqs.shape[0]
+    if num_slices == 0:
+        return
+    part_out = torch.empty(num_slices, num_heads, head_dim_pad, dtype=torch.float32, device=q.device)
+    part_lse = torch.empty(num_slices, num_heads, dtype=torch.float32, device=q.device)
+    _decode_kernel[(num_slices, num_kv_heads)](
         q,
         out,
         part_out,
@@ -580,8 +638,9 @@ def decode_attention(
         block_tables,
         context_lens,
         decode_span,
+        slice_seqs,
+        slice_starts,
         scale * LOG2_E,
-        split_len,
         q.stride(0),
         q.stride(1),
         out.stride(0),
@@ -594,9 +653,8 @@ def decode_attention(
         HEAD_DIM=head_dim,
         HEAD_DIM_PAD=head_dim_pad,
         BLOCK_N=DECODE_BLOCK_N,
-        SPLIT=split,
         num_warps=4,
         num_stages=2,
     )
-    if split:
-        _merge_slices(part_out, part_lse, out, decode_span, num_seqs, decodes=True)
+    if num_slices > num_rows:  # else every decode is one slice, written whole (never so in a graph: more launched)
+        _merge_slices(part_out, part_lse, out, decode_span, num_rows, slice_starts)
