@@ -72,14 +72,15 @@ class DecodeGraphs:
         self._capture(attention, kv_cache, max_model_len, pool)
 
     def _capture(self, attention: AttentionBackend, kv_cache: PagedKVCache, max_model_len: int, pool) -> None:
-        host = self.inputs.fill()
-        self._fill_padding(host, 0, self.max_batch)
-        host["decode_span"][:3] = (0, 0, self.max_batch)
-        self._fill_slices(host, self.max_batch)
-        self.inputs.upload()
         d = self.inputs.device
         no_prefill = torch.zeros(2, 0, dtype=torch.int32, device=self.device)  # no tile, no query start read
         for bucket in reversed(self.buckets):  # largest first: smaller graphs reuse its memory
+            # A step of padding rows alone, as many as the bucket has: its first run and capture read no row past it.
+            host = self.inputs.fill()
+            self._fill_padding(host, 0, bucket)
+            host["decode_span"][:3] = (0, 0, bucket)
+            self._fill_slices(host, bucket)
+            self.inputs.upload()
             buffers = StaticAttentionBuffers(
                 slot_mapping=d["slots"][:bucket],
                 context_lens=d["context_lens"][:bucket],
