@@ -56,6 +56,10 @@ class SamplingParams:
     logprobs: int | None = None  # None: none; k: each output token's logprob and the k most likely
     prompt_logprobs: int | None = None  # None: none; k: each prompt token's logprob and the k most likely
     structured: StructuredOutput | None = None
+    # How the output's text is made from its tokens (the tokenizer worker's detokenizer): special tokens dropped
+    # or shown, and for a slow tokenizer whether they are set apart by spaces (a fast one decides that itself).
+    skip_special_tokens: bool = True
+    spaces_between_special_tokens: bool = True
 
     @property
     def has_penalties(self) -> bool:

@@ -70,7 +70,8 @@ def check_prompt_chars(texts: list[str], max_chars: int, field: str) -> None:
 
 class SamplingFields(RequestBody):
     """The sampling knobs that every generation endpoint shares (top_k, min_p, min_tokens,
-    repetition_penalty, stop_token_ids, ignore_eos and include_stop_str_in_output are vLLM's extensions)."""
+    repetition_penalty, stop_token_ids, ignore_eos, include_stop_str_in_output, skip_special_tokens and
+    spaces_between_special_tokens are vLLM's extensions)."""
 
     temperature: float | None = None
     top_p: float | None = None
@@ -86,6 +87,8 @@ class SamplingFields(RequestBody):
     frequency_penalty: float | None = None
     repetition_penalty: float | None = None
     logit_bias: dict[str, float] | None = None  # JSON keys are strings: token ids written as text
+    skip_special_tokens: bool = True
+    spaces_between_special_tokens: bool = True
 
     def check_stop_strings(self, limits: HttpLimits) -> None:
         """Stop strings are matched against every output token's text: their count and length bound that cost."""
@@ -138,6 +141,8 @@ class SamplingFields(RequestBody):
             if self.repetition_penalty is None
             else self.repetition_penalty,
             logit_bias=self._logit_bias(),
+            skip_special_tokens=self.skip_special_tokens,
+            spaces_between_special_tokens=self.spaces_between_special_tokens,
         )
         params.logprobs, params.prompt_logprobs = self._logprobs()
         params.structured = self._structured_output()

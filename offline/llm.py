@@ -197,18 +197,17 @@ class LLM:
         outputs carry their text."""
         conversations = [messages] if messages and isinstance(messages[0], dict) else list(messages)
         prompts = [self._text_tokenizer().render_chat(list(c), options) for c in conversations]
-        outputs = self.generate(prompts, sampling_params)
-        for out in outputs:
-            out.text = self.tokenizer.decode(out.token_ids, skip_special_tokens=True)
-        return outputs
+        return self.generate(prompts, sampling_params, text=True)
 
     def generate(
         self,
         prompts: Sequence[str] | Sequence[list[int]],
         sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
         on_step: Callable[[], None] | None = None,
+        text: bool = False,
     ) -> list[CompletionOutput]:
-        """Generate for every prompt (text or token ids); outputs in prompt order."""
+        """Generate for every prompt (text or token ids); outputs in prompt order, with their text where a prompt
+        was text (or `text` asks for it)."""
         if sampling_params is None:
             sampling_params = self.default_sampling_params()
         params = (
@@ -244,7 +243,15 @@ class LLM:
             self._process(steps.finish_oldest())
         # Everything this loop did but wait for the device: planning, launching, reading back, processing.
         self.host_s += time.perf_counter() - started - waited
-        if any(isinstance(p, str) for p in prompts):
-            for out in outputs.values():
-                out.text = self.tokenizer.decode(out.token_ids, skip_special_tokens=True)
+        if text or any(isinstance(p, str) for p in prompts):
+            for rid, sp in zip(order, params):
+                outputs[rid].text = self._output_text(outputs[rid], sp)
         return [outputs[rid] for rid in order]
+
+    def _output_text(self, out: CompletionOutput, sampling: SamplingParams) -> str:
+        """The output's text as the server's tokenizer workers make it: special tokens as the request asks, and
+        the EOS or stop token id that ended it left out unless include_stop_str_in_output."""
+        ids = out.token_ids
+        if out.finish_reason == "stop" and not sampling.include_stop_str_in_output:
+            ids = ids[:-1]
+        return self._text_tokenizer().decode(ids, sampling.skip_special_tokens, sampling.spaces_between_special_tokens)

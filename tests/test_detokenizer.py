@@ -55,9 +55,9 @@ def sentencepiece_tokenizer(tmp_path_factory) -> Tokenizer:
     return Tokenizer.load(str(folder))
 
 
-def stream(tokenizer: Tokenizer, ids: list[int], chunk_sizes: list[int]) -> list[str]:
+def stream(tokenizer: Tokenizer, ids: list[int], chunk_sizes: list[int], skip_special_tokens: bool = True) -> list[str]:
     """The deltas for `ids` arriving in chunks of the given sizes (cycled), the last chunk final."""
-    detokenizer = IncrementalDetokenizer(tokenizer)
+    detokenizer = IncrementalDetokenizer(tokenizer, skip_special_tokens)
     deltas: list[str] = []
     pos = 0
     while pos < len(ids):
@@ -104,12 +104,30 @@ def test_special_tokens_produce_no_text(tokenizer):
     assert "".join(stream(tokenizer, ids, [1])) == "hi there"
 
 
+def test_special_tokens_are_shown_where_the_request_asks(tokenizer):
+    end = tokenizer.hf.convert_tokens_to_ids("<|im_end|>")
+    ids = tokenizer.hf.encode("hi") + [end] + tokenizer.hf.encode(" there")
+    assert "".join(stream(tokenizer, ids, [1], skip_special_tokens=False)) == "hi<|im_end|> there"
+
+
+@settings(max_examples=200, deadline=None)
+@given(data=st.data())
+def test_deltas_with_special_tokens_shown_add_up_to_the_decode(tokenizer, data):
+    ids = data.draw(st.lists(st.integers(0, tokenizer.vocab_size - 1), max_size=80))
+    chunk_sizes = data.draw(st.lists(st.integers(1, 3), min_size=1, max_size=4))
+    deltas = stream(tokenizer, ids, chunk_sizes, skip_special_tokens=False)
+    assert "".join(deltas) == tokenizer.hf.decode(ids, skip_special_tokens=False)
+
+
 @settings(max_examples=200, deadline=None)
 @given(
     pieces=st.lists(st.one_of(st.text(alphabet="helo wrd你好🚀", max_size=8), st.just("</s>")), max_size=8),
     chunk_sizes=st.lists(st.integers(1, 3), min_size=1, max_size=4),
+    skip_special_tokens=st.booleans(),
 )
-def test_sentencepiece_spaces_survive_chunking_and_special_tokens(sentencepiece_tokenizer, pieces, chunk_sizes):
+def test_sentencepiece_spaces_survive_chunking_and_special_tokens(
+    sentencepiece_tokenizer, pieces, chunk_sizes, skip_special_tokens
+):
     # A window decoded after a special token must not lose the next word's leading space.
     hf = sentencepiece_tokenizer.hf
     ids = [
@@ -117,8 +135,8 @@ def test_sentencepiece_spaces_survive_chunking_and_special_tokens(sentencepiece_
         for piece in pieces
         for i in ([hf.eos_token_id] if piece == "</s>" else hf.encode(piece, add_special_tokens=False))
     ]
-    deltas = stream(sentencepiece_tokenizer, ids, chunk_sizes)
-    assert "".join(deltas) == hf.decode(ids, skip_special_tokens=True)
+    deltas = stream(sentencepiece_tokenizer, ids, chunk_sizes, skip_special_tokens)
+    assert "".join(deltas) == hf.decode(ids, skip_special_tokens=skip_special_tokens)
     assert not any("\ufffd" in d for d in deltas)
 
 
@@ -133,9 +151,9 @@ def test_each_step_decodes_a_short_window_however_long_the_output(tokenizer):
     decoded_lengths: list[int] = []
 
     class CountingTokenizer(Tokenizer):
-        def decode(self, ids: list[int]) -> str:
+        def decode(self, ids: list[int], *options: bool) -> str:
             decoded_lengths.append(len(ids))
-            return super().decode(ids)
+            return super().decode(ids, *options)
 
     counting = CountingTokenizer(tokenizer.hf, tokenizer.vocab_size, tokenizer.skipped_ids)
     ids = tokenizer.hf.encode(" ".join(MULTIBYTE_LINES) * 30)

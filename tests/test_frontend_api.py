@@ -124,6 +124,8 @@ def test_completion_passes_prompt_and_sampling_parameters_to_the_engine(http, en
             "stop": "\n",
             "stop_token_ids": [2],
             "ignore_eos": True,
+            "skip_special_tokens": False,
+            "spaces_between_special_tokens": False,
         },
     )
     request = engine.submitted[0]
@@ -131,6 +133,7 @@ def test_completion_passes_prompt_and_sampling_parameters_to_the_engine(http, en
     s = request.sampling
     assert (s.max_tokens, s.temperature, s.top_p, s.top_k, s.seed) == (7, 0.5, 0.9, 40, 3)
     assert (s.stop, s.stop_token_ids, s.ignore_eos) == (["\n"], [2], True)
+    assert (s.skip_special_tokens, s.spaces_between_special_tokens) == (False, False)
     assert before <= request.arrival_time <= time.time()
 
 

@@ -109,6 +109,21 @@ def test_penalties_and_logit_bias_change_the_output(server, client):
     assert biased.text == "==="
 
 
+def test_special_tokens_show_in_the_text_when_the_request_asks(server, client):
+    # <|im_end|> is this model's end of turn, an EOS: ignored here, it is an output token like any other.
+    [end] = tokenize(server, prompt="<|im_end|>", add_special_tokens=False)
+    kwargs = dict(model=MODEL, prompt="hi", max_tokens=2, temperature=0, logit_bias={str(end): 100})
+    with ThreadPoolExecutor(2) as pool:
+        shown, dropped = pool.map(
+            lambda extra: client.completions.create(**kwargs, extra_body={"ignore_eos": True, **extra}).choices[0],
+            [{"skip_special_tokens": False}, {}],
+        )
+    assert (shown.text, dropped.text) == ("<|im_end|><|im_end|>", "")
+    assert shown.finish_reason == dropped.finish_reason == "length"
+    stopped = client.completions.create(**kwargs, extra_body={"skip_special_tokens": False}).choices[0]
+    assert (stopped.text, stopped.finish_reason) == ("", "stop")  # the EOS it stopped on is not its text
+
+
 def test_min_tokens_keeps_generating_past_eos(client):
     kwargs = dict(model=MODEL, messages=USER, temperature=0)
     short = client.chat.completions.create(**kwargs, max_tokens=100)

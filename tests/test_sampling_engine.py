@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import math
 import shutil
+from dataclasses import replace
 
 import pytest
 import torch
@@ -174,3 +175,20 @@ def test_chat_renders_each_conversation_as_the_server_does_and_generates_it(tiny
     assert one[0].text == renderer.hf.decode(one[0].token_ids, skip_special_tokens=True)
     assert last[0].prompt_token_ids != both[1].prompt_token_ids  # left open, not a new assistant turn
     assert last[0].token_ids == expected[0].token_ids
+
+
+def test_output_text_shows_special_tokens_as_asked_and_not_the_token_that_stopped_it(tiny_llama):
+    # As the server's tokenizer workers make it (and vLLM): the token the engine stopped on stays in token_ids only.
+    greedy = SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True)
+    with LLM(str(tiny_llama), device="cpu", dtype="float32", num_kv_blocks=32) as llm:
+        end = llm.tokenizer.convert_tokens_to_ids("<|im_end|>")
+        forced = SamplingParams(max_tokens=3, temperature=0.0, ignore_eos=True, logit_bias={end: 100.0})
+        shown, dropped = llm.generate(["hi", "hi"], [replace(forced, skip_special_tokens=False), forced])
+        free = llm.generate(["hi"], greedy)[0]
+        stop = free.token_ids[1]
+        stopped = llm.generate(["hi"], replace(greedy, stop_token_ids=[stop]))[0]
+    assert shown.token_ids == dropped.token_ids == [end] * 3
+    assert (shown.text, dropped.text) == ("<|im_end|>" * 3, "")
+    kept = free.token_ids[: free.token_ids.index(stop)]
+    assert (stopped.token_ids, stopped.finish_reason) == (kept + [stop], "stop")
+    assert stopped.text == llm.tokenizer.decode(kept, skip_special_tokens=True)

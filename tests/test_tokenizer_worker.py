@@ -278,6 +278,37 @@ def test_held_back_text_is_flushed_when_the_scheduler_finishes_the_request(worke
     assert (last.text, last.finish_reason) == ("wor", "stop")
 
 
+@pytest.mark.parametrize(
+    "sampling, text",
+    [
+        (SamplingParams(), "hi there"),
+        (SamplingParams(skip_special_tokens=False), "hi<|im_end|> there"),
+        (SamplingParams(skip_special_tokens=False, include_stop_str_in_output=True), "hi<|im_end|> there<|endoftext|>"),
+    ],
+    ids=["special-tokens-dropped", "shown-but-not-the-eos-that-ends-it", "the-eos-too-when-asked"],
+)
+def test_special_tokens_show_in_the_text_as_the_request_asks(worker, rid, sampling, text):
+    worker.submit(rid, sampling, prompt="hi")
+    hf = worker.tokenizer.hf
+    ids = hf.encode("hi") + [hf.convert_tokens_to_ids("<|im_end|>")] + hf.encode(" there")
+    outputs = [worker.step(tokens(rid, token)).items[0] for token in ids]
+    outputs.append(worker.step(tokens(rid, hf.eos_token_id, "stop")).items[0])
+    assert "".join(out.text for out in outputs) == text
+    assert outputs[-1].token_ids == [hf.eos_token_id]
+
+
+def test_a_stop_token_id_that_ends_a_request_is_not_in_its_text(worker, rid):
+    # As vLLM: the token the engine stopped on (EOS or one of stop_token_ids) is the output's last token id,
+    # and its text is left out unless include_stop_str_in_output.
+    hf = worker.tokenizer.hf
+    *body, stop = hf.encode("ok.")
+    worker.submit(rid, SamplingParams(stop_token_ids=[stop]), prompt="hi")
+    outputs = [worker.step(tokens(rid, token)).items[0] for token in body]
+    outputs.append(worker.step(tokens(rid, stop, "stop")).items[0])
+    assert "".join(out.text for out in outputs) == "ok"
+    assert [out.token_ids for out in outputs][-1] == [stop]
+
+
 # ------------------------------------------------------------------ validation of the prompt forms
 
 

@@ -17,9 +17,10 @@ whole character, and the decoders of the models we serve (byte-level BPE, Senten
 fallback) give each token text that depends only on the bytes since such a boundary and on whether the
 token is first in the decode, which the context and the window agree on. Special tokens are dropped on
 entry, as decode(skip_special_tokens=True) drops them, so a context always has text to anchor on (a
-SentencePiece decode would otherwise strip the space of the token after a special one). The one case no
-stream can follow is invalid UTF-8 under byte fallback, where a bad byte turns the valid character
-before it into U+FFFD after that character was sent; byte-level BPE has no such rewrite.
+SentencePiece decode would otherwise strip the space of the token after a special one). A request that asks
+to see them (skip_special_tokens false) keeps them: each decodes to its own non-empty text, an anchor too.
+The one case no stream can follow is invalid UTF-8 under byte fallback, where a bad byte turns the valid
+character before it into U+FFFD after that character was sent; byte-level BPE has no such rewrite.
 
 Cost per token: two decodes of the window, which holds the previous delta's tokens plus the unread
 ones: a handful, the same at token 10 as at token 10,000.
@@ -33,25 +34,30 @@ INCOMPLETE = "\ufffd"  # what a decoder yields for the bytes of a character that
 
 
 class IncrementalDetokenizer:
-    __slots__ = ("_tokenizer", "_window", "_num_context", "_context_text")
+    __slots__ = ("_tokenizer", "_window", "_num_context", "_context_text", "_skipped", "_skip", "_spaces")
 
-    def __init__(self, tokenizer: Tokenizer):
+    def __init__(
+        self, tokenizer: Tokenizer, skip_special_tokens: bool = True, spaces_between_special_tokens: bool = True
+    ):
         self._tokenizer = tokenizer
         self._window: list[int] = []
         self._num_context = 0  # window[:num_context] is the context: its text was emitted already
         self._context_text = ""
+        self._skipped = tokenizer.skipped_ids if skip_special_tokens else frozenset()
+        self._skip = skip_special_tokens
+        self._spaces = spaces_between_special_tokens
 
     def step(self, token_ids: list[int], final: bool = False) -> str:
         """The text that `token_ids` complete. With `final`, also what waits for bytes that will never come."""
-        skipped = self._tokenizer.skipped_ids
+        skipped = self._skipped
         self._window.extend(t for t in token_ids if t not in skipped)
         if len(self._window) == self._num_context:
             return ""
-        text = self._tokenizer.decode(self._window)
+        text = self._tokenizer.decode(self._window, self._skip, self._spaces)
         if text.endswith(INCOMPLETE) and not final:
             return ""
         delta = text[len(self._context_text) :]
         del self._window[: self._num_context]
         self._num_context = len(self._window)
-        self._context_text = self._tokenizer.decode(self._window)
+        self._context_text = self._tokenizer.decode(self._window, self._skip, self._spaces)
         return delta

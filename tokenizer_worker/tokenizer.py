@@ -137,13 +137,22 @@ class Tokenizer:
             self._token_texts.update(zip(missing, texts))
         return [self._token_texts[i] for i in ids]
 
-    def decode(self, ids: list[int]) -> str:
+    def decode(
+        self, ids: list[int], skip_special_tokens: bool = True, spaces_between_special_tokens: bool = True
+    ) -> str:
         # The decoder's own text, without transformers' optional space clean-up (" ." -> "."): that
         # rewrite looks across token boundaries, which no windowed detokenizer can reproduce exactly,
         # and transformers already ignores it for BPE tokenizers, i.e. for every model this server runs.
         # A fast tokenizer's Rust decoder is asked directly: transformers' wrapper around the same call
         # (argument conversion, to_py_obj) cost more than the decode, twice per token of every request.
+        # spaces_between_special_tokens is a slow tokenizer's option (transformers' Python decode); a fast one's
+        # decoder places its special tokens itself, as in vLLM.
         backend = self._backend
         if backend is not None:
-            return backend.decode(ids, skip_special_tokens=True)
-        return self.hf.decode(ids, skip_special_tokens=True, clean_up_tokenization_spaces=False)
+            return backend.decode(ids, skip_special_tokens=skip_special_tokens)
+        return self.hf.decode(
+            ids,
+            skip_special_tokens=skip_special_tokens,
+            clean_up_tokenization_spaces=False,
+            spaces_between_special_tokens=spaces_between_special_tokens,
+        )

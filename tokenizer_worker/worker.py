@@ -46,6 +46,8 @@ class RequestState:
     num_prompt_tokens: int
     num_output_tokens: int = 0
     min_tokens: int = 0  # stop strings are not looked for before this many output tokens (as vLLM)
+    # Whether the EOS or stop token id that ends the request shows in its text (as vLLM: only when asked).
+    include_stop_token_text: bool = False
 
 
 class TokenizerWorker:
@@ -85,8 +87,15 @@ class TokenizerWorker:
             ids = ids[-request.truncate_prompt_tokens :]
         sampling = request.sampling
         stop = StopStringMatcher(sampling.stop, sampling.include_stop_str_in_output)
+        detokenizer = IncrementalDetokenizer(
+            self.tokenizer, sampling.skip_special_tokens, sampling.spaces_between_special_tokens
+        )
         self.requests[request.rid] = RequestState(
-            IncrementalDetokenizer(self.tokenizer), stop, len(ids), min_tokens=sampling.min_tokens
+            detokenizer,
+            stop,
+            len(ids),
+            min_tokens=sampling.min_tokens,
+            include_stop_token_text=sampling.include_stop_str_in_output,
         )
         return TokenizedRequest(
             request.rid, ids, sampling, StageTimes(arrival=request.arrival_time, tokenized=time.time())
@@ -129,7 +138,9 @@ class TokenizerWorker:
             state.num_output_tokens += 1
             engine_reason = finish_reasons.get(rid) if finish_reasons else None
             final = engine_reason is not None
-            delta = state.detokenizer.step([token], final)
+            # The engine's "stop" is an EOS or stop token id sampled: its text is not the output's.
+            text_ids = [] if engine_reason == "stop" and not state.include_stop_token_text else [token]
+            delta = state.detokenizer.step(text_ids, final)
             if state.num_output_tokens < state.min_tokens:
                 text, stopped = delta, False
             else:
