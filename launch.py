@@ -38,6 +38,7 @@ WATCHDOG_TICK_S = 1.0  # how often every process is pinged
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     from common.config import add_engine_args
     from frontend.limits import add_http_limit_args
+    from frontend.tool_calls import TOOL_CALL_PARSERS
 
     # No prefix matching: `--tokenizer` must never be read as `--tokenizer-workers`.
     parser = argparse.ArgumentParser(
@@ -65,6 +66,18 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="a Jinja chat template, or a file holding one, for chat requests (none: the tokenizer's own)",
     )
     parser.add_argument("--served-model-name", default=None, help="the model name clients use (none: --model)")
+    parser.add_argument(
+        "--enable-auto-tool-choice",
+        action="store_true",
+        help='let chat requests with tools leave the choice to the model (tool_choice "auto", their default); '
+        'needs --tool-call-parser. "required" and named tool choices need neither',
+    )
+    parser.add_argument(
+        "--tool-call-parser",
+        choices=TOOL_CALL_PARSERS,
+        default=None,
+        help="how the model writes its calls: hermes, <tool_call>{...}</tool_call> (Hermes, Qwen 2.5 / 3, SmolLM3)",
+    )
     parser.add_argument(
         "--generation-config",
         default="auto",
@@ -157,6 +170,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         parser.error("--tensor-parallel-size must be at least 1")
     if args.profile_steps is not None and (args.profile_steps < 1 or args.profile_dir is None):
         parser.error("--profile-steps needs --profile-dir and a count of at least 1")
+    if args.enable_auto_tool_choice and args.tool_call_parser is None:
+        parser.error("--enable-auto-tool-choice needs --tool-call-parser (how the model writes its calls)")
     return args
 
 
@@ -293,6 +308,7 @@ class Launcher:
                 HttpLimits.from_args(args),
                 args.event_loop,
                 args.http_parser,
+                args.tool_call_parser if args.enable_auto_tool_choice else None,
             )
             self._start(role, frontend_process.main, (spec, self.listener, self.run_dir, os.getpid(), self.profile))
         self._wait_ready(ready, set(frontends))

@@ -93,6 +93,7 @@ class ChatTemplateOptions:
     add_generation_prompt: bool = True
     continue_final_message: bool = False
     template_kwargs: dict = field(default_factory=dict)
+    tools: list[dict] | None = None  # OpenAI's function definitions, for templates that describe them
 
 
 @message(1)

@@ -7,6 +7,7 @@ status), then stream SSE or answer once.
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import AsyncGenerator
 from dataclasses import replace
@@ -24,9 +25,13 @@ from frontend.metrics import FrontendMetrics
 from frontend.openai_format import ChatFormat, CompletionFormat, ResponseFormat
 from frontend.protocol import ChatCompletionRequest, CompletionRequest, OpenAIFields, check_prompt_chars, parse_body
 from frontend.streaming import SSE_DONE, StreamingEvents, sse_event
+from frontend.tool_calls import ToolCallStream, ToolPlan, whole_message
 
 
-def openai_router(client: EngineClient, metrics: FrontendMetrics, limits: HttpLimits) -> APIRouter:
+def openai_router(
+    client: EngineClient, metrics: FrontendMetrics, limits: HttpLimits, tool_call_parser: str | None = None
+) -> APIRouter:
+    """tool_call_parser: how "auto" tool choice reads calls from the text (frontend/tool_calls.py); None: off."""
     router = APIRouter()
     max_chars = limits.prompt_chars(client.limits.max_model_len)
 
@@ -58,7 +63,7 @@ def openai_router(client: EngineClient, metrics: FrontendMetrics, limits: HttpLi
         if body.echo:
             texts = [text if text is not None else await _detokenize(client, ids) for text, ids in prompts]
             echoes = [text for text in texts for _ in range(body.num_choices)]
-        return await _respond(request, body, requests, "cmpl", CompletionFormat, echoes)
+        return await _respond(request, body, requests, "cmpl", CompletionFormat, echoes, None)
 
     @router.post("/v1/chat/completions")
     async def chat_completions(request: Request) -> Response:
@@ -69,9 +74,12 @@ def openai_router(client: EngineClient, metrics: FrontendMetrics, limits: HttpLi
         body.check_stop_strings(limits)
         messages = body.engine_messages()
         chat_options = body.chat_options()
+        tool_plan = body.tool_plan(tool_call_parser)
         kept = body.prompt_tokens_kept(client.limits)
-        check_prompt_chars(["".join(m["content"] for m in messages)], max_chars, "messages")
-        sampling = body.sampling_params(body.requested_max_tokens(), body.max_tokens_field(), client.limits)
+        # What the template renders: the messages' texts, their tool calls and the tools' definitions.
+        rendered = [m["content"] + (json.dumps(m["tool_calls"]) if "tool_calls" in m else "") for m in messages]
+        check_prompt_chars(["".join(rendered) + json.dumps(body.tool_definitions() or "")], max_chars, "messages")
+        sampling = body.tool_sampling_params(client.limits, tool_plan)
         requests = [
             GenerateRequest(
                 0,
@@ -83,7 +91,7 @@ def openai_router(client: EngineClient, metrics: FrontendMetrics, limits: HttpLi
             )
             for j in range(body.num_choices)
         ]
-        return await _respond(request, body, requests, "chatcmpl", ChatFormat, None)
+        return await _respond(request, body, requests, "chatcmpl", ChatFormat, None, tool_plan)
 
     async def _respond(
         request: Request,
@@ -92,16 +100,20 @@ def openai_router(client: EngineClient, metrics: FrontendMetrics, limits: HttpLi
         id_prefix: str,
         format_type: type[ResponseFormat],
         echoes: list[str] | None,
+        tool_plan: ToolPlan | None,
     ) -> Response:
         choices = await Choices.start(client, requests, body.num_choices, metrics, request.receive)
         fmt = format_type(f"{id_prefix}-{choices.rid}", int(requests[0].arrival_time), client.limits.served_model_name)
         with_logprobs = requests[0].sampling.logprobs is not None
+        tools = None if tool_plan is None else [ToolCallStream(tool_plan) for _ in choices.generations]
         if body.stream:
-            chunks = _sse_chunks(choices, fmt, body.include_usage, with_logprobs, echoes, body.continuous_usage)
+            chunks = _sse_chunks(choices, fmt, body.include_usage, with_logprobs, echoes, body.continuous_usage, tools)
             return StreamingEvents(chunks, "text/event-stream", choices.close)
         outputs = await choices.collect(request.receive)
         whole = [
             _whole_choice(fmt, i, outs, with_logprobs, None if echoes is None else echoes[i])
+            if tools is None
+            else _whole_tool_choice(fmt, i, outs, with_logprobs, tools[i])
             for i, outs in enumerate(outputs)
         ]
         return JSONResponse(fmt.whole(whole, choices.usage()))
@@ -136,6 +148,17 @@ def _whole_choice(
     return fmt.choice(index, text, outputs[-1].finish_reason if outputs else None, logprobs)
 
 
+def _whole_tool_choice(
+    fmt: ResponseFormat, index: int, outputs: list[RequestOutput], with_logprobs: bool, tools: ToolCallStream
+) -> dict:
+    assert isinstance(fmt, ChatFormat)
+    content, calls = whole_message(tools, "".join(o.text for o in outputs))
+    logprobs = fmt.logprobs(_logprob_parts(outputs, False), 0) if with_logprobs else None
+    finish_reason = outputs[-1].finish_reason if outputs else None
+    reason = tools.finish_reason(finish_reason) if finish_reason is not None else None
+    return fmt.tool_choice(index, content, calls, reason, logprobs)
+
+
 async def _sse_chunks(
     choices: Choices,
     fmt: ResponseFormat,
@@ -143,11 +166,13 @@ async def _sse_chunks(
     with_logprobs: bool,
     echoes: list[str] | None,
     continuous_usage: bool = False,
+    tools: list[ToolCallStream] | None = None,
 ) -> AsyncGenerator[bytes, None]:
     """The stream's events; one that ends in an error (the server stopping, a timeout) ends with an error
-    event and [DONE], as vLLM's do, so a client never waits on a silent connection."""
+    event and [DONE], as vLLM's do, so a client never waits on a silent connection. tools: each choice's tool
+    calls, read from its text, for a chat request with tools."""
     try:
-        async for chunk in _sse_events(choices, fmt, include_usage, with_logprobs, echoes, continuous_usage):
+        async for chunk in _sse_events(choices, fmt, include_usage, with_logprobs, echoes, continuous_usage, tools):
             yield chunk
     except ApiError as exc:
         yield sse_event(error_body(exc))
@@ -161,6 +186,7 @@ async def _sse_events(
     with_logprobs: bool,
     echoes: list[str] | None,
     continuous_usage: bool,
+    tools: list[ToolCallStream] | None,
 ) -> AsyncGenerator[bytes, None]:
     def extra() -> dict:
         # With include_usage, OpenAI sends "usage": null on every chunk but the last one; with vLLM's
@@ -186,7 +212,17 @@ async def _sse_events(
             logprobs = fmt.logprobs(parts, offsets[index])
             offsets[index] += sum(len(t) for part in parts for t in part.token_texts)
         finish_reason = batch[-1].finish_reason
-        if logprobs is not None or (continuous_usage and (text or finish_reason)):
+        if tools is not None:  # a chat with tools: content and tool-call deltas, as its parser reads the text
+            assert isinstance(fmt, ChatFormat)
+            deltas = tools[index].feed(text, final=finish_reason is not None)
+            reason = None if finish_reason is None else tools[index].finish_reason(finish_reason)
+            if not deltas and (reason is not None or logprobs is not None):
+                deltas = [{}]
+            for k, delta in enumerate(deltas):
+                last = k == len(deltas) - 1
+                chunk = fmt.delta_chunk(index, delta, reason if last else None, logprobs if k == 0 else None)
+                yield sse_event({**chunk, **extra()})
+        elif logprobs is not None or (continuous_usage and (text or finish_reason)):
             yield sse_event({**fmt.chunk(index, text, finish_reason, logprobs), **extra()})
         elif text or finish_reason:  # tokens still held back by the detokenizer make no chunk
             yield fmt.chunk_event(index, text, finish_reason, usage_null=include_usage)

@@ -51,6 +51,7 @@ class FrontendSpec:
     http: HttpLimits = field(default_factory=HttpLimits)
     event_loop: str = "auto"  # "uvloop" | "asyncio" | "auto": uvloop where installed
     http_parser: str = "auto"  # "httptools" | "h11" | "auto": httptools where installed (frontend/http_protocol.py)
+    tool_call_parser: str | None = None  # "auto" tool choice's (frontend/tool_calls.py); None: off
 
 
 def event_loop_runner(choice: str):
@@ -87,7 +88,9 @@ async def serve(spec: FrontendSpec, sock: socket.socket, run_dir: str, profile: 
     profiler = ProcessProfiler(profile, role) if profile.dir is not None else None
     client = ZmqEngineClient(endpoints, spec.index, spec.count, spec.num_tokenizers, spec.limits, spec.roles, profiler)
     client.start()
-    app = build_app(client, api_key=spec.api_key, profiler=profiler, limits=spec.http)
+    app = build_app(
+        client, api_key=spec.api_key, profiler=profiler, limits=spec.http, tool_call_parser=spec.tool_call_parser
+    )
     raise_open_file_limit()
     protocol = protocol_class(spec.http_parser)
     protocol.timeout_headers_s = spec.http.timeout_headers_s

@@ -9,6 +9,7 @@ schemas is declared: honoured, or refused with a 400 naming it when set to anyth
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from typing import Annotated, Any, Literal, TypeVar
 
 from fastapi import Request
@@ -19,6 +20,7 @@ from common.sampling_params import MAX_LOGPROBS, InvalidParameter, SamplingParam
 from frontend.engine_client import EngineLimits
 from frontend.errors import ApiError
 from frontend.limits import HttpLimits
+from frontend.tool_calls import ToolPlan, plan_tools, template_message_tool_calls
 
 Body = TypeVar("Body", bound=BaseModel)
 
@@ -303,21 +305,47 @@ class TextPart(RequestBody):
     text: str | None = None
 
 
+class FunctionCall(RequestBody):
+    name: str
+    arguments: str  # JSON, as the model wrote it
+
+
+class ToolCall(RequestBody):
+    """A call an assistant message made (sent back with the conversation), answered by a "tool" message."""
+
+    id: str
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
 class ChatMessage(RequestBody):
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[TextPart] | None = None  # null: an assistant turn that only called tools
     name: str | None = None  # passed to the chat template
+    tool_calls: list[ToolCall] | None = None  # an assistant's calls
+    tool_call_id: str | None = None  # a tool message: the call it answers
     # What an assistant message returned by an OpenAI client carries when sent back: accepted while empty.
     refusal: str | None = None
-    tool_calls: list | None = None
-    tool_call_id: str | None = None
     function_call: dict | None = None
     audio: dict | None = None
     annotations: list | None = None
 
+    def engine_message(self) -> dict:
+        """The message as the chat template reads it."""
+        message: dict[str, Any] = {"role": self.role, "content": self.text()}
+        if self.name is not None:
+            message["name"] = self.name
+        if self.tool_calls:
+            message["tool_calls"] = template_message_tool_calls([call.model_dump() for call in self.tool_calls])
+        if self.tool_call_id is not None:
+            message["tool_call_id"] = self.tool_call_id
+        return message
+
     def text(self) -> str:
-        if self.tool_calls or self.tool_call_id or self.function_call or self.audio or self.refusal:
-            raise ApiError(400, "messages with tool calls, audio or refusals are not supported", param="messages")
+        if self.function_call or self.audio or self.refusal:
+            raise ApiError(
+                400, "messages with a legacy function_call, audio or a refusal are not supported", param="messages"
+            )
         if self.content is None or isinstance(self.content, str):
             return self.content or ""
         if any(part.type != "text" or part.text is None for part in self.content):
@@ -325,6 +353,27 @@ class ChatMessage(RequestBody):
                 400, 'only text content parts ({"type": "text", "text": ...}) are supported', param="messages"
             )
         return "".join(part.text or "" for part in self.content)
+
+
+class FunctionDefinition(RequestBody):
+    name: Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.\-]+$")]
+    description: str | None = None
+    parameters: dict | None = None  # a JSON schema of the arguments
+    strict: bool | None = None  # calls always follow the schema where one is forced; accepted
+
+
+class ToolDefinition(RequestBody):
+    type: Literal["function"]
+    function: FunctionDefinition
+
+
+class NamedFunction(RequestBody):
+    name: str
+
+
+class NamedToolChoice(RequestBody):
+    type: Literal["function"]
+    function: NamedFunction
 
 
 class ChatTemplateFields(RequestBody):
@@ -366,10 +415,10 @@ class ChatCompletionRequest(OpenAIFields, ChatTemplateFields):
     # safety_identifier (like user).
     prompt_cache_key: str | None = None
     safety_identifier: str | None = None
+    tools: list[ToolDefinition] | None = None
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None  # None: "auto" with tools
+    parallel_tool_calls: bool | None = None  # false: "required" makes one call at most
     # OpenAI fields refused unless they hold their no-op value (check_unsupported).
-    tools: list | None = None
-    tool_choice: str | dict | None = None
-    parallel_tool_calls: bool | None = None
     functions: list | None = None
     function_call: str | dict | None = None
     audio: dict | None = None
@@ -385,10 +434,34 @@ class ChatCompletionRequest(OpenAIFields, ChatTemplateFields):
     def engine_messages(self) -> list[dict]:
         if not self.messages:
             raise ApiError(400, "messages must not be empty", param="messages")
-        return [
-            {"role": m.role, "content": m.text(), **({"name": m.name} if m.name is not None else {})}
-            for m in self.messages
-        ]
+        return [m.engine_message() for m in self.messages]
+
+    def tool_definitions(self) -> list[dict] | None:
+        return [tool.model_dump(exclude_none=True) for tool in self.tools] if self.tools else None
+
+    def tool_plan(self, parser: str | None) -> ToolPlan | None:
+        """How this request's tool calls are made (frontend/tool_calls.py); parser: the server's
+        --tool-call-parser, None where auto tool choice is off."""
+        choice = self.tool_choice.model_dump() if isinstance(self.tool_choice, NamedToolChoice) else self.tool_choice
+        return plan_tools(self.tool_definitions(), choice, self.parallel_tool_calls, parser)
+
+    def chat_options(self) -> ChatTemplateOptions | None:
+        options = super().chat_options()
+        tools = self.tool_definitions()
+        if tools is None:
+            return options
+        return replace(options or ChatTemplateOptions(), tools=tools)
+
+    def tool_sampling_params(self, limits: EngineLimits, plan: ToolPlan | None) -> SamplingParams:
+        """sampling_params, with the grammar a forced tool call follows."""
+        params = self.sampling_params(self.requested_max_tokens(), self.max_tokens_field(), limits)
+        if plan is not None and plan.structured is not None:
+            if params.structured is not None:
+                raise ApiError(
+                    400, "a forced tool call and structured output cannot be asked together", params.structured.field
+                )
+            params.structured = plan.structured
+        return params
 
     def _logprobs(self) -> tuple[int | None, int | None]:
         if self.top_logprobs is not None and not self.logprobs:
@@ -406,12 +479,9 @@ class ChatCompletionRequest(OpenAIFields, ChatTemplateFields):
         return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
 
     def check_unsupported(self) -> None:
-        no_tools = "this server does not call tools"
-        refuse_unless(self.tools, (None, []), "tools", no_tools)
-        refuse_unless(self.tool_choice, (None, "none"), "tool_choice", no_tools)
-        refuse_unless(self.parallel_tool_calls, (None,), "parallel_tool_calls", no_tools)
-        refuse_unless(self.functions, (None, []), "functions", no_tools)
-        refuse_unless(self.function_call, (None, "none"), "function_call", no_tools)
+        legacy = "the legacy functions API: use tools and tool_choice"
+        refuse_unless(self.functions, (None, []), "functions", legacy)
+        refuse_unless(self.function_call, (None, "none"), "function_call", legacy)
         refuse_unless(self.audio, (None,), "audio", "text only")
         refuse_unless(self.modalities, (None, ["text"]), "modalities", "text only")
         refuse_unless(self.prediction, (None,), "prediction", "no predicted outputs")

@@ -4,6 +4,7 @@ the same weights (float32, CPU)."""
 
 from __future__ import annotations
 
+import json
 from concurrent.futures import ThreadPoolExecutor
 
 import openai
@@ -169,10 +170,33 @@ def test_tokenize_detokenize_and_version(server):
 def test_unknown_and_unsupported_fields_are_refused_by_name(client):
     with pytest.raises(openai.BadRequestError, match="max_token"):
         client.completions.create(model=MODEL, prompt="x", extra_body={"max_token": 5})
-    with pytest.raises(openai.BadRequestError, match="tools"):
-        client.chat.completions.create(
-            model=MODEL, messages=USER, tools=[{"type": "function", "function": {"name": "f", "parameters": {}}}]
-        )
+    with pytest.raises(openai.BadRequestError, match="function_call"):
+        client.chat.completions.create(model=MODEL, messages=USER, function_call="auto")
+
+
+def test_a_forced_tool_call_gives_arguments_that_follow_the_functions_schema(client):
+    # Any model, a random tiny one too: the call's arguments are written under its parameters' grammar.
+    city = {"type": "string", "enum": ["Paris", "Rome", "Oslo"]}
+    weather = {
+        "type": "function",
+        "function": {
+            "name": "get_weather",
+            "parameters": {"type": "object", "properties": {"city": city}, "required": ["city"]},
+        },
+    }
+    clock = {"type": "function", "function": {"name": "get_time", "parameters": {"type": "object", "properties": {}}}}
+    kwargs = dict(model=MODEL, messages=USER, tools=[weather, clock], max_tokens=60, temperature=0)
+    named = client.chat.completions.create(
+        **kwargs, tool_choice={"type": "function", "function": {"name": "get_weather"}}
+    )
+    [call] = named.choices[0].message.tool_calls
+    assert call.function.name == "get_weather"
+    assert json.loads(call.function.arguments)["city"] in city["enum"]
+    required = client.chat.completions.create(**kwargs, tool_choice="required", parallel_tool_calls=False)
+    assert required.choices[0].finish_reason == "tool_calls"
+    [chosen] = required.choices[0].message.tool_calls
+    assert chosen.function.name in ("get_weather", "get_time")
+    assert isinstance(json.loads(chosen.function.arguments), dict)
 
 
 def test_streamed_echo_and_logprobs_equal_the_whole_answer(client):

@@ -119,6 +119,7 @@ class Tokenizer:
                 messages,
                 add_generation_prompt=options.add_generation_prompt,
                 continue_final_message=options.continue_final_message,
+                tools=options.tools,
                 tokenize=tokenize,
                 return_dict=False,
                 **options.template_kwargs,

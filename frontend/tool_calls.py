@@ -1,0 +1,233 @@
+"""Tool calling on chat completions: OpenAI's `tools` and `tool_choice`, as vLLM serves them.
+
+    tool_choice                      the output                                  the answer
+    "none" (or no tools)             text                                        content
+    {"type": "function",             constrained to that function's parameters   one call of it, the output its
+     "function": {"name": N}}        schema (structured output: any model)       arguments; finish "stop"
+    "required"                       constrained to a JSON list of calls,        those calls; finish
+                                     [{"name": ..., "parameters": {...}}, ...]   "tool_calls"
+    "auto" (the default with tools)  text in the model's own call format (its    the text before the calls, and
+                                     chat template is given the tools), read by  the calls; finish "tool_calls"
+                                     --tool-call-parser                          when it made any
+
+The tools always reach the chat template (`ChatTemplateOptions.tools`). A choice's text goes through one
+ToolCallStream whether it is streamed (fed each delta) or not (fed the whole text once), so both answers say
+the same. Parser "hermes": `<tool_call>{"name": ..., "arguments": {...}}</tool_call>`, the format of Hermes,
+Qwen 2.5 / 3 and SmolLM3's templates; text outside the tags is content.
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from common.sampling_params import StructuredOutput
+from frontend.errors import ApiError
+
+TOOL_CALL_PARSERS = ("hermes",)
+HERMES_OPEN, HERMES_CLOSE = "<tool_call>", "</tool_call>"
+
+ToolMode = Literal["named", "required", "auto"]
+
+
+@dataclass(frozen=True, slots=True)
+class ToolPlan:
+    """How a request's tool calls are made (the table above); None where the model just writes text."""
+
+    mode: ToolMode
+    function: str = ""  # "named": the function called
+    structured: StructuredOutput | None = None  # "named" and "required": the grammar the output follows
+
+
+def plan_tools(
+    tools: list[dict] | None, tool_choice: str | dict | None, parallel_tool_calls: bool | None, parser: str | None
+) -> ToolPlan | None:
+    """The request's plan, checked. tools: OpenAI's function definitions; parser: the server's
+    --tool-call-parser (None: "auto" is not served)."""
+    if not tools:
+        if tool_choice not in (None, "none"):
+            raise ApiError(400, "tool_choice needs tools to choose from", param="tool_choice")
+        return None
+    functions = {tool["function"]["name"]: tool["function"] for tool in tools}
+    if len(functions) < len(tools):
+        raise ApiError(400, "tool names must be unique", param="tools")
+    if tool_choice == "none":
+        return None
+    if isinstance(tool_choice, dict):
+        name = tool_choice["function"]["name"]
+        if name not in functions:
+            raise ApiError(400, f"tool_choice names '{name}', which is not among the tools", param="tool_choice")
+        schema = json.dumps(_parameters(functions[name]))
+        return ToolPlan("named", name, StructuredOutput("json", schema, "tool_choice"))
+    if tool_choice == "required":
+        calls: dict[str, Any] = {
+            "type": "array",
+            "minItems": 1,
+            "items": {
+                "anyOf": [
+                    {
+                        "type": "object",
+                        "properties": {"name": {"const": name}, "parameters": _parameters(function)},
+                        "required": ["name", "parameters"],
+                        "additionalProperties": False,
+                    }
+                    for name, function in functions.items()
+                ]
+            },
+        }
+        if parallel_tool_calls is False:
+            calls["maxItems"] = 1
+        return ToolPlan("required", structured=StructuredOutput("json", json.dumps(calls), "tool_choice"))
+    if parser is None:  # "auto", given or by default
+        raise ApiError(
+            400,
+            'tool_choice "auto" (the default with tools) needs the server started with --enable-auto-tool-choice '
+            'and --tool-call-parser; "required" or a named function work with any model',
+            param="tool_choice",
+        )
+    return ToolPlan("auto")
+
+
+def _parameters(function: dict) -> dict:
+    return function.get("parameters") or {"type": "object", "properties": {}}
+
+
+def new_call_id() -> str:
+    return f"chatcmpl-tool-{secrets.token_hex(12)}"
+
+
+def _call(name: str, arguments: str) -> dict:
+    return {"id": new_call_id(), "type": "function", "function": {"name": name, "arguments": arguments}}
+
+
+@dataclass(slots=True)
+class ToolCallStream:
+    """One choice's text in, OpenAI chat deltas out: {"content": ...} and {"tool_calls": [...]}."""
+
+    plan: ToolPlan
+    calls: list[dict] = field(default_factory=list)  # every call made so far, whole
+    _held: str = ""  # text not yet answered for: a call being written, or what may begin one
+    _after_call: bool = False  # the newlines that follow a call's closing tag are the format's, not content
+
+    def feed(self, text: str, final: bool) -> list[dict]:
+        """The deltas `text` completes (with `final`: everything left)."""
+        if self.plan.mode == "named":
+            return self._named(text)
+        self._held += text
+        if self.plan.mode == "required":
+            return self._required() if final else []
+        return self._hermes(final)
+
+    def finish_reason(self, engine_reason: str) -> str:
+        """OpenAI's: "tool_calls" where the model chose to call (required or auto); a named call is a "stop"."""
+        if engine_reason == "stop" and self.calls and self.plan.mode != "named":
+            return "tool_calls"
+        return engine_reason
+
+    def _named(self, text: str) -> list[dict]:
+        if not self.calls:
+            self.calls.append(_call(self.plan.function, text))
+            return [{"tool_calls": [{"index": 0, **self.calls[0]}]}]
+        self.calls[0]["function"]["arguments"] += text
+        return [{"tool_calls": [{"index": 0, "function": {"arguments": text}}]}] if text else []
+
+    def _required(self) -> list[dict]:
+        text, self._held = self._held, ""
+        try:
+            listed = json.loads(text)
+            new = [_call(item["name"], json.dumps(item["parameters"], ensure_ascii=False)) for item in listed]
+        except (ValueError, TypeError, KeyError):  # cut short (max_tokens): not a list of calls
+            return [{"content": text}] if text else []
+        return self._made(new)
+
+    def _made(self, new: list[dict]) -> list[dict]:
+        first = len(self.calls)
+        self.calls.extend(new)
+        return [{"tool_calls": [{"index": first + i, **call} for i, call in enumerate(new)]}] if new else []
+
+    def _hermes(self, final: bool) -> list[dict]:
+        deltas: list[dict] = []
+        while True:
+            if self._after_call:
+                self._held = self._held.lstrip("\n")
+                self._after_call = not self._held
+            if not self._held:
+                break
+            start = self._held.find(HERMES_OPEN)
+            if start < 0:
+                # Content, but for a tail that may be the start of a call's tag.
+                keep = 0 if final else _partial_suffix(self._held, HERMES_OPEN)
+                content, self._held = self._held[: len(self._held) - keep], self._held[len(self._held) - keep :]
+                if content:
+                    deltas.append({"content": content})
+                break
+            if start:
+                deltas.append({"content": self._held[:start]})
+                self._held = self._held[start:]
+            end = self._held.find(HERMES_CLOSE)
+            if end < 0 and not final:
+                break  # the call is still being written
+            body = self._held[len(HERMES_OPEN) : end if end >= 0 else None]
+            call = _hermes_call(body)
+            if call is None:  # not a call after all: the text as it came
+                taken = len(self._held) if end < 0 else end + len(HERMES_CLOSE)
+                deltas.append({"content": self._held[:taken]})
+            else:
+                deltas += self._made([call])
+            self._held = "" if end < 0 else self._held[end + len(HERMES_CLOSE) :]
+            self._after_call = call is not None
+        return _merged_content(deltas)
+
+
+def _hermes_call(body: str) -> dict | None:
+    try:
+        parsed = json.loads(body)
+        name, arguments = parsed["name"], parsed.get("arguments", {})
+    except (ValueError, TypeError, KeyError, AttributeError):
+        return None
+    if not isinstance(name, str):
+        return None
+    return _call(name, arguments if isinstance(arguments, str) else json.dumps(arguments, ensure_ascii=False))
+
+
+def _partial_suffix(text: str, tag: str) -> int:
+    """The length of text's longest ending that begins `tag` (0: none): held back until it is known."""
+    for n in range(min(len(tag) - 1, len(text)), 0, -1):
+        if tag.startswith(text[-n:]):
+            return n
+    return 0
+
+
+def _merged_content(deltas: list[dict]) -> list[dict]:
+    """Neighbouring content deltas as one."""
+    merged: list[dict] = []
+    for delta in deltas:
+        if "content" in delta and merged and "content" in merged[-1]:
+            merged[-1] = {"content": merged[-1]["content"] + delta["content"]}
+        else:
+            merged.append(delta)
+    return merged
+
+
+def whole_message(stream: ToolCallStream, text: str) -> tuple[str | None, list[dict]]:
+    """A choice's content and tool calls, from its whole text."""
+    content = "".join(d["content"] for d in stream.feed(text, final=True) if "content" in d)
+    return (content or None) if stream.calls else content, stream.calls
+
+
+def template_message_tool_calls(tool_calls: list[dict]) -> list[dict]:
+    """An assistant message's tool calls as chat templates read them: arguments as an object where they are one
+    (templates write them with `tojson`; a JSON string would be written twice encoded)."""
+    out = []
+    for call in tool_calls:
+        function = dict(call["function"])
+        try:
+            arguments = json.loads(function["arguments"])
+        except ValueError:
+            arguments = None
+        if isinstance(arguments, dict):
+            function["arguments"] = arguments
+        out.append({**call, "function": function})
+    return out
