@@ -8,7 +8,9 @@ lives in static device buffers, refilled by a single host-to-device copy before 
     | input ids | positions | slots | context lens | decode span | decode slices | block tables [B, W] |
 
 Inputs that only the device knows (tokens sampled by the previous step, not yet read back) are copied
-into the input-id buffer on the device, after the host copy and before the replay.
+into the input-id buffer on the device, after the host copy and before the replay. Every bucket writes its
+float32 logits into one buffer they share (a bucket's own output would stay allocated in the graph pool:
+~1.7 GB over 36 buckets of a 512-seat GPT-2, memory the KV store's sizing does not reserve).
 
 Batches are padded up to the next bucket; padding rows read and write a scratch KV block that no
 request owns, and their logits are ignored. Logits are computed inside the graph; sampling runs outside
@@ -68,7 +70,9 @@ class DecodeGraphs:
             self.device,
         )
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
-        self.logits: dict[int, torch.Tensor] = {}
+        self.logits: dict[int, torch.Tensor] = {}  # each bucket's rows of the shared buffer
+        vocab = model.vocab_size
+        self._logits = torch.empty(max_batch, vocab, dtype=torch.float32, device=self.device)
         self._capture(attention, kv_cache, max_model_len, pool)
 
     def _capture(self, attention: AttentionBackend, kv_cache: PagedKVCache, max_model_len: int, pool) -> None:
@@ -96,8 +100,8 @@ class DecodeGraphs:
             ctx = ForwardContext(attention, attention.static_metadata(buffers, max_model_len), kv_cache)
             ids, pos = d["input_ids"][:bucket], d["positions"][:bucket]
 
-            def forward(ids=ids, pos=pos, ctx=ctx) -> torch.Tensor:
-                return self.model.compute_logits(self.model(ids, pos, ctx))
+            def forward(ids=ids, pos=pos, ctx=ctx, out=self._logits[:bucket]) -> torch.Tensor:
+                return self.model.compute_logits(self.model(ids, pos, ctx), out)
 
             self.graphs[bucket], self.logits[bucket] = capture(forward, pool, self.device)
         torch.cuda.synchronize(self.device)

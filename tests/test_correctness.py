@@ -5,8 +5,10 @@ tiny models, against the same model's teacher-forced argmax for the real SmolLM2
 from __future__ import annotations
 
 import pytest
+import torch
 
 from common.sampling_params import SamplingParams
+from gpu_worker.model_loader import load_model
 from offline import LLM
 from tests.tiny_models import hf_greedy, hf_greedy_choices, random_prompts
 
@@ -64,3 +66,13 @@ def test_block_size_does_not_change_outputs(tiny_llama, block_size):
     assert generate_batched(tiny_llama, prompts, block_size=block_size) == generate_batched(
         tiny_llama, prompts, block_size=16
     )
+
+
+def test_logits_written_into_a_given_buffer_are_the_fresh_ones(tiny_model):
+    # The decode CUDA graphs share one logits buffer (gpu_worker/cuda_graphs.py): the same numbers, in place.
+    model = load_model(str(tiny_model), "dummy", torch.float32, torch.device("cpu"), seed=1)
+    hidden = torch.randn(3, next(model.parameters()).shape[-1], generator=torch.Generator().manual_seed(2))
+    buffer = torch.full((5, model.vocab_size), float("nan"))
+    written = model.compute_logits(hidden, out=buffer[:3])
+    assert written.data_ptr() == buffer.data_ptr()
+    assert torch.equal(buffer[:3], model.compute_logits(hidden)) and buffer[3:].isnan().all()

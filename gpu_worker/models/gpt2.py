@@ -73,8 +73,8 @@ class GPT2ForCausalLM(nn.Module):
             x = block(x, ctx)
         return self.ln_f(x)
 
-    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        return self.wte.logits(hidden)
+    def compute_logits(self, hidden: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+        return self.wte.logits(hidden, out)
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
         """Hugging Face GPT-2 names -> ours. HF's Conv1D stores [in, out]; nn.Linear wants [out, in]."""

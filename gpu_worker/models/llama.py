@@ -133,8 +133,8 @@ class LlamaForCausalLM(nn.Module):
             x, residual = layer(x, residual, positions, ctx)
         return self.norm(x, residual)[0]
 
-    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        return (self.embed_tokens if self.lm_head is None else self.lm_head).logits(hidden)
+    def compute_logits(self, hidden: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+        return (self.embed_tokens if self.lm_head is None else self.lm_head).logits(hidden, out)
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
         """Hugging Face Llama names -> ours, writing q/k/v and gate/up as parts of their fused projections."""

@@ -98,10 +98,11 @@ class VocabParallelEmbedding(nn.Embedding):
         out = F.embedding(local.masked_fill(outside, 0), self.weight)
         return self.tp.all_reduce(out.masked_fill_(outside[:, None], 0.0))
 
-    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """[n, vocab] float32 logits, the same on every rank."""
-        local = F.linear(hidden, self.weight)
-        return self.tp.all_gather_columns(local)[:, : self.vocab_size].float()
+    def logits(self, hidden: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+        """[n, vocab] float32 logits, the same on every rank; written into `out` ([n, vocab] float32) if given,
+        by the same conversion kernel."""
+        gathered = self.tp.all_gather_columns(F.linear(hidden, self.weight))[:, : self.vocab_size]
+        return gathered.float() if out is None else out.copy_(gathered)
 
     def full_shape(self, name: str) -> tuple[int, ...]:
         return (self.vocab_size, self.embedding_dim)
