@@ -7,7 +7,6 @@ status), then stream SSE or answer once.
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import AsyncGenerator
 from dataclasses import replace
@@ -76,9 +75,7 @@ def openai_router(
         chat_options = body.chat_options()
         tool_plan = body.tool_plan(tool_call_parser)
         kept = body.prompt_tokens_kept(client.limits)
-        # What the template renders: the messages' texts, their tool calls and the tools' definitions.
-        rendered = [m["content"] + (json.dumps(m["tool_calls"]) if "tool_calls" in m else "") for m in messages]
-        check_prompt_chars(["".join(rendered) + json.dumps(body.tool_definitions() or "")], max_chars, "messages")
+        check_prompt_chars([body.rendered_text(messages)], max_chars, "messages")
         sampling = body.tool_sampling_params(client.limits, tool_plan)
         requests = [
             GenerateRequest(

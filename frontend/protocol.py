@@ -9,7 +9,6 @@ schemas is declared: honoured, or refused with a 400 naming it when set to anyth
 from __future__ import annotations
 
 import json
-from dataclasses import replace
 from typing import Annotated, Any, Literal, TypeVar
 
 from fastapi import Request
@@ -383,6 +382,10 @@ class ChatTemplateFields(RequestBody):
     add_generation_prompt: bool = True
     continue_final_message: bool = False
     chat_template_kwargs: dict | None = None
+    tools: list[ToolDefinition] | None = None  # described to the model by templates that know tools
+
+    def tool_definitions(self) -> list[dict] | None:
+        return [tool.model_dump(exclude_none=True) for tool in self.tools] if self.tools else None
 
     def chat_options(self) -> ChatTemplateOptions | None:
         """The options, checked; None when every one is its default (the common case sends nothing more)."""
@@ -400,9 +403,16 @@ class ChatTemplateFields(RequestBody):
                 f"chat_template_kwargs may set the template's own variables, not {', '.join(reserved)}",
                 param="chat_template_kwargs",
             )
-        if self.add_generation_prompt and not self.continue_final_message and not kwargs:
+        tools = self.tool_definitions()
+        if self.add_generation_prompt and not self.continue_final_message and not kwargs and tools is None:
             return None
-        return ChatTemplateOptions(self.add_generation_prompt, self.continue_final_message, dict(kwargs))
+        return ChatTemplateOptions(self.add_generation_prompt, self.continue_final_message, dict(kwargs), tools)
+
+    def rendered_text(self, messages: list[dict]) -> str:
+        """What the template renders from the request, for the prompt's character bound: the messages' texts
+        and tool calls, and the tools' definitions."""
+        calls = [json.dumps(m["tool_calls"]) for m in messages if "tool_calls" in m]
+        return "".join(m["content"] for m in messages) + "".join(calls) + json.dumps(self.tool_definitions() or "")
 
 
 class ChatCompletionRequest(OpenAIFields, ChatTemplateFields):
@@ -415,7 +425,6 @@ class ChatCompletionRequest(OpenAIFields, ChatTemplateFields):
     # safety_identifier (like user).
     prompt_cache_key: str | None = None
     safety_identifier: str | None = None
-    tools: list[ToolDefinition] | None = None
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None  # None: "auto" with tools
     parallel_tool_calls: bool | None = None  # false: "required" makes one call at most
     # OpenAI fields refused unless they hold their no-op value (check_unsupported).
@@ -436,21 +445,11 @@ class ChatCompletionRequest(OpenAIFields, ChatTemplateFields):
             raise ApiError(400, "messages must not be empty", param="messages")
         return [m.engine_message() for m in self.messages]
 
-    def tool_definitions(self) -> list[dict] | None:
-        return [tool.model_dump(exclude_none=True) for tool in self.tools] if self.tools else None
-
     def tool_plan(self, parser: str | None) -> ToolPlan | None:
         """How this request's tool calls are made (frontend/tool_calls.py); parser: the server's
         --tool-call-parser, None where auto tool choice is off."""
         choice = self.tool_choice.model_dump() if isinstance(self.tool_choice, NamedToolChoice) else self.tool_choice
         return plan_tools(self.tool_definitions(), choice, self.parallel_tool_calls, parser)
-
-    def chat_options(self) -> ChatTemplateOptions | None:
-        options = super().chat_options()
-        tools = self.tool_definitions()
-        if tools is None:
-            return options
-        return replace(options or ChatTemplateOptions(), tools=tools)
 
     def tool_sampling_params(self, limits: EngineLimits, plan: ToolPlan | None) -> SamplingParams:
         """sampling_params, with the grammar a forced tool call follows."""

@@ -1,7 +1,8 @@
 """POST /tokenize, POST /detokenize and GET /version, shaped as vLLM's.
 
 /tokenize    {"prompt": str, "add_special_tokens": true}  or  {"messages": [...], "add_generation_prompt": true,
-             "continue_final_message": false, "chat_template_kwargs": {...}} (rendered as a chat request would be)
+             "continue_final_message": false, "chat_template_kwargs": {...}, "tools": [...]} (rendered as a chat
+             request would be)
              -> {"count": int, "max_model_len": int, "tokens": [int], "token_strs": null}
 /detokenize  {"tokens": [int]}  -> {"prompt": str}
 /version     -> {"version": str}
@@ -72,8 +73,8 @@ def tokenizer_router(client: EngineClient, limits: HttpLimits) -> APIRouter:
             special = True if body.add_special_tokens is None else body.add_special_tokens
             ask = TokenizeRequest(0, prompt=body.prompt, add_special_tokens=special)
         else:
-            messages = [{"role": m.role, "content": m.text()} for m in body.messages]
-            check_prompt_chars(["".join(m["content"] for m in messages)], max_chars, "messages")
+            messages = [m.engine_message() for m in body.messages]  # as a chat request sends them
+            check_prompt_chars([body.rendered_text(messages)], max_chars, "messages")
             ask = TokenizeRequest(0, chat_messages=messages, chat_options=body.chat_options())
         reply = await _ask(client, ask)
         return {

@@ -257,3 +257,16 @@ def test_calls_and_their_results_go_back_to_the_template_as_it_reads_them():
         "tool_calls": [{**call, "function": {"name": "get_weather", "arguments": {"city": "Paris"}}}],
     }
     assert sent[2] == {"role": "tool", "content": "18 C, sunny", "tool_call_id": "call_1"}
+
+
+def test_tokenize_renders_tools_and_calls_as_the_chat_request_sends_them():
+    engine = FakeEngineClient()
+    http = TestClient(build_app(engine))
+    call = {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Rome"}'}}
+    messages = [*USER, {"role": "assistant", "content": None, "tool_calls": [call]}]
+    body = {"messages": messages, "tools": [WEATHER]}
+    assert http.post("/tokenize", json=body).status_code == 200
+    assert http.post("/v1/chat/completions", json={**body, "tool_choice": "none"}).status_code == 200
+    tokenized, chat = engine.submitted
+    assert tokenized.chat_messages == chat.chat_messages and tokenized.chat_options == chat.chat_options
+    assert chat.chat_options.tools == [WEATHER]
