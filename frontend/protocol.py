@@ -412,7 +412,8 @@ class ChatTemplateFields(RequestBody):
         """What the template renders from the request, for the prompt's character bound: the messages' texts
         and tool calls, and the tools' definitions."""
         calls = [json.dumps(m["tool_calls"]) for m in messages if "tool_calls" in m]
-        return "".join(m["content"] for m in messages) + "".join(calls) + json.dumps(self.tool_definitions() or "")
+        tools = self.tool_definitions()
+        return "".join(m["content"] for m in messages) + "".join(calls) + (json.dumps(tools) if tools else "")
 
 
 class ChatCompletionRequest(OpenAIFields, ChatTemplateFields):
