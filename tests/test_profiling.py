@@ -412,20 +412,15 @@ def test_every_process_froze_its_startup_objects_and_reports_its_collector_pause
     assert stats["gpu_worker"]["payload"]["gc_frozen_objects"] > stats["scheduler"]["payload"]["gc_frozen_objects"]
 
 
-def test_profile_steps_profiles_that_many_steps_in_every_process_then_stops(tiny_llama, tmp_path):
+def profiling_server(model, tmp_path: Path, steps: int) -> tuple[ServerProcess, Path]:
+    """A server that profiles its first `steps` steps into a folder of its own."""
     folder = tmp_path / "traces"
-    server = ServerProcess(
-        tiny_llama,
-        "--num-kv-blocks",
-        "64",
-        "--profile-dir",
-        str(folder),
-        "--profile-steps",
-        "3",
-        "--tokenizer-workers",
-        "1",
-        log_path=tmp_path / "server.log",
-    )
+    flags = ["--num-kv-blocks", "64", "--profile-dir", str(folder), "--profile-steps", str(steps)]
+    return ServerProcess(model, *flags, "--tokenizer-workers", "1", log_path=tmp_path / "server.log"), folder
+
+
+def test_profile_steps_profiles_that_many_steps_in_every_process_then_stops(tiny_llama, tmp_path):
+    server, folder = profiling_server(tiny_llama, tmp_path, steps=3)
     try:
         pids = server_pids(server)
         generate(server, n=1, max_tokens=8)  # 8 steps: the window closes after the third
@@ -444,19 +439,7 @@ def test_profile_steps_profiles_that_many_steps_in_every_process_then_stops(tiny
 def test_a_server_stopped_as_its_profile_window_closes_leaves_every_trace_whole(tiny_llama, tmp_path):
     # The window closes on the run's last step and the server is stopped at once, as a benchmark does: each
     # process finishes writing its trace before it exits (a SIGTERM used to cut the GPU worker's in half).
-    folder = tmp_path / "traces"
-    server = ServerProcess(
-        tiny_llama,
-        "--num-kv-blocks",
-        "64",
-        "--profile-dir",
-        str(folder),
-        "--profile-steps",
-        "4",
-        "--tokenizer-workers",
-        "1",
-        log_path=tmp_path / "server.log",
-    )
+    server, folder = profiling_server(tiny_llama, tmp_path, steps=4)
     try:
         processes = len(server_pids(server))
         generate(server, n=1, max_tokens=4)
