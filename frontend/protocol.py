@@ -453,8 +453,11 @@ class ChatCompletionRequest(OpenAIFields, ChatTemplateFields):
         return plan_tools(self.tool_definitions(), choice, self.parallel_tool_calls, parser)
 
     def tool_sampling_params(self, limits: EngineLimits, plan: ToolPlan | None) -> SamplingParams:
-        """sampling_params, with the grammar a forced tool call follows."""
+        """sampling_params, with the grammar a forced tool call follows; for calls the parser reads, special
+        tokens kept in the text (some models mark their call tags special, as vLLM's hermes parser knows)."""
         params = self.sampling_params(self.requested_max_tokens(), self.max_tokens_field(), limits)
+        if plan is not None and plan.mode == "auto":
+            params.skip_special_tokens = False
         if plan is not None and plan.structured is not None:
             if params.structured is not None:
                 raise ApiError(

@@ -208,7 +208,9 @@ def test_auto_tool_choice_reads_the_models_calls_with_the_servers_parser(stream)
     assert [(c["function"]["name"], json.loads(c["function"]["arguments"])) for c in calls] == [
         ("get_weather", {"city": "Paris"})
     ]
-    assert engine.submitted[0].sampling.structured is None  # the model writes freely
+    sampling = engine.submitted[0].sampling
+    assert sampling.structured is None  # the model writes freely
+    assert not sampling.skip_special_tokens  # a model may mark its <tool_call> tags special: they stay in the text
 
 
 def test_without_a_parser_auto_tool_choice_is_a_400_and_tool_choice_none_is_plain_text():
