@@ -76,7 +76,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--tool-call-parser",
         choices=TOOL_CALL_PARSERS,
         default=None,
-        help="how the model writes its calls: hermes, <tool_call>{...}</tool_call> (Hermes, Qwen 2.5 / 3, SmolLM3)",
+        help="how the model writes its calls: hermes, <tool_call>{...}</tool_call> (Hermes, Qwen 2.5 / 3, SmolLM3); "
+        'llama3_json, the whole output {"name": ..., "parameters": ...} (Llama 3.1 / 3.2 Instruct)',
     )
     parser.add_argument(
         "--generation-config",

@@ -12,8 +12,11 @@
 
 The tools always reach the chat template (`ChatTemplateOptions.tools`). A choice's text goes through one
 ToolCallStream whether it is streamed (fed each delta) or not (fed the whole text once), so both answers say
-the same. Parser "hermes": `<tool_call>{"name": ..., "arguments": {...}}</tool_call>`, the format of Hermes,
-Qwen 2.5 / 3 and SmolLM3's templates; text outside the tags is content.
+the same. Parsers:
+- "hermes": `<tool_call>{"name": ..., "arguments": {...}}</tool_call>`, the format of Hermes (3 on Llama 3.1
+  among them), Qwen 2.5 / 3 and SmolLM3's templates; text outside the tags is content.
+- "llama3_json": Llama 3.1 / 3.2 Instruct's JSON calls, the whole output `{"name": ..., "parameters": {...}}`
+  (after `<|python_tag|>` or not; several joined by ";"); an output that does not begin so is content.
 """
 
 from __future__ import annotations
@@ -26,8 +29,9 @@ from typing import Any, Literal
 from common.sampling_params import StructuredOutput
 from frontend.errors import ApiError
 
-TOOL_CALL_PARSERS = ("hermes",)
+TOOL_CALL_PARSERS = ("hermes", "llama3_json")
 HERMES_OPEN, HERMES_CLOSE = "<tool_call>", "</tool_call>"
+LLAMA_PYTHON_TAG = "<|python_tag|>"
 
 ToolMode = Literal["named", "required", "auto"]
 
@@ -39,6 +43,7 @@ class ToolPlan:
     mode: ToolMode
     function: str = ""  # "named": the function called
     structured: StructuredOutput | None = None  # "named" and "required": the grammar the output follows
+    parser: str = ""  # "auto": one of TOOL_CALL_PARSERS
 
 
 def plan_tools(
@@ -87,7 +92,7 @@ def plan_tools(
             'and --tool-call-parser; "required" or a named function work with any model',
             param="tool_choice",
         )
-    return ToolPlan("auto")
+    return ToolPlan("auto", parser=parser)
 
 
 def _parameters(function: dict) -> dict:
@@ -110,6 +115,7 @@ class ToolCallStream:
     calls: list[dict] = field(default_factory=list)  # every call made so far, whole
     _held: str = ""  # text not yet answered for: a call being written, or what may begin one
     _after_call: bool = False  # the newlines that follow a call's closing tag are the format's, not content
+    _whole_output_calls: bool | None = None  # llama3_json: whether the output is calls (None: not known yet)
 
     def feed(self, text: str, final: bool) -> list[dict]:
         """The deltas `text` completes (with `final`: everything left)."""
@@ -118,7 +124,7 @@ class ToolCallStream:
         self._held += text
         if self.plan.mode == "required":
             return self._required() if final else []
-        return self._hermes(final)
+        return self._llama3_json(final) if self.plan.parser == "llama3_json" else self._hermes(final)
 
     def finish_reason(self, engine_reason: str) -> str:
         """OpenAI's: "tool_calls" where the model chose to call (required or auto); a named call is a "stop"."""
@@ -179,6 +185,41 @@ class ToolCallStream:
             self._held = "" if end < 0 else self._held[end + len(HERMES_CLOSE) :]
             self._after_call = call is not None
         return _merged_content(deltas)
+
+    def _llama3_json(self, final: bool) -> list[dict]:
+        if self._whole_output_calls is None:  # decided by the output's first characters
+            head = self._held.lstrip()
+            if not final and (not head or (LLAMA_PYTHON_TAG.startswith(head) and head != LLAMA_PYTHON_TAG)):
+                return []  # too early to tell
+            self._whole_output_calls = head.startswith(("{", LLAMA_PYTHON_TAG))
+        if not self._whole_output_calls:
+            text, self._held = self._held, ""
+            return [{"content": text}] if text else []
+        if not final:
+            return []
+        text, self._held = self._held, ""
+        calls = _llama3_calls(text.strip().removeprefix(LLAMA_PYTHON_TAG))
+        return [{"content": text}] if calls is None else self._made(calls)
+
+
+def _llama3_calls(text: str) -> list[dict] | None:
+    """The calls of `{...}; {...}`, each with "name" and "parameters" (or "arguments"); None if it is not that."""
+    decoder, calls, at = json.JSONDecoder(), [], 0
+    while True:
+        while at < len(text) and text[at] in " \t\r\n;":
+            at += 1
+        if at == len(text):
+            return calls or None
+        try:
+            parsed, at = decoder.raw_decode(text, at)
+            name, arguments = parsed["name"], parsed.get("parameters", parsed.get("arguments", {}))
+        except (ValueError, TypeError, KeyError, AttributeError):
+            return None
+        if not isinstance(name, str):
+            return None
+        calls.append(
+            _call(name, arguments if isinstance(arguments, str) else json.dumps(arguments, ensure_ascii=False))
+        )
 
 
 def _hermes_call(body: str) -> dict | None:

@@ -26,6 +26,8 @@ WEATHER = {
 }
 TIME = {"type": "function", "function": {"name": "get_time"}}
 USER = [{"role": "user", "content": "Weather in Paris?"}]
+HERMES = ToolPlan("auto", parser="hermes")
+LLAMA3 = ToolPlan("auto", parser="llama3_json")
 CALL_TEXT = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
 
 
@@ -111,17 +113,17 @@ def test_required_calls_are_read_from_the_list_and_a_list_cut_short_is_content()
 
 
 def test_hermes_calls_are_read_from_the_text_and_the_rest_is_content():
-    stream = ToolCallStream(ToolPlan("auto"))
+    stream = ToolCallStream(HERMES)
     content, calls = whole_message(stream, "Let me check." + CALL_TEXT + CALL_TEXT.replace("Paris", "Rome"))
     assert content == "Let me check."
     assert [json.loads(c["function"]["arguments"]) for c in calls] == [{"city": "Paris"}, {"city": "Rome"}]
     assert len({c["id"] for c in calls}) == 2
     assert stream.finish_reason("stop") == "tool_calls"
-    assert whole_message(ToolCallStream(ToolPlan("auto")), "Just text <tool") == ("Just text <tool", [])
+    assert whole_message(ToolCallStream(HERMES), "Just text <tool") == ("Just text <tool", [])
     broken = "<tool_call>{not json}</tool_call> after"
-    assert whole_message(ToolCallStream(ToolPlan("auto")), broken) == (broken, [])
+    assert whole_message(ToolCallStream(HERMES), broken) == (broken, [])
     # A model that stops (EOS) before closing its last call: the call stands if it is whole JSON.
-    _, unclosed = whole_message(ToolCallStream(ToolPlan("auto")), CALL_TEXT.removesuffix("\n</tool_call>"))
+    _, unclosed = whole_message(ToolCallStream(HERMES), CALL_TEXT.removesuffix("\n</tool_call>"))
     assert [c["function"]["name"] for c in unclosed] == ["get_weather"]
 
 
@@ -131,10 +133,38 @@ def test_hermes_streamed_in_any_pieces_says_what_the_whole_text_says(cuts, befor
     text = before + CALL_TEXT + "\nDone?" + CALL_TEXT.replace("Paris", "Oslo")
     bounds = sorted({0, len(text), *[c % (len(text) + 1) for c in cuts]})
     pieces = [text[a:b] for a, b in zip(bounds, bounds[1:])] or [""]
-    content, calls = streamed(ToolPlan("auto"), pieces)
-    whole_content, whole_calls = whole_message(ToolCallStream(ToolPlan("auto")), text)
+    content, calls = streamed(HERMES, pieces)
+    whole_content, whole_calls = whole_message(ToolCallStream(HERMES), text)
     assert content == whole_content == before + "Done?"
     assert without_ids(calls) == without_ids(whole_calls)
+
+
+@pytest.mark.parametrize("tag", ["", "<|python_tag|>"])
+def test_llama3_json_calls_are_the_whole_output_and_anything_else_is_content(tag):
+    text = tag + '{"name": "get_weather", "parameters": {"city": "Paris"}}; {"name": "get_time", "parameters": {}}'
+    content, calls = whole_message(ToolCallStream(LLAMA3), text)
+    assert content is None
+    assert [(c["function"]["name"], json.loads(c["function"]["arguments"])) for c in calls] == [
+        ("get_weather", {"city": "Paris"}),
+        ("get_time", {}),
+    ]
+    assert whole_message(ToolCallStream(LLAMA3), "It is sunny in {Paris}.") == ("It is sunny in {Paris}.", [])
+    assert whole_message(ToolCallStream(LLAMA3), '{"name": "get_wea') == ('{"name": "get_wea', [])  # cut short
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    cuts=st.lists(st.integers(0, 80), max_size=8),
+    text=st.sampled_from(
+        [' <|python_tag|>{"name": "get_time", "parameters": {}}', "Plain {text} answer.", "<|pyth not a tag", ""]
+    ),
+)
+def test_llama3_json_streamed_in_any_pieces_says_what_the_whole_text_says(cuts, text):
+    bounds = sorted({0, len(text), *[c % (len(text) + 1) for c in cuts]})
+    pieces = [text[a:b] for a, b in zip(bounds, bounds[1:])] or [""]
+    content, calls = streamed(LLAMA3, pieces)
+    whole_content, whole_calls = whole_message(ToolCallStream(LLAMA3), text)
+    assert (content or None, without_ids(calls)) == (whole_content or None, without_ids(whole_calls))
 
 
 # ---------------------------------------------------------------- through the HTTP layer
