@@ -38,7 +38,7 @@ WATCHDOG_TICK_S = 1.0  # how often every process is pinged
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     from common.config import add_engine_args
     from frontend.limits import add_http_limit_args
-    from frontend.tool_calls import TOOL_CALL_PARSERS
+    from frontend.parser_names import REASONING_PARSERS, TOOL_CALL_PARSERS
 
     # No prefix matching: `--tokenizer` must never be read as `--tokenizer-workers`.
     parser = argparse.ArgumentParser(
@@ -78,6 +78,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default=None,
         help="how the model writes its calls: hermes, <tool_call>{...}</tool_call> (Hermes, Qwen 2.5 / 3, SmolLM3); "
         'llama3_json, the whole output {"name": ..., "parameters": ...} (Llama 3.1 / 3.2 Instruct)',
+    )
+    parser.add_argument(
+        "--reasoning-parser",
+        choices=REASONING_PARSERS,
+        default=None,
+        help="answer a reasoning model's thinking as the chat message's reasoning_content, apart from its content: "
+        "deepseek_r1, everything up to </think> (DeepSeek-R1 and its distills)",
     )
     parser.add_argument(
         "--generation-config",
@@ -310,6 +317,7 @@ class Launcher:
                 args.event_loop,
                 args.http_parser,
                 args.tool_call_parser if args.enable_auto_tool_choice else None,
+                args.reasoning_parser,
             )
             self._start(role, frontend_process.main, (spec, self.listener, self.run_dir, os.getpid(), self.profile))
         self._wait_ready(ready, set(frontends))

@@ -49,9 +49,11 @@ def build_app(
     profiler: ProcessProfiler | None = None,
     limits: HttpLimits | None = None,
     tool_call_parser: str | None = None,
+    reasoning_parser: str | None = None,
 ) -> HotRoutes:
     """`profiler`: this process's own, given when the server runs with --profile-dir; `tool_call_parser`: how
-    chat requests' "auto" tool choice reads the model's calls (frontend/tool_calls.py), None where it is off."""
+    chat requests' "auto" tool choice reads the model's calls (frontend/tool_calls.py), None where it is off;
+    `reasoning_parser`: how a chat answer's thinking is told apart (frontend/reasoning.py), None: it is content."""
     limits = limits or HttpLimits()
     client.request_timeout_s = limits.request_timeout_s
     # With a key, the schema and its pages are behind it too (they are served by the routes below).
@@ -67,7 +69,10 @@ def build_app(
     # Without a key, no dependency at all: FastAPI would still solve it on every request.
     check_key = api_key_check(api_key) if api_key is not None else None
     keyed = [Depends(check_key)] if check_key is not None else []
-    generation = [openai_router(client, metrics, limits, tool_call_parser), native_router(client, metrics, limits)]
+    generation = [
+        openai_router(client, metrics, limits, tool_call_parser, reasoning_parser),
+        native_router(client, metrics, limits),
+    ]
     for router in [*generation, tokenizer_router(client, limits)]:
         app.include_router(router, dependencies=keyed)
 

@@ -16,6 +16,7 @@ from fastapi.responses import JSONResponse
 
 from common.messages import DetokenizeRequest, GenerateRequest, Logprobs, RequestOutput, RequestRejected
 from common.sampling_params import SamplingParams
+from frontend.chat_output import ChatOutputReader
 from frontend.choices import Choices
 from frontend.engine_client import EngineClient
 from frontend.errors import ApiError, error_body
@@ -23,14 +24,20 @@ from frontend.limits import HttpLimits
 from frontend.metrics import FrontendMetrics
 from frontend.openai_format import ChatFormat, CompletionFormat, ResponseFormat
 from frontend.protocol import ChatCompletionRequest, CompletionRequest, OpenAIFields, check_prompt_chars, parse_body
+from frontend.reasoning import ReasoningStream
 from frontend.streaming import SSE_DONE, StreamingEvents, sse_event
-from frontend.tool_calls import ToolCallStream, ToolPlan, whole_message
+from frontend.tool_calls import ToolCallStream
 
 
 def openai_router(
-    client: EngineClient, metrics: FrontendMetrics, limits: HttpLimits, tool_call_parser: str | None = None
+    client: EngineClient,
+    metrics: FrontendMetrics,
+    limits: HttpLimits,
+    tool_call_parser: str | None = None,
+    reasoning_parser: str | None = None,
 ) -> APIRouter:
-    """tool_call_parser: how "auto" tool choice reads calls from the text (frontend/tool_calls.py); None: off."""
+    """tool_call_parser: how "auto" tool choice reads calls from the text (frontend/tool_calls.py); None: off.
+    reasoning_parser: how a chat answer's thinking is told apart (frontend/reasoning.py); None: it is content."""
     router = APIRouter()
     max_chars = limits.prompt_chars(client.limits.max_model_len)
 
@@ -88,7 +95,16 @@ def openai_router(
             )
             for j in range(body.num_choices)
         ]
-        return await _respond(request, body, requests, "chatcmpl", ChatFormat, None, tool_plan)
+        readers = None
+        if tool_plan is not None or reasoning_parser is not None:
+            readers = [
+                ChatOutputReader(
+                    None if reasoning_parser is None else ReasoningStream(),
+                    None if tool_plan is None else ToolCallStream(tool_plan),
+                )
+                for _ in requests
+            ]
+        return await _respond(request, body, requests, "chatcmpl", ChatFormat, None, readers)
 
     async def _respond(
         request: Request,
@@ -97,20 +113,22 @@ def openai_router(
         id_prefix: str,
         format_type: type[ResponseFormat],
         echoes: list[str] | None,
-        tool_plan: ToolPlan | None,
+        readers: list[ChatOutputReader] | None,
     ) -> Response:
+        """readers: each chat choice's reader of reasoning and tool calls, where the server or the request asks."""
         choices = await Choices.start(client, requests, body.num_choices, metrics, request.receive)
         fmt = format_type(f"{id_prefix}-{choices.rid}", int(requests[0].arrival_time), client.limits.served_model_name)
         with_logprobs = requests[0].sampling.logprobs is not None
-        tools = None if tool_plan is None else [ToolCallStream(tool_plan) for _ in choices.generations]
         if body.stream:
-            chunks = _sse_chunks(choices, fmt, body.include_usage, with_logprobs, echoes, body.continuous_usage, tools)
+            chunks = _sse_chunks(
+                choices, fmt, body.include_usage, with_logprobs, echoes, body.continuous_usage, readers
+            )
             return StreamingEvents(chunks, "text/event-stream", choices.close)
         outputs = await choices.collect(request.receive)
         whole = [
             _whole_choice(fmt, i, outs, with_logprobs, None if echoes is None else echoes[i])
-            if tools is None
-            else _whole_tool_choice(fmt, i, outs, with_logprobs, tools[i])
+            if readers is None
+            else _whole_read_choice(fmt, i, outs, with_logprobs, readers[i])
             for i, outs in enumerate(outputs)
         ]
         return JSONResponse(fmt.whole(whole, choices.usage()))
@@ -145,15 +163,15 @@ def _whole_choice(
     return fmt.choice(index, text, outputs[-1].finish_reason if outputs else None, logprobs)
 
 
-def _whole_tool_choice(
-    fmt: ResponseFormat, index: int, outputs: list[RequestOutput], with_logprobs: bool, tools: ToolCallStream
+def _whole_read_choice(
+    fmt: ResponseFormat, index: int, outputs: list[RequestOutput], with_logprobs: bool, reader: ChatOutputReader
 ) -> dict:
     assert isinstance(fmt, ChatFormat)
-    content, calls = whole_message(tools, "".join(o.text for o in outputs))
+    message = reader.message("".join(o.text for o in outputs))
     logprobs = fmt.logprobs(_logprob_parts(outputs, False), 0) if with_logprobs else None
     finish_reason = outputs[-1].finish_reason if outputs else None
-    reason = tools.finish_reason(finish_reason) if finish_reason is not None else None
-    return fmt.tool_choice(index, content, calls, reason, logprobs)
+    reason = reader.finish_reason(finish_reason) if finish_reason is not None else None
+    return fmt.message_choice(index, message, reason, logprobs)
 
 
 async def _sse_chunks(
@@ -163,13 +181,13 @@ async def _sse_chunks(
     with_logprobs: bool,
     echoes: list[str] | None,
     continuous_usage: bool = False,
-    tools: list[ToolCallStream] | None = None,
+    readers: list[ChatOutputReader] | None = None,
 ) -> AsyncGenerator[bytes, None]:
     """The stream's events; one that ends in an error (the server stopping, a timeout) ends with an error
-    event and [DONE], as vLLM's do, so a client never waits on a silent connection. tools: each choice's tool
-    calls, read from its text, for a chat request with tools."""
+    event and [DONE], as vLLM's do, so a client never waits on a silent connection. readers: each chat choice's
+    reader of reasoning and tool calls, where asked."""
     try:
-        async for chunk in _sse_events(choices, fmt, include_usage, with_logprobs, echoes, continuous_usage, tools):
+        async for chunk in _sse_events(choices, fmt, include_usage, with_logprobs, echoes, continuous_usage, readers):
             yield chunk
     except ApiError as exc:
         yield sse_event(error_body(exc))
@@ -183,7 +201,7 @@ async def _sse_events(
     with_logprobs: bool,
     echoes: list[str] | None,
     continuous_usage: bool,
-    tools: list[ToolCallStream] | None,
+    readers: list[ChatOutputReader] | None,
 ) -> AsyncGenerator[bytes, None]:
     def extra() -> dict:
         # With include_usage, OpenAI sends "usage": null on every chunk but the last one; with vLLM's
@@ -209,10 +227,10 @@ async def _sse_events(
             logprobs = fmt.logprobs(parts, offsets[index])
             offsets[index] += sum(len(t) for part in parts for t in part.token_texts)
         finish_reason = batch[-1].finish_reason
-        if tools is not None:  # a chat with tools: content and tool-call deltas, as its parser reads the text
+        if readers is not None:  # a chat whose text is read: reasoning, content and tool-call deltas
             assert isinstance(fmt, ChatFormat)
-            deltas = tools[index].feed(text, final=finish_reason is not None)
-            reason = None if finish_reason is None else tools[index].finish_reason(finish_reason)
+            deltas = readers[index].feed(text, final=finish_reason is not None)
+            reason = None if finish_reason is None else readers[index].finish_reason(finish_reason)
             if not deltas and (reason is not None or logprobs is not None):
                 deltas = [{}]
             for k, delta in enumerate(deltas):

@@ -128,25 +128,15 @@ class ChatFormat:
         return self._delta_chunk(index, {"content": text} if text else {}, finish_reason, logprobs)
 
     def delta_chunk(self, index: int, delta: dict, finish_reason: str | None, logprobs: dict | None = None) -> dict:
-        """A chunk of any delta: content, or tool calls (frontend/tool_calls.py)."""
+        """A chunk of any delta: content, reasoning or tool calls (chat_output.py)."""
         return self._delta_chunk(index, delta, finish_reason, logprobs)
 
     def choice(self, index: int, text: str, finish_reason: str | None, logprobs: dict | None = None) -> dict:
         message = {"role": "assistant", "content": text}
         return {"index": index, "message": message, "logprobs": logprobs, "finish_reason": finish_reason}
 
-    def tool_choice(
-        self,
-        index: int,
-        content: str | None,
-        tool_calls: list[dict],
-        finish_reason: str | None,
-        logprobs: dict | None = None,
-    ) -> dict:
-        """A whole choice of a request with tools: the calls made, if any, beside the content."""
-        message: dict = {"role": "assistant", "content": content}
-        if tool_calls:
-            message["tool_calls"] = tool_calls
+    def message_choice(self, index: int, message: dict, finish_reason: str | None, logprobs: dict | None) -> dict:
+        """A whole choice whose message is more than content (chat_output.py: reasoning, tool calls)."""
         return {"index": index, "message": message, "logprobs": logprobs, "finish_reason": finish_reason}
 
     def usage_chunk(self, usage: dict) -> dict:

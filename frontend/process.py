@@ -52,6 +52,7 @@ class FrontendSpec:
     event_loop: str = "auto"  # "uvloop" | "asyncio" | "auto": uvloop where installed
     http_parser: str = "auto"  # "httptools" | "h11" | "auto": httptools where installed (frontend/http_protocol.py)
     tool_call_parser: str | None = None  # "auto" tool choice's (frontend/tool_calls.py); None: off
+    reasoning_parser: str | None = None  # frontend/reasoning.py; None: the thinking is content
 
 
 def event_loop_runner(choice: str):
@@ -89,7 +90,12 @@ async def serve(spec: FrontendSpec, sock: socket.socket, run_dir: str, profile: 
     client = ZmqEngineClient(endpoints, spec.index, spec.count, spec.num_tokenizers, spec.limits, spec.roles, profiler)
     client.start()
     app = build_app(
-        client, api_key=spec.api_key, profiler=profiler, limits=spec.http, tool_call_parser=spec.tool_call_parser
+        client,
+        api_key=spec.api_key,
+        profiler=profiler,
+        limits=spec.http,
+        tool_call_parser=spec.tool_call_parser,
+        reasoning_parser=spec.reasoning_parser,
     )
     raise_open_file_limit()
     protocol = protocol_class(spec.http_parser)

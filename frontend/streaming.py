@@ -42,6 +42,15 @@ def json_string(text: str) -> str:
     return encode_basestring_ascii(text)
 
 
+def partial_tag_suffix(text: str, tag: str) -> int:
+    """The length of text's longest ending that begins `tag` (0: none): streamed text held back until it is known
+    whether a tag (a tool call's, a reasoning block's) starts there."""
+    for n in range(min(len(tag) - 1, len(text)), 0, -1):
+        if tag.startswith(text[-n:]):
+            return n
+    return 0
+
+
 async def _disconnected(receive: Receive) -> None:
     while (await receive())["type"] != "http.disconnect":
         pass

@@ -11,8 +11,8 @@
                                      --tool-call-parser                          when it made any
 
 The tools always reach the chat template (`ChatTemplateOptions.tools`). A choice's text goes through one
-ToolCallStream whether it is streamed (fed each delta) or not (fed the whole text once), so both answers say
-the same. Parsers:
+ToolCallStream whether it is streamed (fed each delta) or not (fed the whole text once: chat_output.py), so both
+answers say the same. Parsers:
 - "hermes": `<tool_call>{"name": ..., "arguments": {...}}</tool_call>`, the format of Hermes (3 on Llama 3.1
   among them), Qwen 2.5 / 3 and SmolLM3's templates; text outside the tags is content.
 - "llama3_json": Llama 3.1 / 3.2 Instruct's JSON calls, the whole output `{"name": ..., "parameters": {...}}`
@@ -28,8 +28,8 @@ from typing import Any, Literal
 
 from common.sampling_params import StructuredOutput
 from frontend.errors import ApiError
+from frontend.streaming import partial_tag_suffix
 
-TOOL_CALL_PARSERS = ("hermes", "llama3_json")
 HERMES_OPEN, HERMES_CLOSE = "<tool_call>", "</tool_call>"
 LLAMA_PYTHON_TAG = "<|python_tag|>"
 
@@ -164,7 +164,7 @@ class ToolCallStream:
             start = self._held.find(HERMES_OPEN)
             if start < 0:
                 # Content, but for a tail that may be the start of a call's tag.
-                keep = 0 if final else _partial_suffix(self._held, HERMES_OPEN)
+                keep = 0 if final else partial_tag_suffix(self._held, HERMES_OPEN)
                 content, self._held = self._held[: len(self._held) - keep], self._held[len(self._held) - keep :]
                 if content:
                     deltas.append({"content": content})
@@ -233,14 +233,6 @@ def _hermes_call(body: str) -> dict | None:
     return _call(name, arguments if isinstance(arguments, str) else json.dumps(arguments, ensure_ascii=False))
 
 
-def _partial_suffix(text: str, tag: str) -> int:
-    """The length of text's longest ending that begins `tag` (0: none): held back until it is known."""
-    for n in range(min(len(tag) - 1, len(text)), 0, -1):
-        if tag.startswith(text[-n:]):
-            return n
-    return 0
-
-
 def _merged_content(deltas: list[dict]) -> list[dict]:
     """Neighbouring content deltas as one."""
     merged: list[dict] = []
@@ -250,12 +242,6 @@ def _merged_content(deltas: list[dict]) -> list[dict]:
         else:
             merged.append(delta)
     return merged
-
-
-def whole_message(stream: ToolCallStream, text: str) -> tuple[str | None, list[dict]]:
-    """A choice's content and tool calls, from its whole text."""
-    content = "".join(d["content"] for d in stream.feed(text, final=True) if "content" in d)
-    return (content or None) if stream.calls else content, stream.calls
 
 
 def template_message_tool_calls(tool_calls: list[dict]) -> list[dict]:

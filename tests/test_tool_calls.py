@@ -12,8 +12,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from frontend.app import build_app
+from frontend.chat_output import ChatOutputReader
 from frontend.errors import ApiError
-from frontend.tool_calls import ToolCallStream, ToolPlan, plan_tools, whole_message
+from frontend.tool_calls import ToolCallStream, ToolPlan, plan_tools
 from tests.fake_engine import FakeEngineClient, Script
 
 WEATHER = {
@@ -44,6 +45,12 @@ def streamed(plan: ToolPlan, pieces: list[str]) -> tuple[str, list[dict]]:
                 else:
                     calls[call["index"]]["function"]["arguments"] += call["function"]["arguments"]
     return content, calls
+
+
+def whole_message(stream: ToolCallStream, text: str) -> tuple[str | None, list[dict]]:
+    """A whole choice's content and calls, as the chat endpoint reads them."""
+    message = ChatOutputReader(None, stream).message(text)
+    return message["content"], message.get("tool_calls", [])
 
 
 def without_ids(calls: list[dict]) -> list[dict]:
