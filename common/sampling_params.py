@@ -26,12 +26,14 @@ class InvalidParameter(ValueError):
 class StructuredOutput:
     """A grammar the output must follow, compiled by the scheduler (scheduler/structured_output.py)."""
 
-    kind: str  # "json" (spec: a JSON schema) | "json_object" | "regex" (spec: the pattern) | "choice" (spec: JSON list)
+    # "json" (spec: a JSON schema) | "json_object" | "regex" (spec: the pattern) | "choice" (spec: a JSON list) |
+    # "grammar" (spec: an EBNF grammar, xgrammar's dialect, whose start rule is `root`)
+    kind: str
     spec: str = ""
     field: str = "response_format"  # the request field it came from, named in errors
 
 
-STRUCTURED_KINDS = ("json", "json_object", "regex", "choice")
+STRUCTURED_KINDS = ("json", "json_object", "regex", "choice", "grammar")
 
 
 @dataclass(slots=True)

@@ -173,6 +173,51 @@ class StreamOptions(RequestBody):
 MAX_N = 128  # choices per request (n times the prompts of a completion)
 
 
+def _structured(
+    field: str,
+    schema: dict | str | None,
+    regex: str | None,
+    choice: list[str] | None,
+    grammar: str | None,
+    json_object: bool | None,
+) -> list[StructuredOutput]:
+    """What vLLM's structured output fields ask for (`field`: "guided_" for each guided_* field, else the one
+    field that holds them all)."""
+
+    def named(kind: str) -> str:
+        return field + kind if field.endswith("_") else field
+
+    asked = []
+    if schema is not None:
+        asked.append(StructuredOutput("json", schema if isinstance(schema, str) else json.dumps(schema), named("json")))
+    if regex is not None:
+        asked.append(StructuredOutput("regex", regex, named("regex")))
+    if choice is not None:
+        if not choice or not all(choice):
+            raise ApiError(400, f"{named('choice')} must be a list of non-empty strings", param=named("choice"))
+        asked.append(StructuredOutput("choice", json.dumps(choice), named("choice")))
+    if grammar is not None:
+        asked.append(StructuredOutput("grammar", grammar, named("grammar")))
+    if json_object:
+        asked.append(StructuredOutput("json_object", "", named("json_object")))
+    return asked
+
+
+class StructuredOutputs(RequestBody):
+    """vLLM's structured_outputs: one of these at most."""
+
+    json_schema: dict | str | None = Field(default=None, alias="json")
+    regex: str | None = None
+    choice: list[str] | None = None
+    grammar: str | None = None
+    json_object: bool | None = None
+
+    def asked(self) -> list[StructuredOutput]:
+        return _structured(
+            "structured_outputs", self.json_schema, self.regex, self.choice, self.grammar, self.json_object
+        )
+
+
 class OpenAIFields(SamplingFields):
     """Fields both OpenAI endpoints share, and the checks the engine cannot make."""
 
@@ -181,11 +226,14 @@ class OpenAIFields(SamplingFields):
     stream: bool | None = False
     stream_options: StreamOptions | None = None
     user: str | None = None  # an end-user id for the client's own records: accepted, used for nothing
-    # Structured output: OpenAI's response_format, or vLLM's guided_json / guided_regex / guided_choice.
+    # Structured output: OpenAI's response_format, or vLLM's structured_outputs (and the guided_* fields that
+    # vLLM had before it).
     response_format: dict | None = None
+    structured_outputs: StructuredOutputs | None = None
     guided_json: dict | str | None = None
     guided_regex: str | None = None
     guided_choice: list[str] | None = None
+    guided_grammar: str | None = None
     truncate_prompt_tokens: Int | None = None  # vLLM's: keep the prompt's last k tokens; -1: the context's worth
 
     @property
@@ -223,15 +271,11 @@ class OpenAIFields(SamplingFields):
                 raise ApiError(
                     400, "response_format type must be 'text', 'json_object' or 'json_schema'", param="response_format"
                 )
-        if self.guided_json is not None:
-            schema = self.guided_json if isinstance(self.guided_json, str) else json.dumps(self.guided_json)
-            asked.append(StructuredOutput("json", schema, "guided_json"))
-        if self.guided_regex is not None:
-            asked.append(StructuredOutput("regex", self.guided_regex, "guided_regex"))
-        if self.guided_choice is not None:
-            if not self.guided_choice or not all(self.guided_choice):
-                raise ApiError(400, "guided_choice must be a list of non-empty strings", param="guided_choice")
-            asked.append(StructuredOutput("choice", json.dumps(self.guided_choice), "guided_choice"))
+        if self.structured_outputs is not None:
+            asked += self.structured_outputs.asked()
+        asked += _structured(
+            "guided_", self.guided_json, self.guided_regex, self.guided_choice, self.guided_grammar, json_object=False
+        )
         if len(asked) > 1:
             raise ApiError(400, "ask for one structured output at most", param=asked[1].field)
         return asked[0] if asked else None

@@ -80,6 +80,8 @@ class GrammarCompiler:
             elif spec.kind == "choice":
                 choices = json.loads(spec.spec)
                 compiled = self.compiler.compile_grammar("root ::= " + " | ".join(json.dumps(c) for c in choices))
+            elif spec.kind == "grammar":
+                compiled = self.compiler.compile_grammar(spec.spec)
             else:
                 raise InvalidParameter("response_format", f"unknown structured output kind {spec.kind!r}")
         except (RuntimeError, ValueError) as exc:

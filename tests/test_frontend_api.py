@@ -165,6 +165,24 @@ def test_vllms_chat_template_options_reach_the_tokenizer_and_their_misuse_is_a_4
     assert len(engine.submitted) == 2
 
 
+@pytest.mark.parametrize(
+    "fields, kind, spec",
+    [
+        ({"structured_outputs": {"json": {"type": "object"}}}, "json", '{"type": "object"}'),
+        ({"structured_outputs": {"regex": "[0-9]+"}}, "regex", "[0-9]+"),
+        ({"structured_outputs": {"choice": ["a", "b"]}}, "choice", '["a", "b"]'),
+        ({"structured_outputs": {"grammar": 'root ::= "x"'}}, "grammar", 'root ::= "x"'),
+        ({"structured_outputs": {"json_object": True}}, "json_object", ""),
+        ({"guided_grammar": 'root ::= "x"'}, "grammar", 'root ::= "x"'),
+    ],
+)
+def test_vllms_structured_outputs_and_its_older_guided_fields_reach_the_engine(http, engine, fields, kind, spec):
+    # structured_outputs is vLLM's field since it dropped guided_* (0.12): both are served.
+    assert http.post("/v1/completions", json={"prompt": "x", **fields}).status_code == 200
+    structured = engine.submitted[-1].sampling.structured
+    assert (structured.kind, structured.spec, structured.field) == (kind, spec, next(iter(fields)))
+
+
 def test_a_completion_prompt_may_ask_for_no_special_tokens(http, engine):
     http.post("/v1/completions", json={"prompt": "x"})
     http.post("/v1/completions", json={"prompt": "x", "add_special_tokens": False})
@@ -337,6 +355,9 @@ BAD_CHATS = [
     ({"messages": USER, "response_format": {"type": "yaml"}}, "response_format"),
     ({"messages": USER, "response_format": {"type": "json_schema", "json_schema": {"name": "x"}}}, "response_format"),
     ({"messages": USER, "guided_regex": "a+", "guided_choice": ["a"]}, "guided_choice"),
+    ({"messages": USER, "structured_outputs": {"regex": "a+", "grammar": "root ::= x"}}, "structured_outputs"),
+    ({"messages": USER, "structured_outputs": {"yaml": "a: 1"}}, "structured_outputs"),
+    ({"messages": USER, "structured_outputs": {"choice": [""]}}, "structured_outputs"),
     ({"messages": USER, "guided_choice": []}, "guided_choice"),
     ({"messages": USER, "modalities": ["audio"]}, "modalities"),
     ({"messages": USER, "store": True}, "store"),

@@ -47,6 +47,13 @@ def test_choice_output_is_one_of_the_choices(llm):
         assert out.text in ("red", "green blue") and out.finish_reason == "stop"
 
 
+def test_grammar_output_is_a_sentence_of_the_grammar(llm):
+    grammar = 'root ::= ("yes" | "no") "-" [0-9] [0-9]'  # EBNF, xgrammar's dialect
+    for out in texts(llm, StructuredOutput("grammar", grammar)):
+        assert re.fullmatch("(yes|no)-[0-9]{2}", out.text), out.text
+        assert out.finish_reason == "stop"
+
+
 def test_json_schema_output_parses_and_follows_the_schema(llm):
     for out in texts(llm, StructuredOutput("json", json.dumps(SCHEMA)), max_tokens=100):
         value = json.loads(out.text)
@@ -62,10 +69,17 @@ def test_structured_and_free_requests_share_a_batch(llm):
     assert llm.tokenizer.decode(both[1].token_ids, skip_special_tokens=True) == "xxxxx"
 
 
-def test_a_grammar_that_does_not_compile_is_refused_naming_its_field(llm):
+@pytest.mark.parametrize(
+    "structured",
+    [
+        StructuredOutput("regex", "(unclosed", "guided_regex"),
+        StructuredOutput("grammar", "root ::= (", "structured_outputs"),
+    ],
+)
+def test_a_grammar_that_does_not_compile_is_refused_naming_its_field(llm, structured):
     with pytest.raises(InvalidParameter) as refused:
-        llm.add_request([5, 6], SamplingParams(structured=StructuredOutput("regex", "(unclosed", "guided_regex")))
-    assert refused.value.field == "guided_regex"
+        llm.add_request([5, 6], SamplingParams(structured=structured))
+    assert refused.value.field == structured.field
 
 
 def test_a_repeated_grammar_is_compiled_once(llm):
