@@ -28,6 +28,9 @@ class EngineConfig:
     enable_prefix_caching: bool = True
     enable_chunked_prefill: bool = True
     max_waiting_requests: int = 4096  # beyond this the scheduler refuses new requests (HTTP 503)
+    # "fcfs": waiting requests are admitted, and running ones preempted newest first, in arrival order;
+    # "priority": by each request's priority (lower first, as vLLM), then arrival (scheduler/waiting_queue.py).
+    scheduling_policy: str = "fcfs"
     # A request without max_tokens generates at most this many (and never past the context); None: up to the
     # context, as vLLM. The server's flag defaults to SERVER_DEFAULT_MAX_TOKENS.
     default_max_tokens: int | None = None
@@ -147,6 +150,13 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
     )
     g.add_argument("--no-chunked-prefill", dest="enable_chunked_prefill", action="store_false", help=argparse.SUPPRESS)
     g.add_argument("--max-waiting-requests", type=int, default=d.max_waiting_requests)
+    g.add_argument(
+        "--scheduling-policy",
+        choices=["fcfs", "priority"],
+        default=d.scheduling_policy,
+        help="fcfs: requests are served in arrival order; priority: by their 'priority' field (lower first), then "
+        "arrival, and short of KV blocks the lowest-priority running request is preempted",
+    )
     g.add_argument(
         "--default-max-tokens",
         type=int,

@@ -108,6 +108,7 @@ class GenerateRequest:
     chat_options: ChatTemplateOptions | None = None  # None: the defaults
     add_special_tokens: bool = True  # for a text prompt: the tokenizer's BOS and the like
     truncate_prompt_tokens: int | None = None  # keep only the prompt's last this many tokens (vLLM's)
+    priority: int = 0  # --scheduling-policy priority: lower first (vLLM's)
 
 
 @message(2)
@@ -126,6 +127,7 @@ class TokenizedRequest:
     prompt_token_ids: list[int]
     sampling: SamplingParams
     times: StageTimes
+    priority: int = 0
 
 
 # ---------------------------------------------------------------- scheduler -> tokenizer worker -> frontend

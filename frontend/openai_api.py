@@ -61,6 +61,7 @@ def openai_router(
                 prompt_token_ids=ids,
                 add_special_tokens=body.add_special_tokens,
                 truncate_prompt_tokens=kept,
+                priority=body.priority,
             )
             for text, ids in prompts
             for j in range(body.num_choices)
@@ -92,6 +93,7 @@ def openai_router(
                 chat_messages=messages,
                 chat_options=chat_options,
                 truncate_prompt_tokens=kept,
+                priority=body.priority,
             )
             for j in range(body.num_choices)
         ]

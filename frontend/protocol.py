@@ -235,6 +235,7 @@ class OpenAIFields(SamplingFields):
     guided_choice: list[str] | None = None
     guided_grammar: str | None = None
     truncate_prompt_tokens: Int | None = None  # vLLM's: keep the prompt's last k tokens; -1: the context's worth
+    priority: Int = 0  # vLLM's: under --scheduling-policy priority, lower is served first
 
     @property
     def num_choices(self) -> int:

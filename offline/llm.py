@@ -122,14 +122,15 @@ class LLM:
 
     # ------------------------------------------------------------------ request level
 
-    def add_request(self, prompt_token_ids: list[int], sampling: SamplingParams) -> int:
+    def add_request(self, prompt_token_ids: list[int], sampling: SamplingParams, priority: int = 0) -> int:
+        """priority: under scheduling_policy="priority", lower is served first (vLLM's)."""
         # What the server's frontend and tokenizer workers check; the scheduler checks the rest.
         sampling.validate()
         if not prompt_token_ids:
             raise InvalidParameter("prompt", "the prompt is empty")
         rid = next(self._rids)
         reply = self.scheduler.add_request(
-            TokenizedRequest(rid, list(prompt_token_ids), replace(sampling), StageTimes(arrival=time.time()))
+            TokenizedRequest(rid, list(prompt_token_ids), replace(sampling), StageTimes(arrival=time.time()), priority)
         )
         if isinstance(reply, RequestRejected):
             raise InvalidParameter(reply.param or "prompt", reply.message)
@@ -205,9 +206,10 @@ class LLM:
         sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
         on_step: Callable[[], None] | None = None,
         text: bool = False,
+        priority: Sequence[int] | None = None,
     ) -> list[CompletionOutput]:
         """Generate for every prompt (text or token ids); outputs in prompt order, with their text where a prompt
-        was text (or `text` asks for it)."""
+        was text (or `text` asks for it). priority: each prompt's, under scheduling_policy="priority"."""
         if sampling_params is None:
             sampling_params = self.default_sampling_params()
         params = (
@@ -215,9 +217,9 @@ class LLM:
         )
         outputs: dict[int, CompletionOutput] = {}
         order = []
-        for prompt, sp in zip(prompts, params):
+        for i, (prompt, sp) in enumerate(zip(prompts, params)):
             ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
-            rid = self.add_request(ids, sp)
+            rid = self.add_request(ids, sp, 0 if priority is None else priority[i])
             outputs[rid] = CompletionOutput(ids)
             order.append(rid)
         pending = set(order)

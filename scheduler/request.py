@@ -56,6 +56,8 @@ class Request:
     prompt_logprobs: Logprobs | None = None  # gathered chunk by chunk, sent with the first tokens
     grammar: RequestGrammar | None = None  # structured output: advanced with each output token
     stop_token_ids: frozenset[int] = frozenset()  # the sampling's, as a set: looked up for every output token
+    priority: int = 0  # --scheduling-policy priority: lower first (scheduler/waiting_queue.py)
+    arrival: int = 0  # the scheduler's count of requests when this one arrived: arrival order
 
     @property
     def num_tokens_planned(self) -> int:

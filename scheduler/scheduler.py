@@ -3,10 +3,12 @@
 One step (schedule), in order:
   0. retire: running requests whose last sample is already planned become FINISHING: they give up their
      seat and their blocks at once and only wait for that token (see below).
-  1. running (_schedule_running), oldest first: a decode computes its one new token; a prompt being
-     chunked takes its next chunk from the prompt-token budget. Short of blocks, the prefix cache evicts,
-     then the newest running request is preempted (blocks freed, recomputed later with the tokens it had).
-  2. admit (_admit), unless step 1 preempted: waiting requests, FIFO, while there is room (--max-num-seqs
+  1. running (_schedule_running), oldest first (--scheduling-policy priority: most urgent first): a decode
+     computes its one new token; a prompt being chunked takes its next chunk from the prompt-token budget.
+     Short of blocks, the prefix cache evicts, then the last running request (the newest, or least urgent) is
+     preempted (blocks freed, recomputed later with the tokens it had).
+  2. admit (_admit), unless step 1 preempted: waiting requests in their queue's order (arrival, or priority
+     then arrival: scheduler/waiting_queue.py), while there is room (--max-num-seqs
      seats, --max-prefill-requests per step, --max-num-batched-tokens prompt tokens): each reuses its
      longest cached prefix and computes the rest (a chunk of it, if it does not fit the budget and
      chunking is on). The first request that cannot be admitted stops admission: order is kept.
@@ -21,10 +23,10 @@ step that last used them.)
 
 from __future__ import annotations
 
+import bisect
 import math
 import random
 import time
-from collections import deque
 from dataclasses import dataclass, field, replace
 
 from common.config import EngineConfig, with_batch_limits
@@ -46,6 +48,7 @@ from scheduler.block_manager import BlockManager
 from scheduler.prefix_cache import InsertCursor, PrefixCache
 from scheduler.request import Request, RequestStatus
 from scheduler.structured_output import GrammarCompiler
+from scheduler.waiting_queue import WaitingQueue, priority_key
 
 
 @dataclass(slots=True)
@@ -81,8 +84,9 @@ class Scheduler:
         self.info = info
         self._grammars: GrammarCompiler | None = None  # made on the first structured request
         self.requests: dict[int, Request] = {}
-        self.waiting: deque[Request] = deque()
-        self.running: list[Request] = []  # the batch: at most max_num_seqs, oldest first
+        self.waiting = WaitingQueue(config.scheduling_policy)
+        self._arrivals = 0  # requests that arrived so far: each one's arrival order
+        self.running: list[Request] = []  # the batch: at most max_num_seqs, oldest (or most urgent) first
         # Requests whose last token is in flight: no seat, no blocks; they finish when it arrives.
         self.finishing: dict[int, Request] = {}
         self.stats = SchedulerStats()  # counters and the last step's sizes; snapshot() adds the state
@@ -96,6 +100,10 @@ class Scheduler:
     def add_request(self, msg: TokenizedRequest) -> RequestAccepted | RequestRejected:
         prompt = msg.prompt_token_ids
         rejection = self._validate(msg.rid, prompt, msg.sampling)
+        if rejection is None and msg.priority and not self.waiting.by_priority:
+            rejection = RequestRejected(
+                msg.rid, 400, "priority needs a server started with --scheduling-policy priority", "priority"
+            )
         if rejection is not None:
             return rejection
         sampling = msg.sampling
@@ -121,9 +129,12 @@ class Scheduler:
             msg.times,
             grammar=grammar,
             stop_token_ids=frozenset(sampling.stop_token_ids),
+            priority=msg.priority,
+            arrival=self._arrivals,
         )
+        self._arrivals += 1
         self.requests[msg.rid] = request
-        self.waiting.append(request)
+        self.waiting.add(request)
         return RequestAccepted(msg.rid, len(prompt), msg.times)
 
     @property
@@ -282,14 +293,14 @@ class Scheduler:
         )
 
     def _admit(self, step: _StepDraft) -> None:
-        """Waiting requests, FIFO, into the seats, the per-step admission limit and the budget left. The
-        first that cannot be admitted stops admission: order is kept."""
+        """Waiting requests, in their queue's order, into the seats, the per-step admission limit and the budget
+        left. The first that cannot be admitted stops admission: order is kept."""
         full_budget = self.max_num_batched_tokens
         free_seats = self.max_num_seqs - len(self.running)
         limit = min(free_seats, self.config.max_prefill_requests or self.max_num_seqs)
         admitted = 0
         while self.waiting and step.budget > 0 and admitted < limit:
-            request = self.waiting[0]
+            request = self.waiting.first()
             if request.num_samples_in_flight:
                 break  # preempted with a sample still on the GPU: resume once it has arrived
             tokens = request.known_token_ids()
@@ -312,7 +323,7 @@ class Scheduler:
             if not self._make_free(needed):
                 self._release_blocks(cached)
                 break
-            self.waiting.popleft()
+            self.waiting.pop_first()
             request.status = RequestStatus.RUNNING
             request.block_ids = cached
             request.num_computed = num_cached
@@ -324,7 +335,7 @@ class Scheduler:
                 request.times.first_scheduled = time.time()
                 self.stats.cache_hit_tokens += num_cached
                 self.stats.prompt_tokens_admitted += len(tokens)
-            self.running.append(request)
+            self._seat(request)
             step.new_requests.append(NewRequestSpec(request.rid, tokens, request.sampling, len(request.output_ids)))
             self._plan_chunk(step, request, n, worker_has_blocks=0)
             step.budget -= n
@@ -369,9 +380,18 @@ class Scheduler:
 
     # ------------------------------------------------------------------ blocks
 
+    def _seat(self, request: Request) -> None:
+        """Into the running batch, which is kept in admission order, or under the priority policy in (priority,
+        arrival) order: planned most urgent first, preempted least urgent first."""
+        if self.waiting.by_priority:
+            bisect.insort(self.running, request, key=priority_key)
+        else:
+            self.running.append(request)
+
     def _reserve_blocks(self, request: Request, num_tokens: int) -> list[Request]:
-        """Make room for `request` to reach num_tokens, preempting the newest running requests (perhaps
-        `request` itself, last) until there is. Returns the requests preempted."""
+        """Make room for `request` to reach num_tokens, preempting the last running requests (the newest; under
+        the priority policy the least urgent) until there is, perhaps `request` itself, last. Returns the
+        requests preempted. The running requests before `request` are planned already and never touched."""
         needed = self.blocks.blocks_for_tokens(num_tokens) - len(request.block_ids)
         victims: list[Request] = []
         while not self._make_free(needed):
@@ -408,7 +428,7 @@ class Scheduler:
         request.cache_cursor = InsertCursor()
         request.num_preemptions += 1
         self.stats.preemptions += 1
-        self.waiting.appendleft(request)
+        self.waiting.add_preempted(request)
         self._released.append(request.rid)
 
     def _finish(self, request: Request, reason: str) -> None:

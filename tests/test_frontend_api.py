@@ -126,9 +126,11 @@ def test_completion_passes_prompt_and_sampling_parameters_to_the_engine(http, en
             "ignore_eos": True,
             "skip_special_tokens": False,
             "spaces_between_special_tokens": False,
+            "priority": -2,
         },
     )
     request = engine.submitted[0]
+    assert request.priority == -2
     assert request.prompt == "Say hi" and request.prompt_token_ids is None and request.chat_messages is None
     s = request.sampling
     assert (s.max_tokens, s.temperature, s.top_p, s.top_k, s.seed) == (7, 0.5, 0.9, 40, 3)

@@ -75,6 +75,7 @@ def test_fully_cached_prompt_still_computes_its_last_token(tiny_llama):
         {"max_num_batched_tokens": 20, "block_size": 4},
         {"max_prefill_requests": 1},
         {"max_num_seqs": 2},
+        {"max_num_seqs": 2, "scheduling_policy": "priority"},
     ],
 )
 def test_scheduling_options_leave_outputs_unchanged(tiny_model, engine_args):
@@ -199,3 +200,57 @@ def test_a_request_without_max_tokens_stops_at_the_server_default_or_the_context
     scheduler.add_request(TokenizedRequest(1, [3, 4, 5], SamplingParams(max_tokens=7), StageTimes()))
     assert scheduler.requests[0].max_tokens == expected
     assert scheduler.requests[1].max_tokens == 7, "a request's own max_tokens wins over the default"
+
+
+# ---------------------------------------------------------------- --scheduling-policy priority
+
+
+def admission_order(llm: LLM) -> list[int]:
+    return [spec.rid for plan in llm.plans_executed for spec in plan.new_requests]
+
+
+def test_under_the_priority_policy_waiting_requests_are_admitted_most_urgent_first(tiny_llama):
+    prompts = random_prompts(4, [9, 7, 11, 8], vocab=512, seed=31)
+    short = SamplingParams(max_tokens=2, temperature=0.0, ignore_eos=True)
+    orders = {}
+    for policy in ("fcfs", "priority"):
+        llm = make_llm(tiny_llama, max_num_seqs=1, scheduling_policy=policy)
+        priorities = [2, 0, 1, 0] if policy == "priority" else None
+        outs = llm.generate(prompts, short, priority=priorities, on_step=llm.scheduler.check_integrity)
+        rids = sorted(spec.rid for plan in llm.plans_executed for spec in plan.new_requests)
+        orders[policy] = [rids.index(rid) for rid in admission_order(llm)], [o.token_ids for o in outs]
+    assert orders["fcfs"][0] == [0, 1, 2, 3]
+    assert orders["priority"][0] == [1, 3, 2, 0]  # lower first; arrival order between the two 0s
+    assert orders["priority"][1] == orders["fcfs"][1], "each request's tokens are its own whatever the order"
+
+
+def test_short_of_blocks_the_least_urgent_running_request_is_preempted(tiny_llama, monkeypatch):
+    # Two requests run together until the pool runs short: the first to arrive is the less urgent one.
+    prompts = random_prompts(2, [8, 8], vocab=512, seed=32)
+    params = SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True)
+    baseline = run(make_llm(tiny_llama, block_size=4), prompts, params)
+    first_victims = {}
+    for policy, priorities in (("fcfs", None), ("priority", [5, 0])):
+        llm = make_llm(tiny_llama, block_size=4, num_kv_blocks=12, max_num_seqs=2, scheduling_policy=policy)
+        victims: list[int] = []
+        preempt = llm.scheduler._preempt
+
+        def recording(request, preempt=preempt, victims=victims):
+            victims.append(request.arrival)
+            preempt(request)
+
+        monkeypatch.setattr(llm.scheduler, "_preempt", recording)
+        outs = llm.generate(prompts, params, priority=priorities, on_step=llm.scheduler.check_integrity)
+        assert [o.token_ids for o in outs] == baseline
+        first_victims[policy] = victims[0]
+    assert first_victims == {"fcfs": 1, "priority": 0}  # the newest, or the less urgent (the older one)
+
+
+def test_priority_without_the_priority_policy_is_refused_naming_it(tiny_llama):
+    from common.sampling_params import InvalidParameter
+
+    llm = make_llm(tiny_llama)
+    with pytest.raises(InvalidParameter) as refused:
+        llm.add_request([5, 6, 7], GREEDY, priority=1)
+    assert refused.value.field == "priority"
+    assert llm.add_request([5, 6, 7], GREEDY, priority=0) >= 0

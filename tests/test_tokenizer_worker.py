@@ -180,9 +180,10 @@ def test_stats_count_requests_and_messages(worker, rid):
 
 def test_a_prompt_is_tokenized_for_the_scheduler_with_its_stage_times(worker, rid):
     sampling = SamplingParams(max_tokens=5, stop=["x"])
-    tokenized = worker.submit(rid, sampling, prompt="你好 🚀")
+    tokenized = worker.submit(rid, sampling, prompt="你好 🚀", priority=3)
     assert tokenized.prompt_token_ids == worker.tokenizer.hf.encode("你好 🚀")
     assert tokenized.sampling == sampling
+    assert tokenized.priority == 3  # for the scheduler's queue (--scheduling-policy priority)
     assert tokenized.times.arrival == 100.0 and tokenized.times.tokenized > tokenized.times.arrival
 
 

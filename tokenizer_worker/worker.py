@@ -98,7 +98,11 @@ class TokenizerWorker:
             include_stop_token_text=sampling.include_stop_str_in_output,
         )
         return TokenizedRequest(
-            request.rid, ids, sampling, StageTimes(arrival=request.arrival_time, tokenized=time.time())
+            request.rid,
+            ids,
+            sampling,
+            StageTimes(arrival=request.arrival_time, tokenized=time.time()),
+            request.priority,
         )
 
     def answer_text_request(self, request: TokenizeRequest | DetokenizeRequest) -> TextReply | RequestRejected:
