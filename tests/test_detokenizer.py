@@ -14,15 +14,24 @@ from tokenizer_worker.tokenizer import Tokenizer
 ALPHABET = "".join(sorted(set("".join(MULTIBYTE_LINES)))) + "abc XYZ.,\n"
 
 
-@pytest.fixture(scope="module")
-def tokenizer(tmp_path_factory) -> Tokenizer:
+def python_windows(tokenizer: Tokenizer) -> Tokenizer:
+    """The tokenizer as a slow one looks to the detokenizer (no Rust backend): windows decoded in Python."""
+    slow = Tokenizer(tokenizer.hf, tokenizer.vocab_size, tokenizer.skipped_ids)
+    slow._backend = None
+    return slow
+
+
+@pytest.fixture(scope="module", params=["decode-stream", "python-windows"])
+def tokenizer(request, tmp_path_factory) -> Tokenizer:
+    """Both ways the detokenizer works: a fast tokenizer's DecodeStream, a slow one's windows."""
     folder = tmp_path_factory.mktemp("tiny-tokenizer")
     build_tokenizer(folder)
-    return Tokenizer.load(str(folder))
+    loaded = Tokenizer.load(str(folder))
+    return loaded if request.param == "decode-stream" else python_windows(loaded)
 
 
-@pytest.fixture(scope="module")
-def sentencepiece_tokenizer(tmp_path_factory) -> Tokenizer:
+@pytest.fixture(scope="module", params=["decode-stream", "python-windows"])
+def sentencepiece_tokenizer(request, tmp_path_factory) -> Tokenizer:
     """Llama-2 style: "▁" for spaces, the first token's space stripped, unknown characters as byte tokens."""
     from tokenizers import Tokenizer as RustTokenizer
     from tokenizers import decoders, models, pre_tokenizers
@@ -52,7 +61,8 @@ def sentencepiece_tokenizer(tmp_path_factory) -> Tokenizer:
     PreTrainedTokenizerFast(
         tokenizer_object=rust, bos_token="<s>", eos_token="</s>", unk_token="<unk>"
     ).save_pretrained(folder)
-    return Tokenizer.load(str(folder))
+    loaded = Tokenizer.load(str(folder))
+    return loaded if request.param == "decode-stream" else python_windows(loaded)
 
 
 def stream(tokenizer: Tokenizer, ids: list[int], chunk_sizes: list[int], skip_special_tokens: bool = True) -> list[str]:
@@ -156,12 +166,17 @@ def test_each_step_decodes_a_short_window_however_long_the_output(tokenizer):
             return super().decode(ids, *options)
 
     counting = CountingTokenizer(tokenizer.hf, tokenizer.vocab_size, tokenizer.skipped_ids)
+    counting._backend = tokenizer.backend
     ids = tokenizer.hf.encode(" ".join(MULTIBYTE_LINES) * 30)
     assert len(ids) > 1000
     detokenizer = IncrementalDetokenizer(counting)
-    text = "".join(detokenizer.step([i]) for i in ids)
-    assert text == tokenizer.decode(ids)
-    assert max(decoded_lengths) <= 12
+    deltas, windows = [], []
+    for i in ids:
+        deltas.append(detokenizer.step([i]))
+        windows.append(detokenizer.window_tokens)
+    assert "".join(deltas) == tokenizer.decode(ids)
+    assert max(windows) <= 12  # the window the next decode reads (the DecodeStream's holds the same)
+    assert max(decoded_lengths, default=0) <= 12
 
 
 # ------------------------------------------------------------------ stop strings
@@ -247,3 +262,17 @@ def test_stop_string_output_does_not_depend_on_how_the_text_is_split(text, stop,
     else:
         assert not stopped
         assert "".join(out) == text
+
+
+def test_a_decode_stream_that_fails_hands_over_to_python_windows_mid_output(tokenizer):
+    ids = tokenizer.hf.encode("天气很好 🚀✨ and more")
+    detokenizer = IncrementalDetokenizer(tokenizer)
+    deltas = [detokenizer.step([i]) for i in ids[:5]]
+
+    class Broken:
+        def step(self, backend, token):
+            raise Exception("InvalidPrefix")  # what tokenizers raises where a window's text does not extend
+
+    detokenizer._stream = Broken() if detokenizer._stream is not None else None
+    deltas += [detokenizer.step([i], final=n == len(ids) - 1) for n, i in enumerate(ids) if n >= 5]
+    assert "".join(deltas) == tokenizer.hf.decode(ids)

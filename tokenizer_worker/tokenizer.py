@@ -37,6 +37,11 @@ class Tokenizer:
     def __post_init__(self) -> None:
         self._backend = getattr(self.hf, "backend_tokenizer", None)
 
+    @property
+    def backend(self) -> Any:
+        """A fast tokenizer's `tokenizers.Tokenizer` (None for a slow, Python one)."""
+        return self._backend
+
     @classmethod
     def load(cls, model_folder: str, chat_template: str | None = None) -> Tokenizer:
         """`chat_template`: a Jinja template for chat requests instead of the tokenizer's own
