@@ -192,10 +192,13 @@ class LLM:
         messages: list[dict] | Sequence[list[dict]],
         sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
         options: ChatTemplateOptions | None = None,
+        tools: list[dict] | None = None,
     ) -> list[CompletionOutput]:
         """vLLM's LLM.chat: one conversation (a list of messages) or several, each rendered with the model's chat
-        template exactly as the server renders a chat request (with the same options), then generated; the
-        outputs carry their text."""
+        template exactly as the server renders a chat request (with the same options; `tools`, OpenAI's function
+        definitions, for templates that describe them), then generated; the outputs carry their text."""
+        if tools is not None:
+            options = replace(options or ChatTemplateOptions(), tools=tools)
         conversations = [messages] if messages and isinstance(messages[0], dict) else list(messages)
         prompts = [self._text_tokenizer().render_chat(list(c), options) for c in conversations]
         return self.generate(prompts, sampling_params, text=True)

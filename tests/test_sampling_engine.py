@@ -192,3 +192,16 @@ def test_output_text_shows_special_tokens_as_asked_and_not_the_token_that_stoppe
     kept = free.token_ids[: free.token_ids.index(stop)]
     assert (stopped.token_ids, stopped.finish_reason) == (kept + [stop], "stop")
     assert stopped.text == llm.tokenizer.decode(kept, skip_special_tokens=True)
+
+
+def test_chat_hands_the_tools_to_the_chat_template(tiny_llama):
+    tool_names = "{% for t in tools or [] %}[{{ t.function.name }}]{% endfor %}"
+    template = tool_names + "{% for m in messages %}{{ m.content }}{% endfor %}"
+    tool = {"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}
+    greedy = SamplingParams(max_tokens=2, temperature=0.0, ignore_eos=True)
+    with LLM(str(tiny_llama), device="cpu", dtype="float32", num_kv_blocks=32) as llm:
+        llm.tokenizer.chat_template = template
+        [with_tools] = llm.chat([{"role": "user", "content": "hi"}], greedy, tools=[tool])
+        [without] = llm.chat([{"role": "user", "content": "hi"}], greedy)
+    assert llm.tokenizer.decode(with_tools.prompt_token_ids) == "[get_weather]hi"
+    assert llm.tokenizer.decode(without.prompt_token_ids) == "hi"
