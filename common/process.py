@@ -7,7 +7,7 @@ import logging
 import os
 import signal
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import NoReturn
 
@@ -95,10 +95,23 @@ def sigterm_deferred() -> Iterator[None]:
         raise SystemExit(0)
 
 
+_exit_hooks: list[Callable[[], None]] = []
+
+
+def at_child_exit(hook: Callable[[], None]) -> None:
+    """Run `hook` when the child ends through exit_child (interpreter teardown and atexit are skipped there)."""
+    _exit_hooks.append(hook)
+
+
 def exit_child() -> NoReturn:
     """End a child that stopped normally (its loop returned, or SIGTERM) at once, with exit code 0, after its
-    own cleanup ran. Skipping the interpreter's teardown is deliberate: with a control thread still blocked on
-    a ZeroMQ socket, that teardown could hang until the launcher's SIGKILL."""
+    own cleanup and its at_child_exit hooks ran. Skipping the interpreter's teardown is deliberate: with a
+    control thread still blocked on a ZeroMQ socket, that teardown could hang until the launcher's SIGKILL."""
+    for hook in _exit_hooks:
+        try:
+            hook()
+        except Exception:  # one failing hook must not keep the others, or the exit, from running
+            logging.getLogger(__name__).exception("an exit hook failed")
     logging.shutdown()
     sys.stdout.flush()
     sys.stderr.flush()

@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from common.garbage import process_gc_pauses
-from common.process import sigterm_deferred
+from common.process import at_child_exit, sigterm_deferred
 from common.transport import SocketStats
 
 if TYPE_CHECKING:  # both are imported only where a profiler starts
@@ -203,6 +203,13 @@ class ProcessProfiler:
         self.config = config
         self.role = role
         self.profiler = kind()
+        # A window still open when the process ends (the server stopped before its stop command came) is
+        # written then: the profile asked for is not lost.
+        at_child_exit(self._write_if_open)
+
+    def _write_if_open(self) -> None:
+        if self.profiler.active:
+            log.info("profile written at exit to %s", self.profiler.stop())
 
     def start(self) -> dict:
         if self.config.dir is None:

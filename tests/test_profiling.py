@@ -451,6 +451,22 @@ def test_a_server_stopped_as_its_profile_window_closes_leaves_every_trace_whole(
     assert len(named(traces["gpu_worker"][1], "aten::embedding")) == 4
 
 
+def test_a_profile_still_open_when_the_server_stops_is_written_by_every_process(tiny_llama, tmp_path):
+    folder = tmp_path / "traces"
+    server = ServerProcess(
+        tiny_llama, "--num-kv-blocks", "64", "--profile-dir", str(folder), log_path=tmp_path / "server.log"
+    )
+    try:
+        processes = len(server_pids(server))
+        with server.client() as c:
+            assert c.post("/start_profile").status_code == 200
+        generate(server, n=1, max_tokens=3)
+    finally:
+        assert server.stop() == 0  # no /stop_profile: the window is open when SIGTERM comes
+    traces = traces_by_role(folder.glob("*.trace.json"))
+    assert len(traces) == processes and all(events for _, events in traces.values())
+
+
 def test_a_sigterm_while_a_trace_is_written_ends_the_process_once_it_is_whole(tmp_path):
     profiler = PythonProfiler()
     profiler.start(str(tmp_path), "unit")
