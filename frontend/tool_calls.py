@@ -99,12 +99,16 @@ def _parameters(function: dict) -> dict:
     return function.get("parameters") or {"type": "object", "properties": {}}
 
 
-def new_call_id() -> str:
-    return f"chatcmpl-tool-{secrets.token_hex(12)}"
-
-
-def _call(name: str, arguments: str) -> dict:
-    return {"id": new_call_id(), "type": "function", "function": {"name": name, "arguments": arguments}}
+def _call(parsed: Any, *argument_keys: str) -> dict | None:
+    """The OpenAI call a parsed JSON object names ({"name": ..., <the first of argument_keys>: {...}}, arguments
+    as JSON text), with a new id; None where the object is not one."""
+    if not isinstance(parsed, dict) or not isinstance(parsed.get("name"), str):
+        return None
+    arguments = next((parsed[key] for key in argument_keys if key in parsed), {})
+    if not isinstance(arguments, str):
+        arguments = json.dumps(arguments, ensure_ascii=False)
+    function = {"name": parsed["name"], "arguments": arguments}
+    return {"id": f"chatcmpl-tool-{secrets.token_hex(12)}", "type": "function", "function": function}
 
 
 @dataclass(slots=True)
@@ -134,7 +138,7 @@ class ToolCallStream:
 
     def _named(self, text: str) -> list[dict]:
         if not self.calls:
-            self.calls.append(_call(self.plan.function, text))
+            self.calls.append(_call({"name": self.plan.function, "arguments": text}, "arguments"))
             return [{"tool_calls": [{"index": 0, **self.calls[0]}]}]
         self.calls[0]["function"]["arguments"] += text
         return [{"tool_calls": [{"index": 0, "function": {"arguments": text}}]}] if text else []
@@ -143,10 +147,13 @@ class ToolCallStream:
         text, self._held = self._held, ""
         try:
             listed = json.loads(text)
-            new = [_call(item["name"], json.dumps(item["parameters"], ensure_ascii=False)) for item in listed]
-        except (ValueError, TypeError, KeyError):  # cut short (max_tokens): not a list of calls
+        except ValueError:
+            listed = None
+        read = [_call(item, "parameters") for item in listed] if isinstance(listed, list) else [None]
+        calls = [call for call in read if call is not None]
+        if len(calls) < len(read):  # cut short (max_tokens): not a list of calls
             return [{"content": text}] if text else []
-        return self._made(new)
+        return self._made(calls)
 
     def _made(self, new: list[dict]) -> list[dict]:
         first = len(self.calls)
@@ -212,25 +219,19 @@ def _llama3_calls(text: str) -> list[dict] | None:
             return calls or None
         try:
             parsed, at = decoder.raw_decode(text, at)
-            name, arguments = parsed["name"], parsed.get("parameters", parsed.get("arguments", {}))
-        except (ValueError, TypeError, KeyError, AttributeError):
+        except ValueError:
             return None
-        if not isinstance(name, str):
+        call = _call(parsed, "parameters", "arguments")
+        if call is None:
             return None
-        calls.append(
-            _call(name, arguments if isinstance(arguments, str) else json.dumps(arguments, ensure_ascii=False))
-        )
+        calls.append(call)
 
 
 def _hermes_call(body: str) -> dict | None:
     try:
-        parsed = json.loads(body)
-        name, arguments = parsed["name"], parsed.get("arguments", {})
-    except (ValueError, TypeError, KeyError, AttributeError):
+        return _call(json.loads(body), "arguments")
+    except ValueError:
         return None
-    if not isinstance(name, str):
-        return None
-    return _call(name, arguments if isinstance(arguments, str) else json.dumps(arguments, ensure_ascii=False))
 
 
 def _merged_content(deltas: list[dict]) -> list[dict]:
