@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import gc
 import json
+import statistics
 import sys
 import time
 from dataclasses import replace
@@ -51,6 +52,7 @@ def run_ours(
     freeze_startup_objects()  # as every server process does once it serves (common/garbage.py)
     _sync()
     host_before, steps_before = llm.host_s, llm.steps_run
+    llm.host_step_log = []
     wall_start = time.time()
     bar = tqdm(total=len(prompts) * output_len, desc="ours", unit="tok", file=sys.stderr)
     start = time.perf_counter()
@@ -59,8 +61,8 @@ def run_ours(
     def on_step():
         nonlocal steps
         steps += 1
-        bar.n = stats.generated_tokens
-        bar.refresh()
+        # update(), not refresh(): the bar redraws at most every mininterval, not at every step's host expense
+        bar.update(stats.generated_tokens - bar.n)
 
     outs = llm.generate(prompts, params, on_step=on_step)
     _sync()
@@ -69,6 +71,8 @@ def run_ours(
     generated = sum(len(o.token_ids) for o in outs)
     ttfts = sorted(o.first_token_time - wall_start for o in outs)
     host_ms_per_step = 1000 * (llm.host_s - host_before) / max(1, llm.steps_run - steps_before)
+    decode_host = full_decode_host_ms(llm.host_step_log)
+    llm.host_step_log = None
     gpu_busy = gpu_busy_fraction(llm, profile_prompts, params, profile_steps) if profile_steps else None
     result = {
         "name": "ours",
@@ -78,6 +82,7 @@ def run_ours(
         "tokens_per_s": generated / elapsed,
         "warmup_requests": len(warmup),
         "host_ms_per_step": host_ms_per_step,
+        "decode_step_host_ms": decode_host,
         "gpu_busy": gpu_busy,
         "ttft_p50_s": ttfts[len(ttfts) // 2],
         "ttft_p99_s": ttfts[min(len(ttfts) - 1, int(0.99 * len(ttfts)))],
@@ -89,6 +94,19 @@ def run_ours(
     return result
 
 
+def full_decode_host_ms(log: list) -> dict | None:
+    """Medians (ms) of each host part over the passes that ran the fullest decode-only steps (every running
+    request one token: the steady state), with their batch size and count."""
+    decodes = [t for t in log if t.planned_rids and t.planned_tokens == t.planned_rids]
+    if not decodes:
+        return None
+    batch = max(t.planned_rids for t in decodes)
+    full = [t for t in decodes if t.planned_rids == batch]
+    parts = {name: 1000 * statistics.median(getattr(t, f"{name}_s") for t in full) for name in HOST_PARTS}
+    return {"batch": batch, "passes": len(full), **parts}
+
+
+HOST_PARTS = ("schedule", "wire", "prepare", "forward", "finish", "process", "total")
 PROFILE_AFTER_STEPS = 20  # the window opens after the prefill-heavy start of the run
 
 
@@ -298,6 +316,13 @@ def main(argv: list[str] | None = None) -> None:
         f"p99 {1000 * first['ttft_p99_s']:.1f} ms (from the start of generate); {first['steps']} steps, "
         f"host {first['host_ms_per_step']:.2f} ms per step (all but waiting for the device)"
     )
+    if first["decode_step_host_ms"] is not None:
+        d = first["decode_step_host_ms"]
+        parts = ", ".join(f"{name} {d[name]:.3f}" for name in HOST_PARTS[:-1])
+        print(
+            f"ours: host per {d['batch']}-request decode step (median of {d['passes']}): {d['total']:.2f} ms "
+            f"({parts}; ms)"
+        )
     if first["gpu_busy"] is not None:
         g = first["gpu_busy"]
         print(f"ours: GPU busy {100 * g['fraction']:.0f}% of a {g['window_ms']:.0f} ms window of {g['steps']} steps")
