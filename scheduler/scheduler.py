@@ -225,19 +225,24 @@ class Scheduler:
         next chunk from the budget. Short of blocks, the newest running requests are preempted."""
         bs = self.block_size
         max_model_len = self.max_model_len
+        running_status = RequestStatus.RUNNING
         rids, starts, num_tokens, samples = step.rids, step.starts, step.num_tokens, step.samples
+        last_sampled = self._last_sampled
+        decodes = 0  # decodes planned by the fast path below
         for request in list(self.running):
-            if request.status is not RequestStatus.RUNNING:
+            if request.status is not running_status:
                 continue  # preempted earlier in this loop to make room
             num_computed = request.num_computed
             prefilling = num_computed < request.num_resume_tokens
+            planned = len(request.prompt_ids) + request.num_samples_planned  # request.num_tokens_planned
+            grammar = request.grammar
             if prefilling:
                 n = min(request.num_resume_tokens - num_computed, step.budget)
                 if n == 0:
                     continue
-            elif request.num_tokens_planned == num_computed:
+            elif planned == num_computed:
                 continue  # its next token is in flight
-            elif request.grammar is not None and request.num_samples_in_flight:
+            elif grammar is not None and request.num_samples_in_flight:
                 continue  # its mask needs the token in flight
             elif num_computed < len(request.block_ids) * bs:
                 # The common case, kept cheap (one step of every running request passes here): the next
@@ -246,16 +251,15 @@ class Scheduler:
                 starts.append(num_computed)
                 num_tokens.append(1)
                 samples.append(True)
-                if request.grammar is not None:
-                    step.token_bitmasks[request.rid] = request.grammar.next_bitmask()
+                if grammar is not None:
+                    step.token_bitmasks[request.rid] = grammar.next_bitmask()
                 request.num_computed = num_computed = num_computed + 1
-                request.num_samples_planned += 1
-                planned = len(request.prompt_ids) + request.num_samples_planned
-                if request.num_samples_planned >= request.max_tokens or planned >= max_model_len:
-                    self._last_sampled.append(request)  # can sample no more
+                request.num_samples_planned = samples_planned = request.num_samples_planned + 1
+                if samples_planned >= request.max_tokens or planned + 1 >= max_model_len:
+                    last_sampled.append(request)  # can sample no more
                 if num_computed % bs == 0:
                     self._cache_computed_blocks(request)
-                step.decode_tokens += 1
+                decodes += 1
                 continue
             else:
                 n = 1
@@ -268,6 +272,7 @@ class Scheduler:
                 step.budget -= n
             else:
                 step.decode_tokens += 1
+        step.decode_tokens += decodes
 
     def _emit(self, step: _StepDraft) -> StepPlan | None:
         """The draft as a plan, with the releases since the last one; the step's counters."""
