@@ -5,16 +5,22 @@ microseconds of Python and driver time). Captured once, a step is one replay. Ev
 lives in static device buffers, refilled by a single host-to-device copy before each replay
 (graph_capture.py):
 
-    | input ids | positions | slots | context lens | decode span | decode slices | block tables [B, W] |
+    | input ids | gather slots | sample slots | positions | slots | context lens | decode span |
+    | decode slices | block tables [B, W] |
 
-Inputs that only the device knows (tokens sampled by the previous step, not yet read back) are copied
-into the input-id buffer on the device, after the host copy and before the replay. Every bucket writes its
+Inputs that only the device knows (tokens sampled by the previous step, not yet read back) are gathered
+inside the graph from the worker's last-token slots: the host writes which slot each such row takes
+(gather slots, -1 elsewhere) with the other fields. Every bucket writes its
 float32 logits into one buffer they share (a bucket's own output would stay allocated in the graph pool:
 ~1.7 GB over 36 buckets of a 512-seat GPT-2, memory the KV store's sizing does not reserve).
 
 Batches are padded up to the next bucket; padding rows read and write a scratch KV block that no
 request owns, and their logits are ignored. Logits are computed inside the graph; sampling runs outside
-(its parameters vary per request). Steps that compute a prompt replay mixed_graphs.py's graphs.
+(its parameters vary per request), except the greedy token of each row, taken inside the graph and
+written to its request's last-token slot: a step whose rows all sample greedily with nothing else to apply
+(no bias, penalty, logprobs or grammar) uses those and launches nothing more; any other step samples again
+outside, and its writes to the slots land after the graph's. Steps that compute a prompt replay
+mixed_graphs.py's graphs.
 """
 
 from __future__ import annotations
@@ -23,7 +29,13 @@ import numpy as np
 import torch
 
 from gpu_worker.attention.base import AttentionBackend, BatchLayout, StaticAttentionBuffers
-from gpu_worker.graph_capture import GraphInputs, capture, write_decode_slices
+from gpu_worker.graph_capture import (
+    GraphInputs,
+    capture,
+    with_device_inputs,
+    write_decode_slices,
+    write_gather_slots,
+)
 from gpu_worker.kv_cache import PagedKVCache
 from gpu_worker.models.forward_context import ForwardContext
 
@@ -43,10 +55,15 @@ class DecodeGraphs:
         max_batch: int,
         max_model_len: int,
         scratch_block: int,
+        last_tokens: torch.Tensor,
         pool,
     ):
-        """pool: the graph memory pool, shared with the worker's other graphs (they never run at once)."""
+        """last_tokens: the worker's last sampled token of each slot (read by rows whose input only the device
+        knows, written with each row's greedy token), with one more entry at the end, a sink for rows that sample
+        nothing; pool: the graph memory pool, shared with the worker's other graphs (they never run at once)."""
         self.model = model
+        self.last_tokens = last_tokens
+        self.sink_slot = len(last_tokens) - 1
         self.device = kv_cache.data.device
         self.block_size = kv_cache.block_size
         self.buckets = batch_buckets(max_batch)
@@ -59,6 +76,8 @@ class DecodeGraphs:
         self.inputs = GraphInputs(
             {
                 "input_ids": (b,),
+                "gather_slots": (b,),
+                "sample_slots": (b,),
                 "positions": (b,),
                 "slots": (b,),
                 "context_lens": (b,),
@@ -71,6 +90,7 @@ class DecodeGraphs:
         )
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self.logits: dict[int, torch.Tensor] = {}  # each bucket's rows of the shared buffer
+        self.greedy: dict[int, torch.Tensor] = {}  # each bucket's greedy tokens
         vocab = model.vocab_size
         self._logits = torch.empty(max_batch, vocab, dtype=torch.float32, device=self.device)
         self._capture(attention, kv_cache, max_model_len, pool)
@@ -98,12 +118,17 @@ class DecodeGraphs:
                 padding_outside_sequences=False,
             )
             ctx = ForwardContext(attention, attention.static_metadata(buffers, max_model_len), kv_cache)
-            ids, pos = d["input_ids"][:bucket], d["positions"][:bucket]
+            ids, gather, pos = d["input_ids"][:bucket], d["gather_slots"][:bucket], d["positions"][:bucket]
+            sample_slots = d["sample_slots"][:bucket]
 
-            def forward(ids=ids, pos=pos, ctx=ctx, out=self._logits[:bucket]) -> torch.Tensor:
-                return self.model.compute_logits(self.model(ids, pos, ctx), out)
+            def forward(ids=ids, gather=gather, sample_slots=sample_slots, pos=pos, ctx=ctx, out=self._logits[:bucket]):
+                hidden = self.model(with_device_inputs(ids, gather, self.last_tokens), pos, ctx)
+                logits = self.model.compute_logits(hidden, out)
+                greedy = logits.argmax(dim=-1)
+                self.last_tokens.index_copy_(0, sample_slots.long(), greedy)
+                return logits, greedy
 
-            self.graphs[bucket], self.logits[bucket] = capture(forward, pool, self.device)
+            self.graphs[bucket], (self.logits[bucket], self.greedy[bucket]) = capture(forward, pool, self.device)
         torch.cuda.synchronize(self.device)
 
     def bucket_for(self, num_seqs: int) -> int | None:
@@ -118,14 +143,25 @@ class DecodeGraphs:
         positions: np.ndarray,
         slots: np.ndarray,
         layout: BatchLayout,
-        device_inputs: tuple[torch.Tensor, torch.Tensor] | None,
-    ) -> torch.Tensor:
-        """Replay the decode graph for these sequences (one token each); returns their logits [n, V].
-        device_inputs: (rows, token ids) already on the device, overriding those rows of input_ids."""
+        pending_rows: np.ndarray,
+        pending_slots: np.ndarray,
+        request_slots: np.ndarray,
+        sampling_rows: np.ndarray,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Replay the decode graph for these sequences (one token each); returns their logits [n, V] and greedy
+        tokens [n], already written to the last-token slots (request_slots) of the sampling_rows.
+        pending_rows take the last token sampled in pending_slots (on the device) instead of input_ids'."""
         n = len(input_ids)
         bucket = self.bucket_for(n)
         host = self.inputs.fill()
         host["input_ids"][:n] = input_ids
+        write_gather_slots(host["gather_slots"], n, pending_rows, pending_slots)
+        sample_slots = host["sample_slots"]
+        if len(sampling_rows) == n:
+            sample_slots[:n] = request_slots
+        else:
+            sample_slots[:n] = self.sink_slot
+            sample_slots[sampling_rows] = request_slots[sampling_rows]
         host["positions"][:n] = positions
         host["slots"][:n] = slots
         host["context_lens"][:n] = layout.context_lens
@@ -137,11 +173,8 @@ class DecodeGraphs:
             self._fill_padding(host, n, bucket)
         self._fill_slices(host, bucket)
         self.inputs.upload()
-        if device_inputs is not None:
-            rows, tokens = device_inputs
-            self.inputs.device["input_ids"].index_copy_(0, rows, tokens.to(torch.int32))
         self.graphs[bucket].replay()
-        return self.logits[bucket][:n]
+        return self.logits[bucket][:n], self.greedy[bucket][:n]
 
     def _fill_slices(self, host: dict[str, np.ndarray], bucket: int) -> None:
         """The decode slices of the bucket's rows (padding rows too: one slice of one token each)."""
@@ -151,6 +184,8 @@ class DecodeGraphs:
     def _fill_padding(self, host: dict[str, np.ndarray], first: int, last: int) -> None:
         """Rows [first, last) become harmless: token 0 at position 0, in the scratch block."""
         host["input_ids"][first:last] = 0
+        host["gather_slots"][first:last] = -1
+        host["sample_slots"][first:last] = self.sink_slot
         host["positions"][first:last] = 0
         host["slots"][first:last] = self.scratch_slot
         host["context_lens"][first:last] = 1

@@ -12,12 +12,14 @@ The host side is a ring (host_copy.py says why): a buffer whose copy is still qu
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import TypeVar
 
 import numpy as np
 import torch
 
 from common.pipeline import host_ring_size
 
+T = TypeVar("T")
 FIELD_ALIGN = 4  # int32 elements: 16 bytes, the alignment Triton specializes kernels on
 
 
@@ -56,9 +58,7 @@ def field_views(shapes: dict[str, tuple[int, ...]], flat):
     return views
 
 
-def capture(
-    forward: Callable[[], torch.Tensor], pool, device: torch.device
-) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
+def capture(forward: Callable[[], T], pool, device: torch.device) -> tuple[torch.cuda.CUDAGraph, T]:
     """A graph of `forward` (run once outside the capture first: that compiles and autotunes), and its output."""
     with torch.inference_mode():
         stream = torch.cuda.Stream(device)
@@ -72,6 +72,23 @@ def capture(
         with torch.cuda.graph(graph, pool=pool, capture_error_mode="thread_local"):
             output = forward()
     return graph, output
+
+
+def write_gather_slots(field: np.ndarray, num_rows: int, pending_rows: np.ndarray, pending_slots: np.ndarray) -> None:
+    """Which of a step's first num_rows input rows the graph takes from the device (the token sampled last in
+    that slot, by a step whose result the host has not read yet): the slot there, -1 where the host wrote the
+    input id. Rows past num_rows are padding's, set to -1 with the rest of it."""
+    if len(pending_rows) == num_rows:  # every row (a steady decode step): they are rows 0..n-1, in order
+        field[:num_rows] = pending_slots
+        return
+    field[:num_rows] = -1
+    field[pending_rows] = pending_slots
+
+
+def with_device_inputs(input_ids: torch.Tensor, gather_slots: torch.Tensor, last_tokens: torch.Tensor) -> torch.Tensor:
+    """Inside a graph: the input ids, with each row whose gather slot is set (write_gather_slots) taking that
+    slot's last sampled token. On the device, so the host neither uploads rows nor launches a copy per step."""
+    return torch.where(gather_slots >= 0, last_tokens[gather_slots.clamp(min=0)], input_ids)
 
 
 def write_decode_slices(host: dict[str, np.ndarray], slices, capacity: int) -> None:

@@ -6,9 +6,9 @@ whatever the step's size (docs/benchmarks.md), so a 512-token chunk beside 64 de
 decode steps. Captured, such a step is one replay. What makes it capturable is that every launch is sized for
 the most its bucket can hold, and the step's real extent is read on the device (attention/triton_backend.py):
 
-    | input ids [T] | positions [T] | slots [T] | logit rows [S] | context lens [S] | query starts [S + 1] |
-    | prefill tiles [2, tiles] | decode span [4] | decode slices | block tables [S, W] |     one copy
-                                                                                          (graph_capture.py)
+    | input ids [T] | gather slots [T] | positions [T] | slots [T] | logit rows [S] | context lens [S] |
+    | query starts [S + 1] | prefill tiles [2, tiles] | decode span [4] | decode slices | block tables [S, W] |
+                                                                          one copy (graph_capture.py)
 
 T: the bucket's token count; S: the most sequences a step holds. A step of t tokens fills rows [0, t); rows
 [t, T) are padding tokens in no sequence: their K/V land in a scratch block no request owns, their attention
@@ -28,7 +28,13 @@ import torch
 from gpu_worker.attention.base import AttentionBackend, BatchLayout, StaticAttentionBuffers
 from gpu_worker.attention.triton_backend import prefill_tiles
 from gpu_worker.attention.triton_kernels import PREFILL_BLOCK_M
-from gpu_worker.graph_capture import GraphInputs, capture, write_decode_slices
+from gpu_worker.graph_capture import (
+    GraphInputs,
+    capture,
+    with_device_inputs,
+    write_decode_slices,
+    write_gather_slots,
+)
 from gpu_worker.input_batch import eager_bucket
 from gpu_worker.kv_cache import PagedKVCache
 from gpu_worker.models.forward_context import ForwardContext
@@ -70,6 +76,7 @@ class MixedStepLayout:
         t, s = max_tokens, max_seqs
         self.shapes: dict[str, tuple[int, ...]] = {
             "input_ids": (t,),
+            "gather_slots": (t,),
             "positions": (t,),
             "slots": (t,),
             "logit_rows": (s,),
@@ -118,14 +125,18 @@ class MixedStepLayout:
         slot_mapping: np.ndarray,
         layout: BatchLayout,
         logit_rows: np.ndarray,
+        pending_rows: np.ndarray,
+        pending_slots: np.ndarray,
     ) -> int:
-        """Write a step into the host fields (which may hold a larger step's values); returns its bucket."""
+        """Write a step into the host fields (which may hold a larger step's values); returns its bucket.
+        pending_rows take the last token sampled in pending_slots (on the device) instead of input_ids'."""
         t, num_seqs = len(input_ids), len(layout.query_lens)
         bucket = self.bucket_for(t, num_seqs)
         if bucket is None:
             raise ValueError(f"a step of {t} tokens and {num_seqs} sequences has no graph")
         num_pre = layout.num_prefill_seqs
         host["input_ids"][:t] = input_ids
+        write_gather_slots(host["gather_slots"], t, pending_rows, pending_slots)
         host["positions"][:t] = positions
         host["slots"][:t] = slot_mapping
         host["logit_rows"][: len(logit_rows)] = logit_rows
@@ -151,6 +162,7 @@ class MixedStepLayout:
         logit rows from first_row on read row 0, and the tiles from first_tile on do nothing: a bucket's graph
         reads every one of them. With the defaults, a step of padding alone."""
         host["input_ids"][first_token:bucket] = 0
+        host["gather_slots"][first_token:bucket] = -1
         host["positions"][first_token:bucket] = 0
         host["slots"][first_token:bucket] = self.scratch_slot
         host["logit_rows"][first_row : min(bucket, self.max_seqs)] = 0
@@ -171,11 +183,14 @@ class MixedGraphs:
         max_seqs: int,
         max_model_len: int,
         scratch_block: int,
+        last_tokens: torch.Tensor,
         pool,
     ):
         """max_tokens: the most tokens a step computes (prompt budget plus decodes); max_seqs: the most sequences
-        a step holds; pool: the graph memory pool, shared with the decode graphs (they never run at once)."""
+        a step holds; last_tokens: the worker's last sampled token of each slot (read by rows whose input only
+        the device knows); pool: the graph memory pool, shared with the decode graphs (they never run at once)."""
         self.model = model
+        self.last_tokens = last_tokens
         self.device = kv_cache.data.device
         width = -(-max_model_len // kv_cache.block_size)
         self.step_layout = MixedStepLayout(max_tokens, max_seqs, width, scratch_block * kv_cache.block_size, attention)
@@ -195,10 +210,12 @@ class MixedGraphs:
             metadata = attention.static_metadata(self.step_layout.attention_buffers(d, bucket), max_model_len)
             ctx = ForwardContext(attention, metadata, kv_cache)
             seqs = min(bucket, self.step_layout.max_seqs)
-            ids, pos, rows = d["input_ids"][:bucket], d["positions"][:bucket], d["logit_rows"][:seqs]
+            ids, gather, pos = d["input_ids"][:bucket], d["gather_slots"][:bucket], d["positions"][:bucket]
+            rows = d["logit_rows"][:seqs]
 
-            def forward(ids=ids, pos=pos, ctx=ctx, rows=rows, selected=self.selected[:seqs]) -> torch.Tensor:
-                return torch.index_select(self.model(ids, pos, ctx), 0, rows, out=selected)
+            def forward(ids=ids, gather=gather, pos=pos, ctx=ctx, rows=rows, selected=self.selected[:seqs]):
+                hidden = self.model(with_device_inputs(ids, gather, self.last_tokens), pos, ctx)
+                return torch.index_select(hidden, 0, rows, out=selected)
 
             self.graphs[bucket], _ = capture(forward, pool, self.device)
         torch.cuda.synchronize(self.device)
@@ -213,16 +230,16 @@ class MixedGraphs:
         slot_mapping: np.ndarray,
         layout: BatchLayout,
         logit_rows: np.ndarray,
-        device_inputs: tuple[torch.Tensor, torch.Tensor] | None,
+        pending_rows: np.ndarray,
+        pending_slots: np.ndarray,
     ) -> torch.Tensor:
         """Replay the graph for this step (bucket_for must have found one); returns the logits [R, V] of
-        logit_rows (flat token rows), as the eager forward does. device_inputs: (rows, token ids) already on
-        the device, overriding those rows of input_ids."""
-        bucket = self.step_layout.fill(self.inputs.fill(), input_ids, positions, slot_mapping, layout, logit_rows)
+        logit_rows (flat token rows), as the eager forward does. pending_rows take the last token sampled in
+        pending_slots (on the device) instead of input_ids'."""
+        bucket = self.step_layout.fill(
+            self.inputs.fill(), input_ids, positions, slot_mapping, layout, logit_rows, pending_rows, pending_slots
+        )
         self.inputs.upload()
-        if device_inputs is not None:
-            rows, tokens = device_inputs
-            self.inputs.device["input_ids"].index_copy_(0, rows, tokens.to(torch.int32))
         self.graphs[bucket].replay()
         r = len(logit_rows)
         if not r:

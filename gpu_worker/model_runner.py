@@ -163,6 +163,11 @@ class ModelRunner:
         if phases is not None:
             gib = self.kv_cache.data.numel() * self.kv_cache.data.element_size() / 2**30
             phases.done(f"KV store: {self.num_kv_blocks} blocks of {config.block_size} tokens, {gib:.2f} GiB")
+        # Last sampled token of each mirror, on the device (the graphs read and write it), and a sink entry past
+        # them for the decode graphs' rows that sample nothing. A released slot may be reused at once: the
+        # device runs steps in order, so the old owner's last write lands before the new owner's.
+        self.num_slots = num_slots = max(max_live_mirrors(config.max_num_seqs), WARM_UP_REQUESTS)
+        self.last_tokens = torch.zeros(num_slots + 1, dtype=torch.long, device=self.device)
         self.graphs: DecodeGraphs | None = None
         self.mixed_graphs: MixedGraphs | None = None
         if captures_graphs:
@@ -179,6 +184,7 @@ class ModelRunner:
                 config.max_num_seqs,
                 info.max_model_len,
                 scratch_block=self.num_kv_blocks,
+                last_tokens=self.last_tokens,
                 pool=pool,
             )
             self.graphs = DecodeGraphs(
@@ -188,6 +194,7 @@ class ModelRunner:
                 config.max_num_seqs,
                 info.max_model_len,
                 scratch_block=self.num_kv_blocks,
+                last_tokens=self.last_tokens,
                 pool=pool,
             )
             if phases is not None:
@@ -208,10 +215,6 @@ class ModelRunner:
         self.staging = StagingRing(
             self.device, 32 * max_tokens + 8 * config.max_num_seqs * (table_width + 16) + sampling_bytes + 2**16
         )
-        # Last sampled token of each mirror, on the device. A released slot may be reused at once: the
-        # device runs steps in order, so the old owner's last write lands before the new owner's.
-        num_slots = max(max_live_mirrors(config.max_num_seqs), WARM_UP_REQUESTS)
-        self.last_tokens = torch.zeros(num_slots, dtype=torch.long, device=self.device)
         self._free_slots = list(range(num_slots - 1, -1, -1))
         # Each slot's block table and sampling parameters, kept between steps (input_batch.py).
         self.batch = PersistentBatch(num_slots, table_width, config.block_size)
@@ -287,32 +290,47 @@ class ModelRunner:
         prompt_rows, prompt_targets = self._prompt_logprob_rows(inputs) if self.num_prompt_logprob_mirrors else ([], [])
         staging = self.staging
         staging.next_step()
-        # (rows, token ids) of the inputs only the device knows: gathered from the last-token slots.
-        device_inputs = (
-            None
-            if not len(inputs.pending_rows)
-            else (
-                staging.upload(inputs.pending_rows, torch.long),
-                self.last_tokens[staging.upload(inputs.pending_slots, torch.long)],
-            )
-        )
         t1 = time.perf_counter()
 
         input_ids, positions, slot_mapping = inputs.input_ids, inputs.positions, inputs.slot_mapping
         decode_only = len(input_ids) == n
         prompt_logprobs = None
+        # Inputs only the device knows (tokens sampled by a step whose result is not read yet): a graph gathers
+        # them itself from the last-token slots; the eager forward is handed them gathered.
+        pending_rows, pending_slots = inputs.pending_rows, inputs.pending_slots
+        graph_greedy = None  # the decode graph's greedy tokens of the sampling rows (in their slots already)
         if decode_only and not prompt_rows and self.graphs is not None and self.graphs.bucket_for(n):
-            logits = self.graphs.run(input_ids, positions, slot_mapping, layout, device_inputs)
+            logits, graph_greedy = self.graphs.run(
+                input_ids,
+                positions,
+                slot_mapping,
+                layout,
+                pending_rows,
+                pending_slots,
+                inputs.slots,
+                inputs.sampling_rows,
+            )
             if len(sampling_rows) < n:
-                logits = logits[staging.upload(inputs.sampling_rows, torch.long)]
+                rows = staging.upload(inputs.sampling_rows, torch.long)
+                logits, graph_greedy = logits[rows], graph_greedy[rows]
         elif (
             not decode_only
             and not prompt_rows
             and self.mixed_graphs is not None
             and self.mixed_graphs.bucket_for(len(input_ids), n)
         ):
-            logits = self.mixed_graphs.run(input_ids, positions, slot_mapping, layout, inputs.logit_rows, device_inputs)
+            logits = self.mixed_graphs.run(
+                input_ids, positions, slot_mapping, layout, inputs.logit_rows, pending_rows, pending_slots
+            )
         else:
+            device_inputs = (
+                None
+                if not len(pending_rows)
+                else (
+                    staging.upload(pending_rows, torch.long),
+                    self.last_tokens[staging.upload(pending_slots, torch.long)],
+                )
+            )
             logits, prompt_hidden = self._forward_eager(
                 input_ids, positions, slot_mapping, layout, inputs.logit_rows, device_inputs, prompt_rows
             )
@@ -331,7 +349,7 @@ class ModelRunner:
             bitmasks = [masks.get(rid) for rid in rids] if self.num_structured_mirrors else None
             sampled_slots = inputs.slots if every_chunk_samples else inputs.slots[inputs.sampling_rows]
             output_index = self.num_sampled[sampled_slots]
-            drawn, sampled_lp = self._sample(logits, sampled_slots, output_index, bitmasks, staging)
+            drawn, sampled_lp = self._sample(logits, sampled_slots, output_index, bitmasks, staging, graph_greedy)
             to_host.append(drawn)
             if sampled_lp is not None:
                 to_host += [sampled_lp.sampled, sampled_lp.top_ids, sampled_lp.top_logprobs]
@@ -372,9 +390,15 @@ class ModelRunner:
         output_index: np.ndarray,
         bitmasks: list[bytes | None] | None,
         staging: StagingRing,
+        graph_greedy: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, SampledLogprobs | None]:
         """Sample one token per row (the requests in these slots), write it to their last-token slots and
-        token counts on the device; output_index: the index in its output of the token each samples."""
+        token counts on the device; output_index: the index in its output of the token each samples.
+        graph_greedy: each row's greedy token, already in its slot (a decode graph's): the draw itself when
+        every row samples greedily with nothing to apply first."""
+        if graph_greedy is not None and bitmasks is None and self.sampling_rows.plain_greedy(slots):
+            self.num_sampled[slots] += 1
+            return graph_greedy, None
         counts = self.token_counts
         batch = self.sampling_rows.batch(
             slots, output_index, staging.upload, None, counts, self.info.eos_token_ids, bitmasks
@@ -546,7 +570,7 @@ class ModelRunner:
         prompt_len = len(spec.token_ids) - spec.num_sampled
         if s.has_penalties:
             if self.token_counts is None:
-                self.token_counts = TokenCounts(len(self.last_tokens), self.model.vocab_size, self.device)
+                self.token_counts = TokenCounts(self.num_slots, self.model.vocab_size, self.device)
             self.token_counts.reset(slot, spec.token_ids[:prompt_len], spec.token_ids[prompt_len:])
         fresh = spec.num_sampled == 0 and s.prompt_logprobs is not None
         self.num_prompt_logprob_mirrors += fresh and prompt_len > 0

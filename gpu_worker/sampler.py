@@ -110,6 +110,10 @@ class SamplingRows:
         self.greedy[slot] = greedy
         self.special[slot] = bool(p.logit_bias) or p.min_tokens > 0 or p.has_penalties or p.logprobs is not None
 
+    def plain_greedy(self, slots: np.ndarray) -> bool:
+        """Whether these rows all take their argmax, with no bias, penalty, min_tokens or logprobs to apply."""
+        return bool(self.greedy[slots].all()) and not self.special[slots].any()
+
     def batch(
         self,
         slots: np.ndarray,

@@ -75,6 +75,28 @@ def test_cuda_graph_decode_gives_the_same_tokens_as_eager(tiny_model):
         assert replayed == [o.token_ids for o in eager.generate(prompts, params)]
 
 
+def test_cuda_graph_decode_samples_as_eager_whatever_the_rows_ask(tiny_model):
+    """The decode graph draws greedy tokens itself; rows that sample at a temperature, ask for logprobs or a
+    penalty draw outside it. Beside each other, and once only greedy rows are left, both give eager's tokens."""
+    prompts = random_prompts(6, PROMPT_LENGTHS, vocab=512, seed=4)
+    greedy = SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True)
+    params = [
+        greedy,
+        SamplingParams(max_tokens=8, temperature=0.8, seed=1, ignore_eos=True),
+        SamplingParams(max_tokens=8, temperature=0.0, logprobs=2, ignore_eos=True),
+        SamplingParams(max_tokens=8, temperature=0.0, repetition_penalty=1.3, ignore_eos=True),
+        greedy,
+        greedy,
+    ]
+    with LLM(str(tiny_model), device="cuda", dtype="float32", **SMALL) as graphs:
+        replayed = graphs.generate(prompts, params)
+    with LLM(str(tiny_model), device="cuda", dtype="float32", enforce_eager=True, **SMALL) as eager:
+        expected = eager.generate(prompts, params)
+    assert [o.token_ids for o in replayed] == [o.token_ids for o in expected]
+    assert replayed[2].logprobs.token_ids == expected[2].logprobs.token_ids
+    torch.testing.assert_close(replayed[2].logprobs.logprobs, expected[2].logprobs.logprobs, rtol=1e-4, atol=1e-4)
+
+
 def staggered_run(llm: LLM, params: SamplingParams) -> list[list[int]]:
     """Prompts of many lengths arriving 1-3 at a time in front of a growing decode batch, some chunked."""
     lengths = iter([3, 300, 5, 9, 70, 17, 2, 33, 129, 4, 64, 400])

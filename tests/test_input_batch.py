@@ -1,15 +1,18 @@
 """The worker's persistent batch: a step's inputs gathered from per-slot arrays equal those built from the
-plan afresh, and the padding of eager forwards changes no real row's output."""
+plan afresh, the padding of eager forwards changes no real row's output, and a graph's device-side inputs
+are the tokens the host does not hold."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
+import torch
 
 from common.messages import ScheduledChunk, StepPlan
 from common.pipeline import PIPELINE_DEPTH
 from common.sampling_params import SamplingParams
 from gpu_worker.attention.base import BatchLayout
+from gpu_worker.graph_capture import with_device_inputs, write_gather_slots
 from gpu_worker.input_batch import PersistentBatch, eager_bucket, pad_batch
 from offline import LLM
 from tests.tiny_models import hf_greedy, random_prompts
@@ -110,3 +113,26 @@ def test_padded_eager_forwards_give_the_same_tokens(tiny_model):
     llm.runner.pad_eager = True
     outs = llm.generate(prompts, SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True))
     assert [o.token_ids for o in outs] == hf_greedy(tiny_model, prompts, 12)
+
+
+@pytest.mark.parametrize(
+    ("pending_rows", "pending_slots"),
+    [
+        pytest.param([0, 1, 2, 3], [7, 2, 5, 0], id="a-decode-step-every-row"),
+        pytest.param([3], [2], id="one-decode-after-a-prompt"),
+        pytest.param([], [], id="every-input-on-the-host"),
+    ],
+)
+def test_a_graph_takes_from_the_device_exactly_the_rows_the_host_does_not_hold(pending_rows, pending_slots):
+    """The static gather slots (over a larger step's values) make the captured forward's input ids: the slot's
+    last sampled token on pending rows, the host's id on the others and on padding."""
+    field = np.full(6, 99, dtype=np.int32)  # an older, larger step's slots
+    field[4:] = -1  # padding rows, as the graphs' padding writes them
+    write_gather_slots(field, 4, np.array(pending_rows, np.int64), np.array(pending_slots, np.int64))
+    last_tokens = torch.tensor([100, 101, 102, 103, 104, 105, 106, 107])
+    host_ids = torch.tensor([11, 12, 13, 14, 0, 0], dtype=torch.int32)
+    ids = with_device_inputs(host_ids, torch.from_numpy(field), last_tokens)
+    expected = host_ids.long().clone()
+    for row, slot in zip(pending_rows, pending_slots):
+        expected[row] = 100 + slot
+    assert ids.tolist() == expected.tolist()

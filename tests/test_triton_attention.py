@@ -332,6 +332,8 @@ def test_a_step_in_a_graph_buckets_static_inputs_matches_reference(seqs, max_con
         batch.slots.numpy(),
         layout,
         last_rows,
+        np.zeros(0, np.int64),
+        np.zeros(0, np.int64),
     )
     assert bucket > num_tokens  # 121 to 126 tokens in the 128-token bucket
     num_decodes = len(seqs) - layout.num_prefill_seqs
