@@ -229,6 +229,8 @@ class Scheduler:
         rids, starts, num_tokens, samples = step.rids, step.starts, step.num_tokens, step.samples
         last_sampled = self._last_sampled
         decodes = 0  # decodes planned by the fast path below
+        blocks = self.blocks
+        free_blocks = blocks.num_free  # kept in step with the fast path's allocations; the slow path re-reads it
         for request in list(self.running):
             if request.status is not running_status:
                 continue  # preempted earlier in this loop to make room
@@ -244,9 +246,15 @@ class Scheduler:
                 continue  # its next token is in flight
             elif grammar is not None and request.num_samples_in_flight:
                 continue  # its mask needs the token in flight
-            elif num_computed < len(request.block_ids) * bs:
+            elif num_computed < (held := len(request.block_ids) * bs) or (num_computed == held and free_blocks):
                 # The common case, kept cheap (one step of every running request passes here): the next
-                # token fits in the request's last block. What _plan_chunk and _count_sample do, inline.
+                # token fits in the request's last block, or in a free one. What _reserve_blocks (with nothing
+                # to evict or preempt), _plan_chunk and _count_sample do, inline.
+                if num_computed == held:
+                    new_block = blocks.allocate(1)
+                    free_blocks -= 1
+                    request.block_ids += new_block
+                    step.new_block_ids[request.rid] = new_block
                 rids.append(request.rid)
                 starts.append(num_computed)
                 num_tokens.append(1)
@@ -268,6 +276,7 @@ class Scheduler:
             if request in victims:
                 continue
             self._plan_chunk(step, request, n, worker_has_blocks=len(request.block_ids))
+            free_blocks = blocks.num_free  # evictions, preemptions and allocations changed it
             if prefilling:
                 step.budget -= n
             else:
