@@ -70,13 +70,12 @@ class PersistentBatch:
         samples: np.ndarray,
         slots: np.ndarray,
         num_known: np.ndarray,
-        known_tokens,
+        known_tokens: list[list[int]],
     ) -> StepInputs:
         """Inputs of a forward over a plan's chunks: chunk i computes query_lens[i] tokens of request rids[i]
         from position starts[i] and samples when samples[i]; slots[i], num_known[i]: its request's slot and how
-        many of its tokens the host holds; known_tokens(rid) returns those tokens (a list), asked only for
-        chunks that compute a token the host holds (prefill chunks, recomputation), never in a steady decode
-        step.
+        many of its tokens the host holds; known_tokens[i]: those tokens (read only where the chunk computes a
+        token the host holds: a prompt chunk, a recomputation, a decode whose last token was read back).
 
         A computed position the host does not hold is the one token sampled by a step still in flight: its
         input is gathered from the device's last-token slots (pending_rows, pending_slots)."""
@@ -86,6 +85,7 @@ class PersistentBatch:
             # Multi-token chunks first, single-token ones last (the attention backends' layout), stable.
             order = np.argsort(~multi, kind="stable")
             rids = [rids[i] for i in order]
+            known_tokens = [known_tokens[i] for i in order]
             slots, num_known, starts, query_lens = slots[order], num_known[order], starts[order], query_lens[order]
             samples = samples[order]
         ends = starts + query_lens
@@ -115,10 +115,18 @@ class PersistentBatch:
         layout = BatchLayout(query_lens, ends, self.block_table[slots, :width], num_prefill)
 
         input_ids = np.zeros(num_tokens, dtype=np.int64)
-        for i in np.nonzero(starts < num_known)[0].tolist():  # chunks computing tokens the host holds
-            start, end = int(starts[i]), min(int(ends[i]), int(num_known[i]))
-            row = int(last_rows[i]) + 1 - int(query_lens[i])
-            input_ids[row : row + end - start] = known_tokens(rids[i])[start:end]
+        held = np.flatnonzero(starts < num_known)  # chunks computing tokens the host holds
+        if len(held):
+            # A decode whose input is the last token the host read back (the worker finished the step before
+            # this plan came): a whole batch of them in one pass, not one slice each.
+            last = (query_lens[held] == 1) & (ends[held] == num_known[held])
+            decodes = held[last].tolist()
+            if decodes:
+                input_ids[last_rows[decodes]] = [known_tokens[i][-1] for i in decodes]
+            for i in held[~last].tolist():
+                start, end = int(starts[i]), min(int(ends[i]), int(num_known[i]))
+                row = int(last_rows[i]) + 1 - int(query_lens[i])
+                input_ids[row : row + end - start] = known_tokens[i][start:end]
         pending = ends > num_known
         sampling_rows = np.flatnonzero(samples)
         return StepInputs(

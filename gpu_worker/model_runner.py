@@ -276,14 +276,15 @@ class ModelRunner:
 
         step_mirrors = [mirrors[rid] for rid in plan.rids]
         n = len(step_mirrors)
+        token_lists = [m.token_ids for m in step_mirrors]
         inputs = self.batch.prepare(
             plan.rids,
             np.array(plan.starts, np.int64),
             np.array(plan.num_tokens, np.int64),
             np.array(plan.samples, bool),
             np.fromiter((m.slot for m in step_mirrors), np.int64, n),
-            np.fromiter((len(m.token_ids) for m in step_mirrors), np.int64, n),
-            lambda rid: mirrors[rid].token_ids,
+            np.fromiter(map(len, token_lists), np.int64, n),
+            token_lists,
         )
         layout_rids, layout = inputs.rids, inputs.layout
         sampling_rows = inputs.sampling_rows.tolist()

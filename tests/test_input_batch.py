@@ -24,7 +24,7 @@ def prepare(batch: PersistentBatch, chunks: list[ScheduledChunk], slots: np.ndar
     """The batch's inputs for these chunks, given as the plan's columns (StepPlan.of)."""
     plan = StepPlan.of(1, [], chunks, [])
     columns = [np.array(c) for c in (plan.starts, plan.num_tokens, plan.samples)]
-    return batch.prepare(plan.rids, *columns, slots, num_known, known)
+    return batch.prepare(plan.rids, *columns, slots, num_known, [known(rid) for rid in plan.rids])
 
 
 def test_a_mixed_step_matches_the_layout_built_from_the_block_tables():
@@ -59,6 +59,23 @@ def test_a_mixed_step_matches_the_layout_built_from_the_block_tables():
     assert inputs.input_ids.tolist() == [9, 8, 1, 2, 3, 0]  # the decode's token is only on the device
     assert inputs.pending_rows.tolist() == [5] and inputs.pending_slots.tolist() == [2]
     assert inputs.sampling_rows.tolist() == [0, 2] and inputs.logit_rows.tolist() == [1, 5]
+
+
+def test_decodes_whose_last_token_was_read_back_take_it_from_the_host():
+    """The worker finished the step before this plan came: every input is on the host, none is gathered."""
+    batch = PersistentBatch(num_slots=4, max_blocks_per_request=4, block_size=BLOCK)
+    known = {0: [5, 6, 7], 1: [8, 9], 2: [1, 2, 3, 4, 10]}  # slot -> tokens read back
+    for slot in known:
+        batch.append_blocks(slot, [slot + 1, slot + 5])
+    chunks = [
+        ScheduledChunk(rid=20 + slot, start=len(tokens) - 1, num_tokens=1, new_block_ids=[], sample=True)
+        for slot, tokens in known.items()
+    ]
+    slots = np.array(list(known))
+    inputs = prepare(batch, chunks, slots, np.array([len(t) for t in known.values()]), lambda rid: known[rid - 20])
+    assert inputs.input_ids.tolist() == [7, 9, 10]
+    assert inputs.positions.tolist() == [2, 1, 4]
+    assert len(inputs.pending_rows) == 0
 
 
 def test_a_position_further_ahead_of_the_host_than_the_steps_in_flight_is_refused():
