@@ -94,6 +94,9 @@ def run_ours(
     return result
 
 
+HOST_PARTS = ("schedule", "wire", "prepare", "forward", "finish", "process", "total")  # HostStepTimes' parts
+
+
 def full_decode_host_ms(log: list) -> dict | None:
     """Medians (ms) of each host part over the passes that ran the fullest decode-only steps (every running
     request one token: the steady state), with their batch size and count."""
@@ -106,7 +109,6 @@ def full_decode_host_ms(log: list) -> dict | None:
     return {"batch": batch, "passes": len(full), **parts}
 
 
-HOST_PARTS = ("schedule", "wire", "prepare", "forward", "finish", "process", "total")
 PROFILE_AFTER_STEPS = 20  # the window opens after the prefill-heavy start of the run
 
 
