@@ -32,6 +32,7 @@ from gpu_worker.step_queue import StepQueue
 from gpu_worker.warm_up import warm_up
 from scheduler.scheduler import Scheduler
 from tokenizer_worker.tokenizer import Tokenizer
+from tokenizer_worker.worker import TokenizerWorker
 
 
 @dataclass(slots=True)
@@ -207,6 +208,22 @@ class LLM:
                 outputs[rid].finish_reason = reason
                 pending.discard(rid)
 
+    def _collect_text(
+        self, texts: TokenizerWorker, batch: TokenBatch, outputs: dict[int, CompletionOutput], pending: set[int]
+    ) -> None:
+        """A step's text into the outputs; a stop string matched ends its request, in the scheduler too."""
+        step_outputs, aborts = texts.process_tokens(batch)
+        for out in step_outputs:
+            completion = outputs.get(out.rid)
+            if completion is None:
+                continue
+            completion.text += out.text
+            if out.finish_reason is not None:
+                completion.finish_reason = out.finish_reason
+                pending.discard(out.rid)
+        for abort in aborts:
+            self.scheduler.abort_request(abort.rid, abort.reason)
+
     def chat(
         self,
         messages: list[dict] | Sequence[list[dict]],
@@ -240,11 +257,17 @@ class LLM:
         )
         outputs: dict[int, CompletionOutput] = {}
         order = []
+        # The text of the requests that want it (text prompts, `text`, stop strings to look for) is made as the
+        # server's tokenizer workers make it, step by step: stop strings end a request there too.
+        texts = None
         for i, (prompt, sp) in enumerate(zip(prompts, params)):
             ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
             rid = self.add_request(ids, sp, 0 if priority is None else priority[i])
             outputs[rid] = CompletionOutput(ids)
             order.append(rid)
+            if text or isinstance(prompt, str) or sp.stop:
+                texts = texts or TokenizerWorker(self._text_tokenizer())
+                texts.track(rid, sp, len(ids))
         pending = set(order)
         # As the server runs: the next step is planned and launched before the previous one's tokens are
         # read back (see scheduler/process.py and gpu_worker/step_queue.py).
@@ -268,7 +291,10 @@ class LLM:
             for result in results:
                 pass_waited += result.timings.wait_s
                 self.steps_run += 1
-                self._collect(self._process(result), outputs, pending)
+                batch = self._process(result)
+                self._collect(batch, outputs, pending)
+                if texts is not None:
+                    self._collect_text(texts, batch, outputs, pending)
                 if on_step is not None:
                     on_step()
             waited += pass_waited
@@ -278,9 +304,6 @@ class LLM:
             self._process(steps.finish_oldest())
         # Everything this loop did but wait for the device: planning, launching, reading back, processing.
         self.host_s += time.perf_counter() - started - waited
-        if text or any(isinstance(p, str) for p in prompts):
-            for rid, sp in zip(order, params):
-                outputs[rid].text = self._output_text(outputs[rid], sp)
         return [outputs[rid] for rid in order]
 
     @staticmethod
@@ -300,11 +323,3 @@ class LLM:
             t4 - t3,
             t4 - t0 - waited,
         )
-
-    def _output_text(self, out: CompletionOutput, sampling: SamplingParams) -> str:
-        """The output's text as the server's tokenizer workers make it: special tokens as the request asks, and
-        the EOS or stop token id that ended it left out unless include_stop_str_in_output."""
-        ids = out.token_ids
-        if out.finish_reason == "stop" and not sampling.include_stop_str_in_output:
-            ids = ids[:-1]
-        return self._text_tokenizer().decode(ids, sampling.skip_special_tokens, sampling.spaces_between_special_tokens)

@@ -194,6 +194,26 @@ def test_output_text_shows_special_tokens_as_asked_and_not_the_token_that_stoppe
     assert stopped.text == llm.tokenizer.decode(kept, skip_special_tokens=True)
 
 
+def test_a_stop_string_ends_generation_and_the_text_before_it(tiny_llama):
+    """As the server's tokenizer workers do (and vLLM's LLM.generate): generation stops at the first stop
+    string, which is left out of the text unless include_stop_str_in_output; prompts of token ids too."""
+    greedy = SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True)
+    with LLM(str(tiny_llama), device="cpu", dtype="float32", num_kv_blocks=32) as llm:
+        free = llm.generate(["hi"], greedy)[0]
+        cut = len(llm.tokenizer.decode(free.token_ids[:3], skip_special_tokens=True))
+        stop = free.text[cut - 2 : cut]  # ends with the third token's text, or runs into it
+        assert stop and stop not in free.text[: cut - 2]
+        prompt_ids = free.prompt_token_ids
+        dropped, kept = llm.generate(
+            [prompt_ids, "hi"],
+            [replace(greedy, stop=[stop]), replace(greedy, stop=[stop], include_stop_str_in_output=True)],
+        )
+    assert dropped.text == free.text[: cut - 2] and dropped.finish_reason == "stop"
+    assert kept.text == free.text[:cut] and kept.finish_reason == "stop"
+    # Generation ended soon after the match (the detokenizer may hold a token's text back until the next one).
+    assert dropped.token_ids == free.token_ids[: len(dropped.token_ids)] and len(dropped.token_ids) < 12
+
+
 def test_chat_hands_the_tools_to_the_chat_template(tiny_llama):
     tool_names = "{% for t in tools or [] %}[{{ t.function.name }}]{% endfor %}"
     template = tool_names + "{% for m in messages %}{{ m.content }}{% endfor %}"

@@ -30,7 +30,7 @@ from common.messages import (
     TokenizedRequest,
     TokenizeRequest,
 )
-from common.sampling_params import InvalidParameter
+from common.sampling_params import InvalidParameter, SamplingParams
 from tokenizer_worker.background_encoder import EncodeJob
 from tokenizer_worker.detokenizer import IncrementalDetokenizer
 from tokenizer_worker.stop_strings import StopStringMatcher
@@ -85,24 +85,28 @@ class TokenizerWorker:
     def _track(self, request: GenerateRequest, ids: list[int]) -> TokenizedRequest:
         if request.truncate_prompt_tokens is not None:
             ids = ids[-request.truncate_prompt_tokens :]
-        sampling = request.sampling
+        self.track(request.rid, request.sampling, len(ids))
+        return TokenizedRequest(
+            request.rid,
+            ids,
+            request.sampling,
+            StageTimes(arrival=request.arrival_time, tokenized=time.time()),
+            request.priority,
+        )
+
+    def track(self, rid: int, sampling: SamplingParams, num_prompt_tokens: int) -> None:
+        """Make the text of request `rid`'s tokens from now on (process_tokens): the server's requests once
+        tokenized, the offline engine's (offline/llm.py) as it adds them."""
         stop = StopStringMatcher(sampling.stop, sampling.include_stop_str_in_output)
         detokenizer = IncrementalDetokenizer(
             self.tokenizer, sampling.skip_special_tokens, sampling.spaces_between_special_tokens
         )
-        self.requests[request.rid] = RequestState(
+        self.requests[rid] = RequestState(
             detokenizer,
             stop,
-            len(ids),
+            num_prompt_tokens,
             min_tokens=sampling.min_tokens,
             include_stop_token_text=sampling.include_stop_str_in_output,
-        )
-        return TokenizedRequest(
-            request.rid,
-            ids,
-            sampling,
-            StageTimes(arrival=request.arrival_time, tokenized=time.time()),
-            request.priority,
         )
 
     def answer_text_request(self, request: TokenizeRequest | DetokenizeRequest) -> TextReply | RequestRejected:
