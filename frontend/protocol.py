@@ -9,6 +9,7 @@ schemas is declared: honoured, or refused with a 400 naming it when set to anyth
 from __future__ import annotations
 
 import json
+from functools import cached_property
 from typing import Annotated, Any, Literal, TypeVar
 
 from fastapi import Request
@@ -429,7 +430,9 @@ class ChatTemplateFields(RequestBody):
     chat_template_kwargs: dict | None = None
     tools: list[ToolDefinition] | None = None  # described to the model by templates that know tools
 
+    @cached_property
     def tool_definitions(self) -> list[dict] | None:
+        """The tools as the chat template, the prompt's bound and the tool plan read them (dumped once)."""
         return [tool.model_dump(exclude_none=True) for tool in self.tools] if self.tools else None
 
     def chat_options(self) -> ChatTemplateOptions | None:
@@ -448,7 +451,7 @@ class ChatTemplateFields(RequestBody):
                 f"chat_template_kwargs may set the template's own variables, not {', '.join(reserved)}",
                 param="chat_template_kwargs",
             )
-        tools = self.tool_definitions()
+        tools = self.tool_definitions
         if self.add_generation_prompt and not self.continue_final_message and not kwargs and tools is None:
             return None
         return ChatTemplateOptions(self.add_generation_prompt, self.continue_final_message, dict(kwargs), tools)
@@ -457,7 +460,7 @@ class ChatTemplateFields(RequestBody):
         """What the template renders from the request, for the prompt's character bound: the messages' texts
         and tool calls, and the tools' definitions."""
         calls = [json.dumps(m["tool_calls"]) for m in messages if "tool_calls" in m]
-        tools = self.tool_definitions()
+        tools = self.tool_definitions
         return "".join(m["content"] for m in messages) + "".join(calls) + (json.dumps(tools) if tools else "")
 
 
@@ -495,7 +498,7 @@ class ChatCompletionRequest(OpenAIFields, ChatTemplateFields):
         """How this request's tool calls are made (frontend/tool_calls.py); parser: the server's
         --tool-call-parser, None where auto tool choice is off."""
         choice = self.tool_choice.model_dump() if isinstance(self.tool_choice, NamedToolChoice) else self.tool_choice
-        return plan_tools(self.tool_definitions(), choice, self.parallel_tool_calls, parser)
+        return plan_tools(self.tool_definitions, choice, self.parallel_tool_calls, parser)
 
     def tool_sampling_params(self, limits: EngineLimits, plan: ToolPlan | None) -> SamplingParams:
         """sampling_params, with the grammar a forced tool call follows; for calls the parser reads, special
