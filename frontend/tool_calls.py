@@ -4,8 +4,9 @@
     "none" (or no tools)             text                                        content
     {"type": "function",             constrained to that function's parameters   one call of it, the output its
      "function": {"name": N}}        schema (structured output: any model)       arguments; finish "stop"
-    "required"                       constrained to a JSON list of calls,        those calls; finish
-                                     [{"name": ..., "parameters": {...}}, ...]   "tool_calls"
+    "required"                       constrained to a JSON list of calls,        those calls (streamed: each
+                                     [{"name": ..., "parameters": {...}}, ...]   name, then its arguments as
+                                                                                 written); finish "tool_calls"
     "auto" (the default with tools)  text in the model's own call format (its    the text before the calls, and
                                      chat template is given the tools), read by  the calls; finish "tool_calls"
                                      --tool-call-parser                          when it made any
@@ -22,6 +23,7 @@ answers say the same. Parsers:
 from __future__ import annotations
 
 import json
+import re
 import secrets
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -120,6 +122,9 @@ class ToolCallStream:
     _held: str = ""  # text not yet answered for: a call being written, or what may begin one
     _after_call: bool = False  # the newlines that follow a call's closing tag are the format's, not content
     _whole_output_calls: bool | None = None  # llama3_json: whether the output is calls (None: not known yet)
+    _listed: str = ""  # required: the whole output so far (content, should it turn out not to be a list of calls)
+    _list_state: Literal["start", "calls", "arguments", "call_end", "end"] = "start"  # required: what comes next
+    _arguments: _ValueEnd | None = None  # required: the end of the arguments being streamed
 
     def feed(self, text: str, final: bool) -> list[dict]:
         """The deltas `text` completes (with `final`: everything left)."""
@@ -127,7 +132,8 @@ class ToolCallStream:
             return self._named(text)
         self._held += text
         if self.plan.mode == "required":
-            return self._required() if final else []
+            self._listed += text
+            return self._required(final)
         return self._llama3_json(final) if self.plan.parser == "llama3_json" else self._hermes(final)
 
     def finish_reason(self, engine_reason: str) -> str:
@@ -143,22 +149,78 @@ class ToolCallStream:
         self.calls[0]["function"]["arguments"] += text
         return [{"tool_calls": [{"index": 0, "function": {"arguments": text}}]}] if text else []
 
-    def _required(self) -> list[dict]:
-        text, self._held = self._held, ""
-        try:
-            listed = json.loads(text)
+    def _required(self, final: bool) -> list[dict]:
+        """The list of calls as it is written: each call once its name is, then its arguments' text piece by
+        piece (the grammar writes "name" before "parameters", the schema's order; a call written otherwise is
+        made whole once its object is). An output that is not such a list, or is cut short before its first
+        call, is content."""
+        deltas: list[dict] = []
+        while self._read_list(deltas):
+            pass
+        if final and not self.calls and self._listed:
+            self._held = ""
+            return [{"content": self._listed}]
+        if final and self._held.strip() and self._list_state != "end":
+            deltas.append({"content": self._held})  # cut short after a call: what is left, as it came
+            self._held = ""
+        return deltas
+
+    def _read_list(self, deltas: list[dict]) -> bool:
+        """Read what the held text completes of the list; False when it must wait for more (or it ended)."""
+        state = self._list_state
+        if state == "arguments":
+            assert self._arguments is not None
+            if not self.calls[-1]["function"]["arguments"]:
+                self._held = self._held.lstrip()  # the whitespace before the value is the list's, however cut
+                if not self._held:
+                    return False
+            end = self._arguments.scan(self._held)
+            piece, self._held = self._held[: end or len(self._held)], self._held[end or len(self._held) :]
+            if piece:
+                self.calls[-1]["function"]["arguments"] += piece
+                deltas.append({"tool_calls": [{"index": len(self.calls) - 1, "function": {"arguments": piece}}]})
+            if not end:
+                return False
+            self._list_state = "call_end"
+            return True
+        held = self._held.lstrip()
+        if not held or state == "end":
+            return False
+        if state == "start" or state == "call_end":
+            expected = "[" if state == "start" else "}"
+            if held[0] != expected:
+                self._list_state = "end"  # not the grammar's list: read no further
+                return False
+            self._held, self._list_state = held[1:], "calls"
+            return True
+        if held[0] in ",]":
+            self._held, self._list_state = held[1:], "calls" if held[0] == "," else "end"
+            return True
+        head = REQUIRED_CALL_HEAD.match(held)
+        if head is not None:
+            self._held, self._list_state = held[head.end() :], "arguments"
+            self._arguments = _ValueEnd()
+            call = _call({"name": json.loads(head.group(1)), "parameters": ""}, "parameters")
+            deltas += self._made([call] if call is not None else [])
+            return True
+        try:  # a call whose keys came in another order: made whole, once its object is
+            parsed, end = json.JSONDecoder().raw_decode(held)
         except ValueError:
-            listed = None
-        read = [_call(item, "parameters") for item in listed] if isinstance(listed, list) else [None]
-        calls = [call for call in read if call is not None]
-        if len(calls) < len(read):  # cut short (max_tokens): not a list of calls
-            return [{"content": text}] if text else []
-        return self._made(calls)
+            return False
+        call = _call(parsed, "parameters")
+        if call is None:
+            self._list_state = "end"
+            return False
+        self._held = held[end:]
+        deltas += self._made([call])
+        return True
 
     def _made(self, new: list[dict]) -> list[dict]:
         first = len(self.calls)
         self.calls.extend(new)
-        return [{"tool_calls": [{"index": first + i, **call} for i, call in enumerate(new)]}] if new else []
+        # Each delta's own copy of the function: a required call's arguments grow in self.calls after its first delta.
+        deltas = [{"index": first + i, **call, "function": dict(call["function"])} for i, call in enumerate(new)]
+        return [{"tool_calls": deltas}] if new else []
 
     def _hermes(self, final: bool) -> list[dict]:
         deltas: list[dict] = []
@@ -207,6 +269,39 @@ class ToolCallStream:
         text, self._held = self._held, ""
         calls = _llama3_calls(text.strip().removeprefix(LLAMA_PYTHON_TAG))
         return [{"content": text}] if calls is None else self._made(calls)
+
+
+# A "required" call's start, up to its arguments: {"name": "<name>", "parameters":
+REQUIRED_CALL_HEAD = re.compile(r'\{\s*"name"\s*:\s*("(?:[^"\\]|\\.)*")\s*,\s*"parameters"\s*:\s*')
+
+
+@dataclass(slots=True)
+class _ValueEnd:
+    """Where a JSON object or array ends, its text fed piece by piece."""
+
+    depth: int = 0
+    in_string: bool = False
+    escaped: bool = False
+
+    def scan(self, text: str) -> int:
+        """The index just past the value's end in `text`, or 0 if the value goes on past it."""
+        for i, ch in enumerate(text):
+            if self.in_string:
+                if self.escaped:
+                    self.escaped = False
+                elif ch == "\\":
+                    self.escaped = True
+                elif ch == '"':
+                    self.in_string = False
+            elif ch == '"':
+                self.in_string = True
+            elif ch in "{[":
+                self.depth += 1
+            elif ch in "}]":
+                self.depth -= 1
+                if self.depth == 0:
+                    return i + 1
+        return 0
 
 
 def _llama3_calls(text: str) -> list[dict] | None:

@@ -119,6 +119,44 @@ def test_required_calls_are_read_from_the_list_and_a_list_cut_short_is_content()
     assert cut.finish_reason("length") == "length"
 
 
+def test_required_calls_stream_their_name_first_then_their_arguments_as_written():
+    stream = ToolCallStream(plan_tools([WEATHER, TIME], "required", None, None))
+    first = stream.feed('[{"name": "get_weather", "parameters": {"ci', final=False)
+    call_id = stream.calls[0]["id"]
+    assert first == [
+        {
+            "tool_calls": [
+                {"index": 0, "id": call_id, "type": "function", "function": {"name": "get_weather", "arguments": ""}}
+            ]
+        },
+        {"tool_calls": [{"index": 0, "function": {"arguments": '{"ci'}}]},
+    ]
+    assert stream.feed('ty": "Rome}"}}, {"name": "get_time", "param', final=False) == [
+        {"tool_calls": [{"index": 0, "function": {"arguments": 'ty": "Rome}"}'}}]}
+    ]
+    deltas = stream.feed('eters": {}}]', final=True)
+    assert [d["tool_calls"][0]["index"] for d in deltas] == [1, 1]
+    assert [(c["function"]["name"], json.loads(c["function"]["arguments"])) for c in stream.calls] == [
+        ("get_weather", {"city": "Rome}"}),
+        ("get_time", {}),
+    ]
+    assert stream.finish_reason("stop") == "tool_calls"
+
+
+@settings(max_examples=200, deadline=None)
+@given(cuts=st.lists(st.integers(0, 120), max_size=12))
+def test_required_streamed_in_any_pieces_says_what_the_whole_text_says(cuts):
+    plan = plan_tools([WEATHER, TIME], "required", None, None)
+    text = '[ {"name": "get_weather", "parameters": {"city": "a \\"{[" }} ,{"parameters": {}, "name": "get_time"}]'
+    bounds = sorted({0, len(text), *[c % (len(text) + 1) for c in cuts]})
+    pieces = [text[a:b] for a, b in zip(bounds, bounds[1:])] or [""]
+    content, calls = streamed(plan, pieces)
+    whole_content, whole_calls = whole_message(ToolCallStream(plan), text)
+    assert content == "" and whole_content is None
+    assert without_ids(calls) == without_ids(whole_calls)
+    assert [json.loads(c["function"]["arguments"]) for c in calls] == [{"city": 'a "{['}, {}]
+
+
 def test_hermes_calls_are_read_from_the_text_and_the_rest_is_content():
     stream = ToolCallStream(HERMES)
     content, calls = whole_message(stream, "Let me check." + CALL_TEXT + CALL_TEXT.replace("Paris", "Rome"))
