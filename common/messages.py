@@ -195,6 +195,9 @@ class RequestOutput:
     streamed_time: float = 0.0  # set by the frontend when it hands the output to the client's stream
     logprobs: Logprobs | None = None
     prompt_logprobs: Logprobs | None = None
+    # With finish_reason "stop", vLLM's stop_reason: the stop string matched, or the stop token id sampled
+    # (None: EOS, or a structured output complete).
+    stop_reason: int | str | None = None
 
 
 @message(7)

@@ -67,6 +67,11 @@ class SamplingParams:
     def has_penalties(self) -> bool:
         return self.presence_penalty != 0.0 or self.frequency_penalty != 0.0 or self.repetition_penalty != 1.0
 
+    def stop_reason_of(self, token: int) -> int | None:
+        """vLLM's stop_reason for a request the engine stopped ("stop") on `token`: the token where it is one
+        of stop_token_ids, else None (EOS, or a structured output complete)."""
+        return token if token in self.stop_token_ids else None
+
     def validate(self) -> None:
         for name in ("temperature", "top_p", "min_p", "presence_penalty", "frequency_penalty", "repetition_penalty"):
             if not math.isfinite(getattr(self, name)):

@@ -162,7 +162,8 @@ def _whole_choice(
 ) -> dict:
     text = (echo or "") + "".join(o.text for o in outputs)
     logprobs = fmt.logprobs(_logprob_parts(outputs, echo is not None), 0) if with_logprobs else None
-    return fmt.choice(index, text, outputs[-1].finish_reason if outputs else None, logprobs)
+    finish_reason = outputs[-1].finish_reason if outputs else None
+    return fmt.choice(index, text, finish_reason, logprobs, outputs[-1].stop_reason if outputs else None)
 
 
 def _whole_read_choice(
@@ -173,7 +174,7 @@ def _whole_read_choice(
     logprobs = fmt.logprobs(_logprob_parts(outputs, False), 0) if with_logprobs else None
     finish_reason = outputs[-1].finish_reason if outputs else None
     reason = reader.finish_reason(finish_reason) if finish_reason is not None else None
-    return fmt.message_choice(index, message, reason, logprobs)
+    return fmt.message_choice(index, message, reason, logprobs, outputs[-1].stop_reason if outputs else None)
 
 
 async def _sse_chunks(
@@ -228,7 +229,7 @@ async def _sse_events(
         if with_logprobs and parts:
             logprobs = fmt.logprobs(parts, offsets[index])
             offsets[index] += sum(len(t) for part in parts for t in part.token_texts)
-        finish_reason = batch[-1].finish_reason
+        finish_reason, stop_reason = batch[-1].finish_reason, batch[-1].stop_reason
         if readers is not None:  # a chat whose text is read: reasoning, content and tool-call deltas
             assert isinstance(fmt, ChatFormat)
             deltas = readers[index].feed(text, final=finish_reason is not None)
@@ -237,10 +238,12 @@ async def _sse_events(
                 deltas = [{}]
             for k, delta in enumerate(deltas):
                 last = k == len(deltas) - 1
-                chunk = fmt.delta_chunk(index, delta, reason if last else None, logprobs if k == 0 else None)
+                chunk = fmt.delta_chunk(
+                    index, delta, reason if last else None, logprobs if k == 0 else None, stop_reason if last else None
+                )
                 yield sse_event({**chunk, **extra()})
-        elif logprobs is not None or (continuous_usage and (text or finish_reason)):
-            yield sse_event({**fmt.chunk(index, text, finish_reason, logprobs), **extra()})
+        elif logprobs is not None or stop_reason is not None or (continuous_usage and (text or finish_reason)):
+            yield sse_event({**fmt.chunk(index, text, finish_reason, logprobs, stop_reason), **extra()})
         elif text or finish_reason:  # tokens still held back by the detokenizer make no chunk
             yield fmt.chunk_event(index, text, finish_reason, usage_null=include_usage)
     if include_usage:

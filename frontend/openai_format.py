@@ -63,11 +63,31 @@ class CompletionFormat:
     def opening_chunk(self, index: int) -> dict | None:
         return None
 
-    def choice(self, index: int, text: str, finish_reason: str | None, logprobs: dict | None = None) -> dict:
-        return {"index": index, "text": text, "logprobs": logprobs, "finish_reason": finish_reason}
+    def choice(
+        self,
+        index: int,
+        text: str,
+        finish_reason: str | None,
+        logprobs: dict | None = None,
+        stop_reason: int | str | None = None,
+    ) -> dict:
+        return {
+            "index": index,
+            "text": text,
+            "logprobs": logprobs,
+            "finish_reason": finish_reason,
+            "stop_reason": stop_reason,
+        }
 
-    def chunk(self, index: int, text: str, finish_reason: str | None, logprobs: dict | None = None) -> dict:
-        return {**self._head(), "choices": [self.choice(index, text, finish_reason, logprobs)]}
+    def chunk(
+        self,
+        index: int,
+        text: str,
+        finish_reason: str | None,
+        logprobs: dict | None = None,
+        stop_reason: int | str | None = None,
+    ) -> dict:
+        return {**self._head(), "choices": [self.choice(index, text, finish_reason, logprobs, stop_reason)]}
 
     def usage_chunk(self, usage: dict) -> dict:
         return {**self._head(), "choices": [], "usage": usage}
@@ -118,26 +138,70 @@ class ChatFormat:
     def opening_chunk(self, index: int) -> dict | None:
         return self._delta_chunk(index, {"role": "assistant", "content": ""}, None, None)
 
-    def _delta_chunk(self, index: int, delta: dict, finish_reason: str | None, logprobs: dict | None) -> dict:
-        return {
-            **self._head("chat.completion.chunk"),
-            "choices": [{"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish_reason}],
+    def _delta_chunk(
+        self,
+        index: int,
+        delta: dict,
+        finish_reason: str | None,
+        logprobs: dict | None,
+        stop_reason: int | str | None = None,
+    ) -> dict:
+        choice = {
+            "index": index,
+            "delta": delta,
+            "logprobs": logprobs,
+            "finish_reason": finish_reason,
+            "stop_reason": stop_reason,
         }
+        return {**self._head("chat.completion.chunk"), "choices": [choice]}
 
-    def chunk(self, index: int, text: str, finish_reason: str | None, logprobs: dict | None = None) -> dict:
-        return self._delta_chunk(index, {"content": text} if text else {}, finish_reason, logprobs)
+    def chunk(
+        self,
+        index: int,
+        text: str,
+        finish_reason: str | None,
+        logprobs: dict | None = None,
+        stop_reason: int | str | None = None,
+    ) -> dict:
+        return self._delta_chunk(index, {"content": text} if text else {}, finish_reason, logprobs, stop_reason)
 
-    def delta_chunk(self, index: int, delta: dict, finish_reason: str | None, logprobs: dict | None = None) -> dict:
+    def delta_chunk(
+        self,
+        index: int,
+        delta: dict,
+        finish_reason: str | None,
+        logprobs: dict | None = None,
+        stop_reason: int | str | None = None,
+    ) -> dict:
         """A chunk of any delta: content, reasoning or tool calls (chat_output.py)."""
-        return self._delta_chunk(index, delta, finish_reason, logprobs)
+        return self._delta_chunk(index, delta, finish_reason, logprobs, stop_reason)
 
-    def choice(self, index: int, text: str, finish_reason: str | None, logprobs: dict | None = None) -> dict:
-        message = {"role": "assistant", "content": text}
-        return {"index": index, "message": message, "logprobs": logprobs, "finish_reason": finish_reason}
+    def choice(
+        self,
+        index: int,
+        text: str,
+        finish_reason: str | None,
+        logprobs: dict | None = None,
+        stop_reason: int | str | None = None,
+    ) -> dict:
+        return self.message_choice(index, {"role": "assistant", "content": text}, finish_reason, logprobs, stop_reason)
 
-    def message_choice(self, index: int, message: dict, finish_reason: str | None, logprobs: dict | None) -> dict:
-        """A whole choice whose message is more than content (chat_output.py: reasoning, tool calls)."""
-        return {"index": index, "message": message, "logprobs": logprobs, "finish_reason": finish_reason}
+    def message_choice(
+        self,
+        index: int,
+        message: dict,
+        finish_reason: str | None,
+        logprobs: dict | None,
+        stop_reason: int | str | None = None,
+    ) -> dict:
+        """A whole choice; its message may be more than content (chat_output.py: reasoning, tool calls)."""
+        return {
+            "index": index,
+            "message": message,
+            "logprobs": logprobs,
+            "finish_reason": finish_reason,
+            "stop_reason": stop_reason,
+        }
 
     def usage_chunk(self, usage: dict) -> dict:
         return {**self._head("chat.completion.chunk"), "choices": [], "usage": usage}

@@ -40,6 +40,9 @@ class CompletionOutput:
     prompt_token_ids: list[int]
     token_ids: list[int] = field(default_factory=list)
     finish_reason: str | None = None
+    # With finish_reason "stop", vLLM's stop_reason: the stop string matched, or the stop token id sampled
+    # (None: EOS, or a structured output complete).
+    stop_reason: int | str | None = None
     text: str = ""
     first_token_time: float = 0.0  # time.time() when its first token was read back
     logprobs: Logprobs | None = None  # when asked for (SamplingParams.logprobs)
@@ -184,7 +187,12 @@ class LLM:
     # ------------------------------------------------------------------ batch level
 
     @staticmethod
-    def _collect(batch: TokenBatch, outputs: dict[int, CompletionOutput], pending: set[int]) -> None:
+    def _collect(
+        batch: TokenBatch,
+        outputs: dict[int, CompletionOutput],
+        pending: set[int],
+        sampling_of: dict[int, SamplingParams],
+    ) -> None:
         """A step's tokens into the outputs of the requests generate() is waiting for."""
         now = time.time()
         for rid, token in zip(batch.rids, batch.token_ids):
@@ -204,8 +212,11 @@ class LLM:
                 else:
                     out.logprobs.extend(item.logprobs)
         for rid, reason in batch.finish_reasons.items():
-            if rid in outputs:
-                outputs[rid].finish_reason = reason
+            out = outputs.get(rid)
+            if out is not None:
+                out.finish_reason = reason
+                if reason == "stop":
+                    out.stop_reason = sampling_of[rid].stop_reason_of(out.token_ids[-1])
                 pending.discard(rid)
 
     def _collect_text(
@@ -219,7 +230,7 @@ class LLM:
                 continue
             completion.text += out.text
             if out.finish_reason is not None:
-                completion.finish_reason = out.finish_reason
+                completion.finish_reason, completion.stop_reason = out.finish_reason, out.stop_reason
                 pending.discard(out.rid)
         for abort in aborts:
             self.scheduler.abort_request(abort.rid, abort.reason)
@@ -256,6 +267,7 @@ class LLM:
             [sampling_params] * len(prompts) if isinstance(sampling_params, SamplingParams) else list(sampling_params)
         )
         outputs: dict[int, CompletionOutput] = {}
+        sampling_of: dict[int, SamplingParams] = {}
         order = []
         # The text of the requests that want it (text prompts, `text`, stop strings to look for) is made as the
         # server's tokenizer workers make it, step by step: stop strings end a request there too.
@@ -264,6 +276,7 @@ class LLM:
             ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
             rid = self.add_request(ids, sp, 0 if priority is None else priority[i])
             outputs[rid] = CompletionOutput(ids)
+            sampling_of[rid] = sp
             order.append(rid)
             if text or isinstance(prompt, str) or sp.stop:
                 texts = texts or TokenizerWorker(self._text_tokenizer())
@@ -292,7 +305,7 @@ class LLM:
                 pass_waited += result.timings.wait_s
                 self.steps_run += 1
                 batch = self._process(result)
-                self._collect(batch, outputs, pending)
+                self._collect(batch, outputs, pending, sampling_of)
                 if texts is not None:
                     self._collect_text(texts, batch, outputs, pending)
                 if on_step is not None:

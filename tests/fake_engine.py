@@ -65,6 +65,7 @@ class Script:
         default_factory=lambda: [("Hello", [11]), (",", [12]), (" world", [13])]
     )
     finish_reason: str | None = "stop"  # None: the request stays open after its outputs until aborted
+    stop_reason: int | str | None = None  # the last output's (a stop string or stop token id)
     reject: RequestRejected | None = None  # answer this (its rid is filled in) instead of accepting
     answer: bool = True  # False: never send a verdict (a request stuck before the scheduler)
     prompt_tokens: int = 5
@@ -128,6 +129,7 @@ class FakeEngineClient(EngineClient):
                     first_scheduled=arrival + FIRST_SCHEDULED_AFTER if i == 0 else 0.0,
                     num_cached_tokens=script.num_cached_tokens if i == 0 else 0,
                     streamed_time=sampled + STREAMED_AFTER_SAMPLED,
+                    stop_reason=script.stop_reason if last else None,
                 )
             )
         return events

@@ -56,7 +56,9 @@ def test_completion_returns_the_generated_text_and_usage(http):
     assert body["object"] == "text_completion"
     assert body["model"] == "fake-model"
     assert abs(body["created"] - time.time()) < 60
-    assert body["choices"] == [{"index": 0, "text": "Hello, world", "logprobs": None, "finish_reason": "stop"}]
+    assert body["choices"] == [
+        {"index": 0, "text": "Hello, world", "logprobs": None, "finish_reason": "stop", "stop_reason": None}
+    ]
     assert body["usage"]["prompt_tokens"] == 5
     assert body["usage"]["completion_tokens"] == 3
     assert body["usage"]["total_tokens"] == 8
@@ -66,6 +68,18 @@ def test_completion_returns_the_generated_text_and_usage(http):
 def test_completion_relays_length_finish_reason(http, engine):
     engine.script = Script(finish_reason="length")
     assert http.post("/v1/completions", json={"prompt": "x"}).json()["choices"][0]["finish_reason"] == "length"
+
+
+@pytest.mark.parametrize("path", ["/v1/completions", "/v1/chat/completions"])
+@pytest.mark.parametrize("stop_reason", ["\n\n", 7])
+def test_the_stop_string_or_token_that_ended_a_choice_is_its_stop_reason(http, engine, path, stop_reason):
+    """vLLM's stop_reason, on the whole choice and on the streamed chunk that finishes it (null on the others)."""
+    engine.script = Script(stop_reason=stop_reason)
+    body = {"prompt": "x"} if path == "/v1/completions" else {"messages": [{"role": "user", "content": "x"}]}
+    assert http.post(path, json=body).json()["choices"][0]["stop_reason"] == stop_reason
+    chunks = sse_events(http.post(path, json={**body, "stream": True}).text)[:-1]
+    assert [c["choices"][0]["stop_reason"] for c in chunks][-1] == stop_reason
+    assert not any(c["choices"][0]["stop_reason"] for c in chunks[:-1])
 
 
 def test_completion_stream_sends_text_chunks_then_done(http):

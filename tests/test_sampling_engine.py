@@ -190,7 +190,7 @@ def test_output_text_shows_special_tokens_as_asked_and_not_the_token_that_stoppe
     assert shown.token_ids == dropped.token_ids == [end] * 3
     assert (shown.text, dropped.text) == ("<|im_end|>" * 3, "")
     kept = free.token_ids[: free.token_ids.index(stop)]
-    assert (stopped.token_ids, stopped.finish_reason) == (kept + [stop], "stop")
+    assert (stopped.token_ids, stopped.finish_reason, stopped.stop_reason) == (kept + [stop], "stop", stop)
     assert stopped.text == llm.tokenizer.decode(kept, skip_special_tokens=True)
 
 
@@ -208,7 +208,7 @@ def test_a_stop_string_ends_generation_and_the_text_before_it(tiny_llama):
             [prompt_ids, "hi"],
             [replace(greedy, stop=[stop]), replace(greedy, stop=[stop], include_stop_str_in_output=True)],
         )
-    assert dropped.text == free.text[: cut - 2] and dropped.finish_reason == "stop"
+    assert (dropped.text, dropped.finish_reason, dropped.stop_reason) == (free.text[: cut - 2], "stop", stop)
     assert kept.text == free.text[:cut] and kept.finish_reason == "stop"
     # Generation ended soon after the match (the detokenizer may hold a token's text back until the next one).
     assert dropped.token_ids == free.token_ids[: len(dropped.token_ids)] and len(dropped.token_ids) < 12

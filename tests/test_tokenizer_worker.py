@@ -244,7 +244,7 @@ def test_a_stop_string_ends_the_request_and_aborts_it_at_the_scheduler(worker, r
         if outputs[-1].finish_reason:
             break
     assert "".join(out.text for out in outputs) == "你好，"
-    assert outputs[-1].finish_reason == "stop"
+    assert (outputs[-1].finish_reason, outputs[-1].stop_reason) == ("stop", "世界")  # vLLM's stop_reason
     assert receive(worker.to_scheduler) == AbortRequest(rid, "stop")
     # The scheduler may have sampled one more token before the abort reached it: it is dropped.
     other = next(_rids)
@@ -276,7 +276,7 @@ def test_held_back_text_is_flushed_when_the_scheduler_finishes_the_request(worke
     for token in worker.tokenizer.hf.encode("wor"):
         assert worker.step(tokens(rid, token)).items[0].text == ""
     last = worker.step(tokens(rid, 0, "stop")).items[0]  # EOS
-    assert (last.text, last.finish_reason) == ("wor", "stop")
+    assert (last.text, last.finish_reason, last.stop_reason) == ("wor", "stop", None)
 
 
 @pytest.mark.parametrize(
@@ -308,6 +308,7 @@ def test_a_stop_token_id_that_ends_a_request_is_not_in_its_text(worker, rid):
     outputs.append(worker.step(tokens(rid, stop, "stop")).items[0])
     assert "".join(out.text for out in outputs) == "ok"
     assert [out.token_ids for out in outputs][-1] == [stop]
+    assert outputs[-1].stop_reason == stop  # vLLM's stop_reason: the stop token id
 
 
 # ------------------------------------------------------------------ validation of the prompt forms

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 class StopStringMatcher:
     stop: list[str]  # non-empty strings (SamplingParams.validate)
     include_stop: bool = False  # keep the matched stop string at the end of the output
+    matched: str | None = None  # the stop string that ended the output
     _held: str = ""
 
     def feed(self, delta: str, final: bool = False) -> tuple[str, bool]:
@@ -32,6 +33,7 @@ class StopStringMatcher:
         if match is not None:
             start, end = match
             self._held = ""
+            self.matched = text[start:end]
             return text[: end if self.include_stop else start], True
         keep = 0 if final else self._longest_stop_prefix_suffix(text)
         self._held = text[len(text) - keep :]

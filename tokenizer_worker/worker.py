@@ -48,6 +48,7 @@ class RequestState:
     min_tokens: int = 0  # stop strings are not looked for before this many output tokens (as vLLM)
     # Whether the EOS or stop token id that ends the request shows in its text (as vLLM: only when asked).
     include_stop_token_text: bool = False
+    sampling: SamplingParams | None = None  # its stop token ids name the stop_reason of an engine "stop"
 
 
 class TokenizerWorker:
@@ -107,6 +108,7 @@ class TokenizerWorker:
             num_prompt_tokens,
             min_tokens=sampling.min_tokens,
             include_stop_token_text=sampling.include_stop_str_in_output,
+            sampling=sampling,
         )
 
     def answer_text_request(self, request: TokenizeRequest | DetokenizeRequest) -> TextReply | RequestRejected:
@@ -166,6 +168,10 @@ class TokenizerWorker:
                     state.num_output_tokens,
                 )
             output = RequestOutput(rid, text, [token], sampled_time, time.time(), finish_reason)
+            if stopped:
+                output.stop_reason = state.stop.matched
+            elif engine_reason == "stop" and state.sampling is not None:
+                output.stop_reason = state.sampling.stop_reason_of(token)
             if firsts is not None and (first := firsts.get(rid)) is not None:
                 output.first_scheduled = first.first_scheduled
                 output.num_cached_tokens = first.num_cached_tokens
