@@ -79,7 +79,7 @@ class PrefixCache:
     def insert(self, token_ids: list[int], block_ids: list[int], cursor: InsertCursor, first_position: int = 0) -> None:
         """Cache a request's full blocks from cursor.next_block up to the end of token_ids, moving the cursor.
         token_ids[k] is the token at position first_position + k, where first_position is 0 or
-        cursor.resume_position(bs) (a decode caches one block at a time: no copy of the whole sequence).
+        cursor.resume_position(bs) (a request caching its output's blocks at its end copies no more than them).
 
         If a node for the same tokens already exists with another block (the same prefix computed twice,
         by two requests running side by side), the request stops caching: its own copy is not shared, so

@@ -265,8 +265,8 @@ class Scheduler:
                 request.num_samples_planned = samples_planned = request.num_samples_planned + 1
                 if samples_planned >= request.max_tokens or planned + 1 >= max_model_len:
                     last_sampled.append(request)  # can sample no more
-                if num_computed % bs == 0:
-                    self._cache_computed_blocks(request)
+                # The blocks a decode fills go to the prefix cache when the request lets go of them (it finishes
+                # or is preempted: _free_request_blocks), all in one insert, not one trie insert per block here.
                 decodes += 1
                 continue
             else:
