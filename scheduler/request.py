@@ -39,7 +39,7 @@ class Request:
     rid: int
     prompt_ids: list[int]
     sampling: SamplingParams  # seed always set: the scheduler draws one for unseeded requests
-    max_tokens: int  # resolved: never beyond the context
+    max_tokens: int  # resolved: never beyond the context (so reaching it is the only length limit to check)
     times: StageTimes
     output_ids: list[int] = field(default_factory=list)
     status: RequestStatus = RequestStatus.WAITING
@@ -84,5 +84,5 @@ class Request:
             return self.output_ids[start - len(prompt) : end - len(prompt)]
         return prompt[start:] + self.output_ids[: end - len(prompt)]
 
-    def can_sample_more(self, max_model_len: int) -> bool:
-        return self.num_samples_planned < self.max_tokens and self.num_tokens_planned < max_model_len
+    def can_sample_more(self) -> bool:
+        return self.num_samples_planned < self.max_tokens

@@ -224,7 +224,6 @@ class Scheduler:
         """Running requests, oldest first: a decode computes its one new token, a prompt being chunked its
         next chunk from the budget. Short of blocks, the newest running requests are preempted."""
         bs = self.block_size
-        max_model_len = self.max_model_len
         running_status = RequestStatus.RUNNING
         rids, starts, num_tokens, samples = step.rids, step.starts, step.num_tokens, step.samples
         last_sampled = self._last_sampled
@@ -263,7 +262,7 @@ class Scheduler:
                     step.token_bitmasks[request.rid] = grammar.next_bitmask()
                 request.num_computed = num_computed = num_computed + 1
                 request.num_samples_planned = samples_planned = request.num_samples_planned + 1
-                if samples_planned >= request.max_tokens or planned + 1 >= max_model_len:
+                if samples_planned >= request.max_tokens:  # (max_tokens is within the context: add_request)
                     last_sampled.append(request)  # can sample no more
                 # The blocks a decode fills go to the prefix cache when the request lets go of them (it finishes
                 # or is preempted: _free_request_blocks), all in one insert, not one trie insert per block here.
@@ -378,7 +377,7 @@ class Scheduler:
 
     def _count_sample(self, request: Request) -> None:
         request.num_samples_planned += 1
-        if not request.can_sample_more(self.max_model_len):
+        if not request.can_sample_more():
             self._last_sampled.append(request)
 
     def _cache_computed_blocks(self, request: Request) -> None:
@@ -474,7 +473,7 @@ class Scheduler:
                 request.prompt_logprobs.extend(item.logprobs)
         batch = TokenBatch(result.sampled_time, [], [])
         rids, tokens, finished, firsts = batch.rids, batch.token_ids, batch.finish_reasons, batch.firsts
-        requests, eos, max_model_len = self.requests, self.eos_token_ids, self.max_model_len
+        requests, eos = self.requests, self.eos_token_ids
         for rid, token in zip(result.rids, result.token_ids):
             request = requests.get(rid)
             if request is None:
@@ -483,10 +482,10 @@ class Scheduler:
             output_ids.append(token)
             rids.append(rid)
             tokens.append(token)
-            # Its finish reason: EOS (unless ignored) or a stop token id, else max_tokens or the context.
+            # Its finish reason: EOS (unless ignored) or a stop token id, else max_tokens (within the context).
             if (token in eos and not request.sampling.ignore_eos) or token in request.stop_token_ids:
                 reason: str | None = "stop"
-            elif len(output_ids) >= request.max_tokens or len(request.prompt_ids) + len(output_ids) >= max_model_len:
+            elif len(output_ids) >= request.max_tokens:
                 reason = "length"
             else:
                 reason = None
@@ -529,7 +528,7 @@ class Scheduler:
         for request in [*self.waiting, *self.finishing.values()]:
             assert not request.block_ids, f"{request.status.value} request {request.rid} holds blocks"
         for request in self.running:
-            if not request.is_prefilling and not request.can_sample_more(self.max_model_len):
+            if not request.is_prefilling and not request.can_sample_more():
                 assert request in self._last_sampled, f"request {request.rid} runs with no sample left to plan"
         evictable = 0
         if self.cache is not None:
