@@ -43,6 +43,14 @@ def _finite(value: float) -> float | None:
     return value if math.isfinite(value) else None
 
 
+def _choice(
+    index: int, body: dict, logprobs: dict | None, finish_reason: str | None, stop_reason: int | str | None
+) -> dict:
+    """A choice of either API, whole or streamed: its index, its body (text, message or delta), then what every
+    choice says after it (vLLM's stop_reason: the stop string or stop token id that ended it)."""
+    return {"index": index, **body, "logprobs": logprobs, "finish_reason": finish_reason, "stop_reason": stop_reason}
+
+
 @dataclass(slots=True)
 class CompletionFormat:
     id: str  # "cmpl-<rid>"
@@ -71,13 +79,7 @@ class CompletionFormat:
         logprobs: dict | None = None,
         stop_reason: int | str | None = None,
     ) -> dict:
-        return {
-            "index": index,
-            "text": text,
-            "logprobs": logprobs,
-            "finish_reason": finish_reason,
-            "stop_reason": stop_reason,
-        }
+        return _choice(index, {"text": text}, logprobs, finish_reason, stop_reason)
 
     def chunk(
         self,
@@ -146,13 +148,7 @@ class ChatFormat:
         logprobs: dict | None,
         stop_reason: int | str | None = None,
     ) -> dict:
-        choice = {
-            "index": index,
-            "delta": delta,
-            "logprobs": logprobs,
-            "finish_reason": finish_reason,
-            "stop_reason": stop_reason,
-        }
+        choice = _choice(index, {"delta": delta}, logprobs, finish_reason, stop_reason)
         return {**self._head("chat.completion.chunk"), "choices": [choice]}
 
     def chunk(
@@ -195,13 +191,7 @@ class ChatFormat:
         stop_reason: int | str | None = None,
     ) -> dict:
         """A whole choice; its message may be more than content (chat_output.py: reasoning, tool calls)."""
-        return {
-            "index": index,
-            "message": message,
-            "logprobs": logprobs,
-            "finish_reason": finish_reason,
-            "stop_reason": stop_reason,
-        }
+        return _choice(index, {"message": message}, logprobs, finish_reason, stop_reason)
 
     def usage_chunk(self, usage: dict) -> dict:
         return {**self._head("chat.completion.chunk"), "choices": [], "usage": usage}
