@@ -138,18 +138,7 @@ class ChatFormat:
         return {"id": self.id, "object": object, "created": self.created, "model": self.model}
 
     def opening_chunk(self, index: int) -> dict | None:
-        return self._delta_chunk(index, {"role": "assistant", "content": ""}, None, None)
-
-    def _delta_chunk(
-        self,
-        index: int,
-        delta: dict,
-        finish_reason: str | None,
-        logprobs: dict | None,
-        stop_reason: int | str | None = None,
-    ) -> dict:
-        choice = _choice(index, {"delta": delta}, logprobs, finish_reason, stop_reason)
-        return {**self._head("chat.completion.chunk"), "choices": [choice]}
+        return self.delta_chunk(index, {"role": "assistant", "content": ""}, None, None)
 
     def chunk(
         self,
@@ -159,7 +148,7 @@ class ChatFormat:
         logprobs: dict | None = None,
         stop_reason: int | str | None = None,
     ) -> dict:
-        return self._delta_chunk(index, {"content": text} if text else {}, finish_reason, logprobs, stop_reason)
+        return self.delta_chunk(index, {"content": text} if text else {}, finish_reason, logprobs, stop_reason)
 
     def delta_chunk(
         self,
@@ -169,8 +158,9 @@ class ChatFormat:
         logprobs: dict | None = None,
         stop_reason: int | str | None = None,
     ) -> dict:
-        """A chunk of any delta: content, reasoning or tool calls (chat_output.py)."""
-        return self._delta_chunk(index, delta, finish_reason, logprobs, stop_reason)
+        """A chunk of any delta: the role, content, reasoning or tool calls (chat_output.py)."""
+        choice = _choice(index, {"delta": delta}, logprobs, finish_reason, stop_reason)
+        return {**self._head("chat.completion.chunk"), "choices": [choice]}
 
     def choice(
         self,
