@@ -1,0 +1,110 @@
+"""The roofline of a run: the least time the GPU's memory bandwidth and arithmetic allow, to set a measured
+time against.
+
+A decode step must read every weight once and every running request's KV cache once, and write one token's
+KV per request; it must do about 2 FLOPs per weight per token and 4 per cached (token, layer, head, dim) of
+attention. Its floor is the larger of bytes / HBM bandwidth and FLOPs / peak rate. A prefill is bounded by its
+FLOPs. The whole run's floor adds its steps' floors, with the requests decoding together (`seats` at a time)
+as the engine runs them. Figures are the vendors' datasheet peaks (dense, no sparsity), so a share of 100 % is
+out of reach: the measured ceilings on these machines are about 90 % of the bandwidth (a device-to-device
+copy) and 80 % of the bf16 rate (a large matrix product).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class GpuPeak:
+    name: str
+    hbm_bytes_per_s: float
+    bf16_flops_per_s: float
+    fp8_flops_per_s: float
+
+
+# Datasheet figures (SXM parts; dense). Matched by substring of torch.cuda.get_device_name(), first match wins.
+GPU_PEAKS = (
+    GpuPeak("H200", 4.8e12, 989e12, 1979e12),
+    GpuPeak("H100", 3.35e12, 989e12, 1979e12),
+    GpuPeak("A100", 2.04e12, 312e12, 0.0),
+)
+
+
+def gpu_peak(device_name: str) -> GpuPeak | None:
+    for peak in GPU_PEAKS:
+        if peak.name in device_name:
+            return peak
+    return None
+
+
+@dataclass(frozen=True, slots=True)
+class ModelCost:
+    """What one token costs the model, from the model as loaded (any family, any dtype)."""
+
+    weight_bytes: int  # every weight the forward reads (the embedding table's rows are gathered, not read)
+    matmul_params: int  # weights multiplied by each token (2 FLOPs each)
+    kv_bytes_per_token: int  # one token's K and V over all layers
+    attention_flops_per_context_token: int  # 4 * layers * query heads * head_dim
+
+    @classmethod
+    def of(cls, model, kv_bytes_per_token: int, layers: int, heads: int, head_dim: int) -> ModelCost:
+        """`model`: a torch module; its embedding tables (any parameter named *embed*, or wte/wpe) are looked
+        up, not multiplied, unless the lm-head shares them (tied): then they are read once, as the head."""
+        weight_bytes = matmul = 0
+        tied = _tied_head(model)
+        for name, param in model.named_parameters():
+            looked_up = "embed" in name or name.endswith(("wte.weight", "wpe.weight"))
+            if looked_up and not (tied is not None and param is tied):
+                continue
+            weight_bytes += param.numel() * param.element_size()
+            if param.dim() >= 2:
+                matmul += param.numel()
+        return cls(weight_bytes, matmul, kv_bytes_per_token, 4 * layers * heads * head_dim)
+
+
+def _tied_head(model):
+    head = getattr(model, "lm_head", None)
+    return getattr(head, "weight", None)
+
+
+def decode_step_floor(cost: ModelCost, contexts: list[int], peak: GpuPeak, fp8: bool = False) -> float:
+    """Seconds one decode step of these requests (each `contexts[i]` tokens cached) cannot beat."""
+    kv_read = cost.kv_bytes_per_token * sum(contexts)
+    kv_write = cost.kv_bytes_per_token * len(contexts)
+    memory_s = (cost.weight_bytes + kv_read + kv_write) / peak.hbm_bytes_per_s
+    flops = 2 * cost.matmul_params * len(contexts) + cost.attention_flops_per_context_token * sum(contexts)
+    compute_s = flops / (peak.fp8_flops_per_s if fp8 else peak.bf16_flops_per_s)
+    return max(memory_s, compute_s)
+
+
+def prefill_floor(cost: ModelCost, prompt_lens: list[int], peak: GpuPeak, fp8: bool = False) -> float:
+    """Seconds computing these prompts cannot beat: their FLOPs (causal attention: half the square)."""
+    flops = sum(
+        2 * cost.matmul_params * n + cost.attention_flops_per_context_token * n * (n + 1) // 2 for n in prompt_lens
+    )
+    return flops / (peak.fp8_flops_per_s if fp8 else peak.bf16_flops_per_s)
+
+
+def run_floor(
+    cost: ModelCost, prompt_lens: list[int], output_len: int, seats: int, peak: GpuPeak, fp8: bool = False
+) -> dict:
+    """The run's floor: the prompts' prefill, then their decode steps, `seats` requests at a time in arrival
+    order (a wave of requests decodes together; the next wave starts when it ends, as with equal outputs).
+    Returns the floor's seconds, its decode part, and the floor of the first wave's median decode step."""
+    prefill_s = prefill_floor(cost, prompt_lens, peak, fp8)
+    decode_s = 0.0
+    middle_step_s = None
+    for start in range(0, len(prompt_lens), seats):
+        wave = prompt_lens[start : start + seats]
+        for t in range(output_len - 1):  # the first token comes with the prefill
+            step_s = decode_step_floor(cost, [n + t for n in wave], peak, fp8)
+            decode_s += step_s
+            if start == 0 and t == output_len // 2:
+                middle_step_s = step_s
+    return {
+        "seconds": prefill_s + decode_s,
+        "prefill_s": prefill_s,
+        "decode_s": decode_s,
+        "middle_step_s": middle_step_s,
+    }

@@ -1,0 +1,61 @@
+"""The benchmark shapes are the published models' sizes, and the roofline orders steps as bandwidth does."""
+
+import json
+
+import pytest
+import torch
+from transformers import AutoConfig, AutoModelForCausalLM
+
+from benchmarks.roofline import GPU_PEAKS, ModelCost, decode_step_floor, gpu_peak, run_floor
+from benchmarks.shapes import write_shape
+from common.model_info import ModelInfo
+
+# Parameters of the published checkpoints (their model cards), with Llama 3's vocabulary of 128,256.
+PUBLISHED_PARAMETERS = {"llama-3.2-1b": 1.24e9, "llama-3-8b": 8.03e9, "llama-3-70b": 70.6e9}
+
+
+@pytest.fixture
+def tokenizer_folder(tmp_path):
+    folder = tmp_path / "tokenizer"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps({"vocab_size": 128256, "bos_token_id": 1, "eos_token_id": 2}))
+    (folder / "tokenizer.json").write_text("{}")
+    return folder
+
+
+@pytest.mark.parametrize("shape", sorted(PUBLISHED_PARAMETERS))
+def test_shape_has_the_published_parameter_count(shape, tokenizer_folder, tmp_path):
+    out = write_shape(shape, tmp_path / shape, tokenizer_folder)
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(out))
+    parameters = sum(p.numel() for p in model.parameters())
+    assert parameters == pytest.approx(PUBLISHED_PARAMETERS[shape], rel=0.01)
+    assert (out / "tokenizer.json").is_file()
+    assert ModelInfo.from_folder(out).eos_token_ids == [2]
+
+
+def test_decode_floor_is_the_bytes_over_bandwidth_when_memory_bound():
+    peak = GPU_PEAKS[0]
+    cost = ModelCost(
+        weight_bytes=16 * 2**30,
+        matmul_params=8 * 10**9,
+        kv_bytes_per_token=131072,
+        attention_flops_per_context_token=4 * 32 * 32 * 128,
+    )
+    contexts = [400] * 256
+    expected = (cost.weight_bytes + cost.kv_bytes_per_token * (sum(contexts) + len(contexts))) / peak.hbm_bytes_per_s
+    assert decode_step_floor(cost, contexts, peak) == pytest.approx(expected)
+    assert decode_step_floor(cost, [800] * 256, peak) > decode_step_floor(cost, contexts, peak)
+
+
+def test_run_floor_adds_a_decode_step_per_output_token_per_wave():
+    peak = gpu_peak("NVIDIA H200")
+    assert peak is not None and gpu_peak("cpu") is None
+    cost = ModelCost(
+        weight_bytes=10**9, matmul_params=5 * 10**8, kv_bytes_per_token=1000, attention_flops_per_context_token=1000
+    )
+    one_wave = run_floor(cost, [100] * 8, output_len=10, seats=8, peak=peak)
+    two_waves = run_floor(cost, [100] * 8, output_len=10, seats=4, peak=peak)
+    # Memory bound: each step reads the weights once, so two waves of half the batch read them twice as often.
+    assert two_waves["decode_s"] > 1.9 * one_wave["decode_s"]
+    assert one_wave["seconds"] == pytest.approx(one_wave["prefill_s"] + one_wave["decode_s"])
