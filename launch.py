@@ -205,7 +205,7 @@ def model_sampling_defaults(choice: str, model_folder) -> dict[str, float]:
 def default_api_server_count() -> int:
     """2 where the cores allow: one GPU's stream of tokens needs more than one HTTP process, but on the
     16-core H100 host 4 were no faster than 2 (they take cores from the scheduler, the tokenizer workers and
-    the GPU worker's host loop); docs/benchmarks.md, "Serving at engine speed"."""
+    the GPU worker's host loop); docs/notes/benchmark-history.md, "Serving at engine speed"."""
     return 2 if (os.cpu_count() or 1) >= 8 else 1
 
 

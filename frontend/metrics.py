@@ -93,7 +93,7 @@ class SchedulerStatsCollector(Collector):
 
 # Our metrics that vLLM also has, and its names for them: exposed under both, from one measurement. They are
 # counted once, under our name, and copied under vLLM's (labelled model_name) when a scrape renders them, so a
-# streamed token's inter-token latency is one observation, not three (docs/benchmarks.md).
+# streamed token's inter-token latency is one observation, not three (docs/notes/benchmark-history.md).
 VLLM_ALIASES: dict[str, tuple[str, ...]] = {
     "clearserve_prompt_tokens": ("vllm:prompt_tokens",),
     "clearserve_generation_tokens": ("vllm:generation_tokens",),

@@ -10,6 +10,7 @@ from __future__ import annotations
 import time
 from collections.abc import AsyncGenerator
 from dataclasses import replace
+from typing import TypeVar
 
 from fastapi import APIRouter, Request, Response
 from fastapi.responses import JSONResponse
@@ -28,6 +29,8 @@ from frontend.reasoning import ReasoningStream
 from frontend.streaming import SSE_DONE, StreamingEvents, sse_event
 from frontend.tool_calls import ToolCallStream
 
+OpenAIBody = TypeVar("OpenAIBody", CompletionRequest, ChatCompletionRequest)
+
 
 def openai_router(
     client: EngineClient,
@@ -41,31 +44,27 @@ def openai_router(
     router = APIRouter()
     max_chars = limits.prompt_chars(client.limits.max_model_len)
 
-    @router.post("/v1/completions")
-    async def completions(request: Request) -> Response:
-        arrival = time.time()
-        body = await parse_body(request, CompletionRequest)
+    async def checked_body(request: Request, model: type[OpenAIBody]) -> OpenAIBody:
+        """Either endpoint's body, with the checks both make first, in this order (the first failing one answers)."""
+        body = await parse_body(request, model)
         body.check_common(client.limits)
         body.check_unsupported()
         body.check_stop_strings(limits)
+        return body
+
+    @router.post("/v1/completions")
+    async def completions(request: Request) -> Response:
+        arrival = time.time()
+        body = await checked_body(request, CompletionRequest)
         prompts = body.engine_prompts()
         kept = body.prompt_tokens_kept(client.limits)
         check_prompt_chars([text for text, _ in prompts if text is not None], max_chars, "prompt")
         sampling = body.sampling_params(body.max_tokens, "max_tokens", client.limits)
-        requests = [
-            GenerateRequest(
-                0,
-                sample_params(sampling, j),
-                arrival,
-                prompt=text,
-                prompt_token_ids=ids,
-                add_special_tokens=body.add_special_tokens,
-                truncate_prompt_tokens=kept,
-                priority=body.priority,
-            )
+        prompt_fields = [
+            {"prompt": text, "prompt_token_ids": ids, "add_special_tokens": body.add_special_tokens}
             for text, ids in prompts
-            for j in range(body.num_choices)
         ]
+        requests = choice_requests(body, sampling, arrival, kept, prompt_fields)
         echoes = None
         if body.echo:
             texts = [text if text is not None else await _detokenize(client, ids) for text, ids in prompts]
@@ -75,28 +74,15 @@ def openai_router(
     @router.post("/v1/chat/completions")
     async def chat_completions(request: Request) -> Response:
         arrival = time.time()
-        body = await parse_body(request, ChatCompletionRequest)
-        body.check_common(client.limits)
-        body.check_unsupported()
-        body.check_stop_strings(limits)
+        body = await checked_body(request, ChatCompletionRequest)
         messages = body.engine_messages()
         chat_options = body.chat_options()
         tool_plan = body.tool_plan(tool_call_parser)
         kept = body.prompt_tokens_kept(client.limits)
         check_prompt_chars([body.rendered_text(messages)], max_chars, "messages")
         sampling = body.tool_sampling_params(client.limits, tool_plan)
-        requests = [
-            GenerateRequest(
-                0,
-                sample_params(sampling, j),
-                arrival,
-                chat_messages=messages,
-                chat_options=chat_options,
-                truncate_prompt_tokens=kept,
-                priority=body.priority,
-            )
-            for j in range(body.num_choices)
-        ]
+        prompt_fields = [{"chat_messages": messages, "chat_options": chat_options}]
+        requests = choice_requests(body, sampling, arrival, kept, prompt_fields)
         readers = None
         if tool_plan is not None or reasoning_parser is not None:
             readers = [
@@ -136,6 +122,19 @@ def openai_router(
         return JSONResponse(fmt.whole(whole, choices.usage()))
 
     return router
+
+
+def choice_requests(
+    body: OpenAIFields, sampling: SamplingParams, arrival: float, kept: int | None, prompt_fields: list[dict]
+) -> list[GenerateRequest]:
+    """One engine request per choice: each prompt (its GenerateRequest fields) `n` times, prompt by prompt."""
+    return [
+        GenerateRequest(
+            0, sample_params(sampling, j), arrival, truncate_prompt_tokens=kept, priority=body.priority, **fields
+        )
+        for fields in prompt_fields
+        for j in range(body.num_choices)
+    ]
 
 
 def sample_params(sampling: SamplingParams, index: int) -> SamplingParams:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from typing import ClassVar
 
 from common.messages import Logprobs
 from frontend.streaming import json_string, sse_event
@@ -25,17 +26,6 @@ def _split_at_text(event: bytes, marker: str) -> tuple[bytes, bytes]:
     text is then prefix + that text's JSON literal + suffix, with no encoder call per chunk."""
     prefix, _, suffix = event.partition(json_string(marker).encode())
     return prefix, suffix
-
-
-def _from_template(
-    fmt: CompletionFormat | ChatFormat, index: int, text: str, finish_reason: str | None, usage_null: bool
-) -> bytes:
-    key = (index, finish_reason, usage_null)
-    template = fmt._templates.get(key)
-    if template is None:
-        chunk = {**fmt.chunk(index, _MARKER, finish_reason), **({"usage": None} if usage_null else {})}
-        template = fmt._templates[key] = _split_at_text(sse_event(chunk), _MARKER)
-    return template[0] + json_string(text).encode() + template[1]
 
 
 def _finite(value: float) -> float | None:
@@ -52,23 +42,34 @@ def _choice(
 
 
 @dataclass(slots=True)
-class CompletionFormat:
-    id: str  # "cmpl-<rid>"
+class ResponseFormat:
+    """What both APIs' responses share: the head of every chunk and of the whole answer, a choice's fields
+    around its body, the usage chunk, and the SSE event of a plain text chunk from a template. A subclass says
+    what a choice's body is (text, message, delta) and how its logprobs read."""
+
+    id: str  # "cmpl-<rid>" / "chatcmpl-<rid>"
     created: int
     model: str
     _templates: dict = field(
         default_factory=dict, init=False, repr=False
-    )  # (finish_reason, usage_null) -> (prefix, suffix)
+    )  # (index, finish_reason, usage_null) -> (prefix, suffix)
 
-    def chunk_event(self, index: int, text: str, finish_reason: str | None, usage_null: bool = False) -> bytes:
-        """The SSE event of chunk(index, text, finish_reason) without logprobs (with "usage": null added when
-        `usage_null`), byte for byte as sse_event writes it, from a template: one per choice and finish reason."""
-        return _from_template(self, index, text, finish_reason, usage_null)
+    chunk_object: ClassVar[str]  # the "object" of a streamed chunk
+    whole_object: ClassVar[str]  # the "object" of the whole answer
 
-    def _head(self) -> dict:
-        return {"id": self.id, "object": "text_completion", "created": self.created, "model": self.model}
+    def _whole_body(self, text: str) -> dict:
+        raise NotImplementedError
+
+    def _chunk_body(self, text: str) -> dict:
+        raise NotImplementedError
+
+    @staticmethod
+    def logprobs(parts: list[Logprobs], text_offset: int) -> dict:
+        """The API's logprobs of consecutive token runs (the module's docstring)."""
+        raise NotImplementedError
 
     def opening_chunk(self, index: int) -> dict | None:
+        """The chunk each choice's stream opens with, if any."""
         return None
 
     def choice(
@@ -79,7 +80,8 @@ class CompletionFormat:
         logprobs: dict | None = None,
         stop_reason: int | str | None = None,
     ) -> dict:
-        return _choice(index, {"text": text}, logprobs, finish_reason, stop_reason)
+        """A whole answer's choice of `text`."""
+        return _choice(index, self._whole_body(text), logprobs, finish_reason, stop_reason)
 
     def chunk(
         self,
@@ -89,13 +91,46 @@ class CompletionFormat:
         logprobs: dict | None = None,
         stop_reason: int | str | None = None,
     ) -> dict:
-        return {**self._head(), "choices": [self.choice(index, text, finish_reason, logprobs, stop_reason)]}
+        """A streamed chunk of `text` for one choice."""
+        return self._chunk_of(_choice(index, self._chunk_body(text), logprobs, finish_reason, stop_reason))
+
+    def chunk_event(self, index: int, text: str, finish_reason: str | None, usage_null: bool = False) -> bytes:
+        """The SSE event of chunk(index, text, finish_reason) without logprobs (with "usage": null added when
+        `usage_null`), byte for byte as sse_event writes it, from a template: one per choice and finish reason.
+        A chunk without text is written whole (a chat chunk's has no content field to cut the template at)."""
+        extra = {"usage": None} if usage_null else {}
+        if not text:
+            return sse_event({**self.chunk(index, text, finish_reason), **extra})
+        key = (index, finish_reason, usage_null)
+        template = self._templates.get(key)
+        if template is None:
+            chunk = {**self.chunk(index, _MARKER, finish_reason), **extra}
+            template = self._templates[key] = _split_at_text(sse_event(chunk), _MARKER)
+        return template[0] + json_string(text).encode() + template[1]
 
     def usage_chunk(self, usage: dict) -> dict:
-        return {**self._head(), "choices": [], "usage": usage}
+        return {**self._head(self.chunk_object), "choices": [], "usage": usage}
 
     def whole(self, choices: list[dict], usage: dict) -> dict:
-        return {**self._head(), "choices": choices, "usage": usage}
+        return {**self._head(self.whole_object), "choices": choices, "usage": usage}
+
+    def _chunk_of(self, choice: dict) -> dict:
+        return {**self._head(self.chunk_object), "choices": [choice]}
+
+    def _head(self, object: str) -> dict:
+        return {"id": self.id, "object": object, "created": self.created, "model": self.model}
+
+
+@dataclass(slots=True)
+class CompletionFormat(ResponseFormat):
+    chunk_object: ClassVar[str] = "text_completion"
+    whole_object: ClassVar[str] = "text_completion"
+
+    def _whole_body(self, text: str) -> dict:
+        return {"text": text}
+
+    def _chunk_body(self, text: str) -> dict:
+        return {"text": text}
 
     @staticmethod
     def logprobs(parts: list[Logprobs], text_offset: int) -> dict:
@@ -120,35 +155,18 @@ class CompletionFormat:
 
 
 @dataclass(slots=True)
-class ChatFormat:
-    id: str  # "chatcmpl-<rid>"
-    created: int
-    model: str
-    _templates: dict = field(
-        default_factory=dict, init=False, repr=False
-    )  # (finish_reason, usage_null) -> (prefix, suffix)
+class ChatFormat(ResponseFormat):
+    chunk_object: ClassVar[str] = "chat.completion.chunk"
+    whole_object: ClassVar[str] = "chat.completion"
 
-    def chunk_event(self, index: int, text: str, finish_reason: str | None, usage_null: bool = False) -> bytes:
-        """As CompletionFormat.chunk_event."""
-        if not text:  # a chunk without text has no content field: no template
-            return sse_event({**self.chunk(index, text, finish_reason), **({"usage": None} if usage_null else {})})
-        return _from_template(self, index, text, finish_reason, usage_null)
+    def _whole_body(self, text: str) -> dict:
+        return {"message": {"role": "assistant", "content": text}}
 
-    def _head(self, object: str) -> dict:
-        return {"id": self.id, "object": object, "created": self.created, "model": self.model}
+    def _chunk_body(self, text: str) -> dict:
+        return {"delta": {"content": text} if text else {}}
 
     def opening_chunk(self, index: int) -> dict | None:
         return self.delta_chunk(index, {"role": "assistant", "content": ""}, None, None)
-
-    def chunk(
-        self,
-        index: int,
-        text: str,
-        finish_reason: str | None,
-        logprobs: dict | None = None,
-        stop_reason: int | str | None = None,
-    ) -> dict:
-        return self.delta_chunk(index, {"content": text} if text else {}, finish_reason, logprobs, stop_reason)
 
     def delta_chunk(
         self,
@@ -159,18 +177,7 @@ class ChatFormat:
         stop_reason: int | str | None = None,
     ) -> dict:
         """A chunk of any delta: the role, content, reasoning or tool calls (chat_output.py)."""
-        choice = _choice(index, {"delta": delta}, logprobs, finish_reason, stop_reason)
-        return {**self._head("chat.completion.chunk"), "choices": [choice]}
-
-    def choice(
-        self,
-        index: int,
-        text: str,
-        finish_reason: str | None,
-        logprobs: dict | None = None,
-        stop_reason: int | str | None = None,
-    ) -> dict:
-        return self.message_choice(index, {"role": "assistant", "content": text}, finish_reason, logprobs, stop_reason)
+        return self._chunk_of(_choice(index, {"delta": delta}, logprobs, finish_reason, stop_reason))
 
     def message_choice(
         self,
@@ -182,12 +189,6 @@ class ChatFormat:
     ) -> dict:
         """A whole choice; its message may be more than content (chat_output.py: reasoning, tool calls)."""
         return _choice(index, {"message": message}, logprobs, finish_reason, stop_reason)
-
-    def usage_chunk(self, usage: dict) -> dict:
-        return {**self._head("chat.completion.chunk"), "choices": [], "usage": usage}
-
-    def whole(self, choices: list[dict], usage: dict) -> dict:
-        return {**self._head("chat.completion"), "choices": choices, "usage": usage}
 
     @staticmethod
     def logprobs(parts: list[Logprobs], text_offset: int = 0) -> dict:
@@ -207,6 +208,3 @@ class ChatFormat:
                     }
                 )
         return {"content": content, "refusal": None}
-
-
-ResponseFormat = CompletionFormat | ChatFormat

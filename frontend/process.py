@@ -58,7 +58,7 @@ class FrontendSpec:
 def event_loop_runner(choice: str):
     """`asyncio.run` or `uvloop.run`. uvloop: every streamed chunk is a socket write and a few loop callbacks,
     which libuv does in C (on the GPU machine the standard loop's `transport.write` alone was 15 % of a busy
-    frontend's time, docs/benchmarks.md)."""
+    frontend's time, docs/notes/benchmark-history.md)."""
     if choice == "asyncio":
         return asyncio.run
     try:
@@ -135,7 +135,7 @@ async def collect_request_garbage(period_s: float = GARBAGE_COLLECTION_PERIOD_S)
     transport, FastAPI's exit stack per request, a cancelled task's traceback), and it outlives the young
     collections while the request runs. CPython collects its oldest generation only after ten middle ones
     and once a quarter of its size is waiting: in a frontend that is a few full collections an hour, with
-    thousands of dead connections waiting in between (docs/benchmarks.md, the soak). Collected every few
+    thousands of dead connections waiting in between (docs/notes/benchmark-history.md, the soak). Collected every few
     seconds, that garbage never piles up."""
     while True:
         await asyncio.sleep(period_s)

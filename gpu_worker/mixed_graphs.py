@@ -2,9 +2,10 @@
 token-count bucket, captured at start-up.
 
 An eager step launches every kernel from Python, about a thousand for a 30-layer model: ~10 ms of host time
-whatever the step's size (docs/benchmarks.md), so a 512-token chunk beside 64 decodes cost as much as several
-decode steps. Captured, such a step is one replay. What makes it capturable is that every launch is sized for
-the most its bucket can hold, and the step's real extent is read on the device (attention/triton_backend.py):
+whatever the step's size (docs/notes/benchmark-history.md), so a 512-token chunk beside 64 decodes cost as much
+as several decode steps. Captured, such a step is one replay. What makes it capturable is that every launch is
+sized for the most its bucket can hold, and the step's real extent is read on the device
+(attention/triton_backend.py):
 
     | input ids [T] | gather slots [T] | positions [T] | slots [T] | logit rows [S] | context lens [S] |
     | query starts [S + 1] | prefill tiles [2, tiles] | decode span [4] | decode slices | block tables [S, W] |

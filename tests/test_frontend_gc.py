@@ -1,5 +1,5 @@
 """The frontend's garbage in reference cycles (dead connections, requests' exit stacks) is collected within a
-period, not when CPython's thresholds get round to it (docs/benchmarks.md, the soak):
+period, not when CPython's thresholds get round to it (docs/notes/benchmark-history.md, the soak):
 start-up's objects are frozen, so they neither delay nor slow a full collection, and one runs every
 GARBAGE_COLLECTION_PERIOD_S (frontend/process.py)."""
 

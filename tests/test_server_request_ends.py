@@ -1,6 +1,6 @@
 """Every way a request ends leaves nothing of it behind: the frontend routes no outputs to it any more
 (`requests_open` in its /stats is 0) and the scheduler holds nothing of it. A table entry left behind on one
-path would grow the frontend with every such request (the soak's question, docs/benchmarks.md).
+path would grow the frontend with every such request (the soak's question, docs/notes/benchmark-history.md).
 
 One server with a --request-timeout and one tokenizer worker, whose engine runs no model (--load-format null:
 placeholder tokens at once, the bookkeeping is what is checked); the scheduler is stopped (SIGSTOP) where a

@@ -25,7 +25,7 @@ from collections import OrderedDict
 
 # Block hashes remembered per replica. Full, 32768 cost ~6 MB of Python objects (the OrderedDict 4.5 MB, the
 # hashes 1.1 MB) and ~10 MiB of RSS with the allocator's slack, reached within ~15,000 requests of varied
-# prompts and flat from there (docs/benchmarks.md, Soak).
+# prompts and flat from there (docs/notes/benchmark-history.md, Soak).
 PREFIX_MEMORY_BLOCKS = 32768
 MAX_IMBALANCE = 8  # requests in flight a cached prefix may put a replica ahead of the least loaded one
 
