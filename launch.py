@@ -193,6 +193,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         parser.error("--default-max-tokens must be 0 (the rest of the context) or more")
     if args.api_server_count < 1:
         parser.error("--api-server-count must be at least 1")
+    if args.watchdog_timeout < 0 or args.engine_iteration_timeout < 0:
+        parser.error("--watchdog-timeout and --engine-iteration-timeout must be 0 (off) or more")
     if args.tensor_parallel_size < 1:
         parser.error("--tensor-parallel-size must be at least 1")
     if args.profile_steps is not None and (args.profile_steps < 1 or args.profile_dir is None):
