@@ -52,7 +52,7 @@ def test_no_engine_replicas_is_refused(capsys):
     assert "--data-parallel-size must be at least 1" in capsys.readouterr().err
 
 
-def test_liveness_timeouts_default_to_vllms_and_a_negative_one_is_refused(capsys):
+def test_the_liveness_flags_defaults_and_a_negative_timeout_is_refused(capsys):
     args = parse_args([])
     assert (args.watchdog_timeout, args.engine_iteration_timeout, args.exit_on_replica_failure) == (10, 60, False)
     with pytest.raises(SystemExit):
