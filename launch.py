@@ -6,8 +6,10 @@ processes, then watch them.
     python launch.py --data-parallel-size 2   # two engine replicas (on CUDA: cuda:0 and cuda:1)
 
 Every child is started with spawn (never fork: CUDA must not be inherited), dies with this process
-(PR_SET_PDEATHSIG), and is watched: if one dies, the server stops and exits non-zero naming it. The
-launcher binds the HTTP port first (a port in use fails at once) and shares that socket with the frontends.
+(PR_SET_PDEATHSIG), and is watched: if one dies, stops answering, or stops making progress with work waiting,
+the server stops and exits non-zero naming it; but with several engine replicas, a replica's failure only takes
+that replica out while another still serves (unless --exit-on-replica-failure). The launcher binds the HTTP
+port first (a port in use fails at once) and shares that socket with the frontends.
 """
 
 from __future__ import annotations
@@ -26,6 +28,8 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from common.control import Stuck
+    from common.engine_replica import ReplicaFailure
     from common.profiling import ProfileConfig
 
 log = logging.getLogger("launcher")
@@ -148,7 +152,22 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         type=float,
         default=10.0,
         help="a process that answers no control ping for this many seconds is declared dead and the server "
-        "stops, as when a process exits (0: no watchdog)",
+        "stops, as when a process exits (0: no silence check)",
+    )
+    parser.add_argument(
+        "--engine-iteration-timeout",
+        type=float,
+        default=60.0,
+        help="a process whose main loop makes no progress for this many seconds while it has work waiting (a "
+        "scheduler turn, a GPU step or a tokenizer batch that does not end) is declared stuck, as a silent one is "
+        "(0: no progress check). Generous, as vLLM's VLLM_ENGINE_ITERATION_TIMEOUT_S: each step is one turn, and "
+        "one long prefill on a loaded CPU is legitimate",
+    )
+    parser.add_argument(
+        "--exit-on-replica-failure",
+        action="store_true",
+        help="with --data-parallel-size above 1, stop the whole server (exit code 1) when one engine replica "
+        "fails; by default the failed replica is taken out and the others keep serving",
     )
     add_engine_args(parser)
     add_http_limit_args(parser)
@@ -174,6 +193,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         parser.error("--default-max-tokens must be 0 (the rest of the context) or more")
     if args.api_server_count < 1:
         parser.error("--api-server-count must be at least 1")
+    if args.watchdog_timeout < 0 or args.engine_iteration_timeout < 0:
+        parser.error("--watchdog-timeout and --engine-iteration-timeout must be 0 (off) or more")
     if args.tensor_parallel_size < 1:
         parser.error("--tensor-parallel-size must be at least 1")
     if args.profile_steps is not None and (args.profile_steps < 1 or args.profile_dir is None):
@@ -248,6 +269,8 @@ class Launcher:
         self.serving = False
         self.exit_code = 0
         self.stuck: set[str] = set()  # roles the watchdog declared dead: killed at shutdown, never waited for
+        self.replica_roles: dict[int, list[str]] = {}  # each engine replica's processes
+        self.failed_replicas: set[int] = set()  # taken out (fail_replica): their processes are stopped
 
     # ------------------------------------------------------------------ start
 
@@ -334,6 +357,7 @@ class Launcher:
 
         replicas = engine_replicas(num_replicas)
         ranks = config.tensor_parallel_size
+        self.replica_roles = {replica.index: replica.roles(ranks) for replica in replicas}
         log.info(
             "starting %d engine replica%s%s",
             num_replicas,
@@ -422,32 +446,104 @@ class Launcher:
     # ------------------------------------------------------------------ serve
 
     def watch(self) -> None:
-        """Block until a child exits or stops answering its pings (a SIGINT or SIGTERM to the launcher
-        interrupts this); either is a death."""
+        """Block until a child exits, stops answering its pings, or its loop stops making progress with work
+        waiting (a SIGINT or SIGTERM to the launcher interrupts this); each is a death (on_death)."""
         from common.control import Watchdog
 
-        sentinels = {p.sentinel: role for role, p in self.children.items()}
-        timeout = self.args.watchdog_timeout
-        watchdog = Watchdog(self.endpoints, sorted(self.children), timeout, time.monotonic) if timeout > 0 else None
+        args = self.args
+        watchdog = None
+        if args.watchdog_timeout > 0 or args.engine_iteration_timeout > 0:
+            roles = sorted(self.children)
+            watchdog = Watchdog(
+                self.endpoints, roles, args.watchdog_timeout, time.monotonic, args.engine_iteration_timeout
+            )
         try:
             while True:
+                sentinels = {p.sentinel: role for role, p in self.children.items() if not self._retired(role)}
                 ended = mp.connection.wait(list(sentinels), timeout=WATCHDOG_TICK_S if watchdog else None)
                 if ended:
                     role = sentinels[ended[0]]
                     process = self.children[role]
                     process.join(timeout=1)  # its sentinel can close a moment before it can be reaped
-                    raise ChildDied(f"process {role} (pid {process.pid}) died with exit code {process.exitcode}")
-                stuck = watchdog.tick() if watchdog is not None else []
-                if stuck:
-                    self.stuck.update(stuck)
-                    role = stuck[0]
-                    raise ChildDied(
-                        f"process {role} (pid {self.children[role].pid}) answered no ping for "
-                        f"{watchdog.silent_for(role):.1f} s (--watchdog-timeout {timeout:g})"
-                    )
+                    self.on_death(role, f"process {role} (pid {process.pid}) died with exit code {process.exitcode}")
+                if watchdog is None:
+                    continue
+                for stuck in watchdog.tick():
+                    if not self._retired(stuck.role):  # not already gone with its replica, this tick
+                        self.stuck.add(stuck.role)
+                        self.on_death(stuck.role, self._stuck_reason(stuck))
+                for replica in self.failed_replicas:
+                    watchdog.forget(self.replica_roles[replica])
         finally:
             if watchdog is not None:
                 watchdog.close()
+
+    def _stuck_reason(self, stuck: Stuck) -> str:
+        pid = self.children[stuck.role].pid
+        if stuck.silent:
+            return (
+                f"process {stuck.role} (pid {pid}) answered no ping for {stuck.seconds:.1f} s "
+                f"(--watchdog-timeout {self.args.watchdog_timeout:g})"
+            )
+        return (
+            f"process {stuck.role} (pid {pid}) made no progress for {stuck.seconds:.1f} s with work waiting "
+            f"(--engine-iteration-timeout {self.args.engine_iteration_timeout:g})"
+        )
+
+    def on_death(self, role: str, reason: str) -> None:
+        """A child died (or was declared stuck): the server stops (ChildDied), unless it belongs to an engine
+        replica and another replica still serves, where that replica alone is taken out."""
+        replica = self._replica_of(role)
+        if replica is None or self.args.exit_on_replica_failure:
+            raise ChildDied(reason)
+        if len(self.replica_roles) - len(self.failed_replicas) == 1:
+            raise ChildDied(reason if len(self.replica_roles) == 1 else f"{reason}, and no other engine replica serves")
+        self.fail_replica(replica, reason)
+
+    def fail_replica(self, replica: int, reason: str) -> None:
+        """Take engine replica `replica` out: every tokenizer worker ends the requests it routed there (each
+        client gets an error, not silence) and routes no more there; every frontend stops asking its processes
+        and reports one replica fewer. Its processes are killed: they hold nothing to hand over (their requests
+        are ended), and a tensor-parallel rank waiting on a collective with a dead peer could not act on a
+        SIGTERM."""
+        from common.engine_replica import ReplicaFailure
+
+        self.failed_replicas.add(replica)
+        roles = self.replica_roles[replica]
+        serving = len(self.replica_roles) - len(self.failed_replicas)
+        log.error(
+            "%s: engine replica %d is out, %d of %d still serve (--exit-on-replica-failure would stop the server)",
+            reason,
+            replica,
+            serving,
+            len(self.replica_roles),
+        )
+        self._tell_routers(ReplicaFailure(replica, roles, reason))
+        for role in roles:
+            process = self.children[role]
+            if process.exitcode is None:
+                process.kill()
+            process.join()
+
+    def _tell_routers(self, failure: ReplicaFailure) -> None:
+        """The failure, to every tokenizer worker and frontend (the processes of no replica)."""
+        import zmq
+
+        from common.transport import push_socket, send
+
+        ctx: zmq.Context = zmq.Context.instance()
+        for role in sorted(self.children):
+            if self._replica_of(role) is None and self.children[role].exitcode is None:
+                sock = push_socket(ctx, self.endpoints.control(role))
+                send(sock, failure.request())
+                sock.close(linger=1000)  # sent before the close returns (an unsent message would be dropped)
+
+    def _replica_of(self, role: str) -> int | None:
+        return next((replica for replica, roles in self.replica_roles.items() if role in roles), None)
+
+    def _retired(self, role: str) -> bool:
+        """Whether `role` belongs to a replica taken out (its processes are stopped, not watched)."""
+        return self._replica_of(role) in self.failed_replicas
 
     # ------------------------------------------------------------------ stop
 

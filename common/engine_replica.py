@@ -6,14 +6,24 @@ A replica is one engine: a scheduler and its GPU worker, with their own sockets 
 own KV blocks and prefix trie. Nothing is shared between replicas; the tokenizer workers decide which one
 serves a request. With one replica the processes keep their plain names ("scheduler", "gpu_worker"), so a
 single-engine server's logs, /stats and profiles read as they always did.
+
+A replica whose process dies (or stops answering, or making progress) while others still serve is taken out
+(launch.py, Launcher.fail_replica): the launcher stops its other processes and sends every tokenizer worker
+and frontend a ReplicaFailure over the control channel. A tokenizer worker ends the requests it had routed
+there (a 503 `replica_failed` for each, an error event to a stream) and routes no more there; a frontend
+reports the replicas left (/health, /stats, /metrics).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+from common.messages import ControlRequest
+
 SCHEDULER = "scheduler"
 GPU_WORKER = "gpu_worker"
+REPLICA_FAILED = "replica_failed"  # the control command, and the error code of the requests it ends
+REPLICA_FAILED_STATUS = 503  # what those requests get: the other replicas serve a retry
 
 
 @dataclass(frozen=True, slots=True)
@@ -33,8 +43,34 @@ class EngineReplica:
         """Tensor-parallel rank 0 is the GPU worker the scheduler talks to; the others follow it."""
         return self.gpu_worker_role if rank == 0 else f"{self.gpu_worker_role}-rank{rank}"
 
+    def roles(self, ranks: int) -> list[str]:
+        """Every process of this replica, with `ranks` tensor-parallel GPU workers."""
+        return [self.scheduler_role, *(self.gpu_worker_rank_role(rank) for rank in range(ranks))]
+
     def _role(self, process: str) -> str:
         return process if self.count == 1 else f"{process}-{self.index}"
+
+
+@dataclass(frozen=True, slots=True)
+class ReplicaFailure:
+    """The launcher's word that replica `replica` is out: its processes (`roles`) are stopped, for `reason`
+    (which process, and how it failed: for the logs and /stats, not for clients)."""
+
+    replica: int
+    roles: list[str]
+    reason: str
+
+    def request(self) -> ControlRequest:
+        args = {"replica": self.replica, "roles": self.roles, "reason": self.reason}
+        return ControlRequest(REPLICA_FAILED, 0, args)  # reply_to "": nobody waits for an answer
+
+    @classmethod
+    def from_request(cls, request: ControlRequest) -> ReplicaFailure:
+        args = request.args
+        return cls(int(args["replica"]), [str(role) for role in args["roles"]], str(args["reason"]))
+
+    def client_message(self) -> str:
+        return f"engine replica {self.replica} failed while serving this request; the other replicas still serve"
 
 
 def engine_replicas(count: int) -> list[EngineReplica]:

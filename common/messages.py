@@ -146,12 +146,15 @@ class RequestAccepted:
 @message(5)
 @dataclass(slots=True)
 class RequestRejected:
-    """Refused before any token: `status` is the HTTP status the client gets, `param` the field at fault."""
+    """Refused before any token: `status` is the HTTP status the client gets, `param` the field at fault. Also
+    how a stream ends in an error after it was accepted (its engine replica failed, the server stops); `code`:
+    the error's code for the client where the status alone does not say it (None: the status's own)."""
 
     rid: int
     status: int
     message: str
     param: str | None = None
+    code: str | None = None
 
 
 @dataclass(slots=True)

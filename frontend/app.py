@@ -102,12 +102,13 @@ def build_app(
 
     @app.get("/health")
     async def health() -> JSONResponse:
-        # Alive means every process answers its control thread, even in the middle of a long step.
+        # Alive means every process answers its control thread, even in the middle of a long step; a failed
+        # engine replica's processes are no longer asked (the others serve: "degraded", still 200).
         replies = await client.control("ping", timeout=HEALTH_TIMEOUT_S)
         silent = [role for role in client.roles if role not in replies]
         if silent:
             return JSONResponse({"status": "unhealthy", "silent": silent}, status_code=503)
-        return JSONResponse({"status": "ok"})
+        return JSONResponse(client.replicas.health())
 
     @app.get("/metrics")
     async def prometheus_metrics() -> Response:
@@ -116,7 +117,9 @@ def build_app(
         answered = all(role in replies for role in schedulers)
         # The other frontends' request counts (this one's are its own): every request, whichever frontend.
         frontends = [r.payload[REQUEST_METRICS] for r in replies.values() if REQUEST_METRICS in r.payload]
-        body = metrics.render([replies[role].payload for role in schedulers] if answered else None, frontends)
+        body = metrics.render(
+            [replies[role].payload for role in schedulers] if answered else None, frontends, client.replicas
+        )
         return Response(body, media_type=CONTENT_TYPE_LATEST)
 
     # Profiling: the frontend starts first and stops last, so its own trace covers the whole exchange. Its own
@@ -145,6 +148,7 @@ def build_app(
     @app.get("/stats", dependencies=keyed)
     async def stats() -> dict:
         body = _by_role(client, await client.control("stats", timeout=STATS_TIMEOUT_S))
+        body["engine_replicas"] = client.replicas.to_payload()
         own = client.stats()
         return body if own is None else _with_own(client, body, own)
 

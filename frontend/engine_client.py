@@ -6,8 +6,9 @@
     app ── submit(TokenizeRequest / DetokenizeRequest) ──▶ one event: TextReply or RequestRejected
 
 A stream can also end in a RequestRejected after it was accepted: when the frontend stops (every open
-stream is failed at once, `fail_open_streams`, so each client gets an error event instead of silence) or
-when the request outlives its deadline (`request_timeout_s`: the stream ends and the request is aborted).
+stream is failed at once, `fail_open_streams`, so each client gets an error event instead of silence), when
+the request outlives its deadline (`request_timeout_s`: the stream ends and the request is aborted), or when
+its engine replica fails (its tokenizer worker ends it: tokenizer_worker/process.py).
 
 The HTTP layer knows nothing of sockets, and tests can give it a fake client.
 """
@@ -25,6 +26,8 @@ import zmq
 import zmq.asyncio
 
 from common.control import ControlServer, frontend_role
+from common.engine_replica import REPLICA_FAILED, ReplicaFailure, is_scheduler_role
+from common.loop_progress import LoopProgress, tick_event_loop
 from common.messages import (
     AbortRequest,
     ControlReply,
@@ -42,6 +45,7 @@ from common.profiling import NOT_ENABLED, EventLoopStats, ProcessProfiler
 from common.request_ids import request_ids, tokenizer_of
 from common.transport import Endpoints, pull_socket, push_socket
 from common.wire import decode, encode
+from frontend.replicas import EngineReplicas
 
 log = logging.getLogger(__name__)
 
@@ -135,6 +139,7 @@ class EngineClient(ABC):
     request_timeout_s: float | None = None  # set by the app from its HttpLimits
     # More for this frontend's stats, by key (the app's request counts): each called when stats are asked for.
     stats_sources: dict[str, Callable[[], dict]]
+    replicas: EngineReplicas = EngineReplicas()  # the engine replicas serving (frontend/replicas.py)
 
     @abstractmethod
     async def submit(self, request: EngineRequest) -> RequestStream:
@@ -191,6 +196,7 @@ class ZmqEngineClient(EngineClient):
         self._endpoints = endpoints
         self._profiler = profiler
         self._roles = [role for role in roles if role != self.role]
+        self.replicas = EngineReplicas(sum(1 for role in roles if is_scheduler_role(role)))
         self._num_tokenizers = num_tokenizers
         self._rids = request_ids(index, num_frontends)
         self._streams: dict[int, RequestStream] = {}
@@ -213,7 +219,12 @@ class ZmqEngineClient(EngineClient):
 
     def start(self) -> None:
         """Start the receive loops and answer this process's control socket; call from inside the event loop."""
-        self._tasks = [asyncio.create_task(self._receive_outputs()), asyncio.create_task(self._receive_control())]
+        progress = LoopProgress()  # the event loop's turns, for the launcher's watchdog
+        self._tasks = [
+            asyncio.create_task(self._receive_outputs()),
+            asyncio.create_task(self._receive_control()),
+            asyncio.create_task(tick_event_loop(progress)),
+        ]
         loop = asyncio.get_running_loop()
         self.event_loop = type(loop).__module__.partition(".")[0]  # "uvloop" or "asyncio"
         self._control_server = ControlServer(
@@ -221,6 +232,7 @@ class ZmqEngineClient(EngineClient):
             self.role,
             stats=self.stats,
             on_command=lambda request: loop.call_soon_threadsafe(self._answer_command, request),
+            progress=progress,
         )
 
     def stats(self) -> dict:
@@ -282,8 +294,8 @@ class ZmqEngineClient(EngineClient):
         self._control_waiters[seq] = (future, replies)
         if not self._roles:
             future.set_result(None)
-        for sock in self._control_out.values():
-            await sock.send(encode(ControlRequest(kind, seq, args or {}, self.role)), copy=False)
+        for role in list(self._roles):
+            await self._control_out[role].send(encode(ControlRequest(kind, seq, args or {}, self.role)), copy=False)
         try:
             await asyncio.wait_for(future, timeout)
         except asyncio.TimeoutError:
@@ -305,9 +317,19 @@ class ZmqEngineClient(EngineClient):
 
     def _answer_command(self, request: ControlRequest) -> None:
         """A profiling command from another process (another frontend's /start_profile, the scheduler's
-        --profile-steps window), run on the event loop's thread."""
+        --profile-steps window), or the launcher's word that an engine replica failed; run on the event loop's
+        thread."""
+        if request.kind == REPLICA_FAILED:
+            self._take_out(ReplicaFailure.from_request(request))
+            return
         payload = self._profiler.answer(request.kind) if self._profiler is not None else {"error": NOT_ENABLED}
         self._control_server.reply(request, payload)
+
+    def _take_out(self, failure: ReplicaFailure) -> None:
+        """The failed replica's processes are gone: asked anything, they would only make the asker wait out its
+        timeout. (Its requests are ended by the tokenizer workers, which know where each one went.)"""
+        self.replicas = self.replicas.without(failure)
+        self._roles = [role for role in self._roles if role not in failure.roles]
 
     async def close(self) -> None:
         for task in self._tasks:

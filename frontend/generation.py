@@ -53,7 +53,7 @@ class Generation:
         if isinstance(first, RequestRejected):
             metrics.rejected(first.status)
             # A 504 is --request-timeout, before the verdict as after it; a 503 may be the queue limit here.
-            code = _ERROR_CODES[REQUEST_TIMED_OUT] if first.status == REQUEST_TIMED_OUT else None
+            code = first.code or (_ERROR_CODES[REQUEST_TIMED_OUT] if first.status == REQUEST_TIMED_OUT else None)
             raise ApiError(first.status, first.message, param=first.param, code=code)
         assert isinstance(first, RequestAccepted), f"an accepted or rejected verdict comes first, got {first!r}"
         metrics.accepted(first.prompt_tokens, first.times)
@@ -128,7 +128,9 @@ class Generation:
 
 def _output(event: object) -> RequestOutput:
     if isinstance(event, RequestRejected):
-        raise ApiError(event.status, event.message, param=event.param, code=_ERROR_CODES.get(event.status))
+        raise ApiError(
+            event.status, event.message, param=event.param, code=event.code or _ERROR_CODES.get(event.status)
+        )
     assert isinstance(event, RequestOutput), f"outputs follow the verdict, got {event!r}"
     return event
 

@@ -32,6 +32,7 @@ from prometheus_client.utils import floatToGoString
 
 from common.messages import RequestOutput, StageTimes
 from common.scheduler_stats import SchedulerStats
+from frontend.replicas import EngineReplicas
 
 LATENCY_BUCKETS = (
     0.001,
@@ -254,10 +255,15 @@ class FrontendMetrics:
         finished = self.counts.finished
         finished[finish_reason] = finished.get(finish_reason, 0) + 1
 
-    def render(self, scheduler_stats: list[dict] | None, other_frontends: list[dict] | None = None) -> bytes:
-        """`scheduler_stats`: every engine replica's scheduler's stats, summed into one set of metrics; None
-        (or none at all) when a scheduler did not answer. `other_frontends`: the other frontends' counts
-        (RequestCounts.to_payload), added to this one's."""
+    def render(
+        self,
+        scheduler_stats: list[dict] | None,
+        other_frontends: list[dict] | None = None,
+        replicas: EngineReplicas | None = None,
+    ) -> bytes:
+        """`scheduler_stats`: every serving engine replica's scheduler's stats, summed into one set of metrics;
+        None (or none at all) when a scheduler did not answer. `other_frontends`: the other frontends' counts
+        (RequestCounts.to_payload), added to this one's. `replicas`: how many engine replicas serve, of how many."""
         # Set and render with no await between: concurrent scrapes each see their own snapshot.
         payloads = scheduler_stats or []
         self.scheduler.snapshot = SchedulerStats.total([SchedulerStats.from_payload(p) for p in payloads]) or None
@@ -267,4 +273,16 @@ class FrontendMetrics:
         rendered = CollectorRegistry()
         rendered.register(WithVllmNames(_Families(total.collect()), self.model_name))
         rendered.register(self.scheduler)
+        rendered.register(_Families(replica_gauges(replicas or EngineReplicas())))
         return generate_latest(rendered)
+
+
+def replica_gauges(replicas: EngineReplicas) -> list[Metric]:
+    return [
+        GaugeMetricFamily("clearserve_engine_replicas", "Engine replicas the server started", value=replicas.total),
+        GaugeMetricFamily(
+            "clearserve_engine_replicas_alive",
+            "Engine replicas serving (the others failed and were taken out)",
+            value=replicas.alive,
+        ),
+    ]

@@ -30,6 +30,7 @@ from common.config import EngineConfig
 from common.control import ControlServer
 from common.engine_replica import EngineReplica
 from common.garbage import freeze_startup_objects
+from common.loop_progress import LoopProgress
 from common.messages import LeaveGroup, StepPlan, StepResult
 from common.model_info import ModelInfo
 from common.process import announce_ready, exit_child, init_child_process
@@ -92,7 +93,7 @@ def main(
     else:
         plans, results, relays = pull_socket(ctx, endpoints.worker_rank_plans(r, rank)), None, []
     worker = WorkerLoop(runner, plans, results, ProcessProfiler(profile, role, TorchProfiler), relays)
-    control = ControlServer(endpoints, role, stats=worker.stats)
+    control = ControlServer(endpoints, role, stats=worker.stats, progress=worker.progress)
     freeze_startup_objects()  # torch, the model, the warm-up: ~200,000 objects no collection should traverse
     announce_ready(
         run_dir,
@@ -150,6 +151,9 @@ class WorkerLoop:
         self.profile_launches_left = 0
         self.profile_last_step: int | None = None
         self._plan_waits: dict[int, float] = {}  # step id -> its plan's trip (scheduler/step_chain.py)
+        # Turns while no step is in flight, and each step finished: a step that never ends is stuck, however
+        # fast the loop polls around it (common/loop_progress.py).
+        self.progress = LoopProgress()
 
     def stats(self) -> dict:
         return {**self.activity.summary(), **dataclasses.asdict(self.totals)}
@@ -162,12 +166,13 @@ class WorkerLoop:
         poller = zmq.Poller()
         poller.register(self.plans, zmq.POLLIN)
         steps = StepQueue(self.runner)
+        self.progress.holds_work = lambda: len(steps) > 0
         while True:
             for request in control.pending():
                 control.reply(request, self.profiler.answer(request.kind))
             # A step in flight: look for the next plan without waiting (spinning until one of the two is
             # ready: either costs microseconds to check); none: wait for a plan.
-            if not poller.poll(timeout=0 if steps else CONTROL_POLL_MS):
+            if not self.progress.idle_wait(poller.poll, 0 if steps else CONTROL_POLL_MS):
                 if steps and steps.oldest_is_done():
                     with self.activity.busy():
                         self._send(steps.finish_oldest())
@@ -221,6 +226,7 @@ class WorkerLoop:
         result.timings.plan_wait_s = self._plan_waits.pop(result.step_id, 0.0)
         if self.results is not None:
             send(self.results, result, self.activity.sockets)
+        self.progress.advance()
         self.totals.steps += 1
         self.totals.prepare_s += result.timings.prepare_s
         self.totals.forward_s += result.timings.forward_s

@@ -23,6 +23,7 @@ from common.config import EngineConfig
 from common.control import ControlServer, frontend_role
 from common.engine_replica import EngineReplica
 from common.garbage import freeze_startup_objects
+from common.loop_progress import LoopProgress
 from common.messages import (
     AbortRequest,
     ControlRequest,
@@ -130,7 +131,8 @@ class SchedulerLoop:
         self.results = pull_socket(ctx, endpoints.scheduler_results(replica.index))
         self.plans = push_socket(ctx, endpoints.worker_plans(replica.index))
         self.tokenizers = [push_socket(ctx, endpoints.tokenizer_tokens(i)) for i in range(num_tokenizers)]
-        self.control = ControlServer(endpoints, role, stats=self.stats)
+        self.progress = LoopProgress()
+        self.control = ControlServer(endpoints, role, stats=self.stats, progress=self.progress)
         self.activity = ProcessStats()
         self.profiler = ProcessProfiler(profile, role)
         self.window = None
@@ -154,7 +156,7 @@ class SchedulerLoop:
                 self.control.reply(command, self.profiler.answer(command.kind))
             # Wait (idle) for whichever comes first: a step's result, or new requests. Requests arriving
             # while a step runs are queued (and answered) at once, ready for the next plan.
-            ready = dict(poller.poll(timeout=IDLE_POLL_MS))
+            ready = dict(self.progress.idle_wait(poller.poll, IDLE_POLL_MS))
             with self.activity.busy():
                 outputs = self._drain_results() if self.results in ready else []
                 if self.requests in ready:

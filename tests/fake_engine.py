@@ -112,7 +112,8 @@ class FakeEngineClient(EngineClient):
         if not script.answer:
             return []
         if script.reject is not None:
-            return [RequestRejected(rid, script.reject.status, script.reject.message, script.reject.param)]
+            reject = script.reject
+            return [RequestRejected(rid, reject.status, reject.message, reject.param, reject.code)]
         times = StageTimes(arrival, arrival + TOKENIZED_AFTER, arrival + QUEUED_AFTER, 0.0)
         events: list = [RequestAccepted(rid, script.prompt_tokens, times)]
         for i, (text, token_ids) in enumerate(script.outputs):

@@ -40,7 +40,7 @@ class ServerProcess:
     """`python launch.py --model MODEL` on a free port, 2 tokenizer workers and 1 HTTP process unless `flags`
     say otherwise (a flag given twice: the last one counts). With `profile_dir`, profiling is available on
     request (--profile-dir). `sigint_ignored`: started as a non-interactive shell starts a `&` job, with
-    SIGINT ignored."""
+    SIGINT ignored. `env`: more environment variables for it."""
 
     def __init__(
         self,
@@ -49,6 +49,7 @@ class ServerProcess:
         log_path: Path,
         profile_dir: Path | None = None,
         sigint_ignored: bool = False,
+        env: dict[str, str] | None = None,
     ):
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
@@ -77,7 +78,7 @@ class ServerProcess:
             cwd=ROOT,
             stdout=self._log,
             stderr=subprocess.STDOUT,
-            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+            env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})},
             preexec_fn=(lambda: signal.signal(signal.SIGINT, signal.SIG_IGN)) if sigint_ignored else None,
         )
         self._wait_ready()
@@ -143,10 +144,10 @@ def wait_until(predicate, timeout: float, what: str, interval: float = 0.05):
 # ---------------------------------------------------------------- a fault with streams open
 
 
-def open_streams(srv: ServerProcess, count: int, max_tokens: int = 400) -> list:
+def open_streams(srv: ServerProcess, count: int, max_tokens: int = 400, first_text: bool = True) -> list:
     """`count` long SSE streams (greedy, EOS ignored), read in threads; returns their futures (each: the events
-    it got) once every stream has its answer's status (accepted, or refused) and one has its first text chunk:
-    a fault that comes after that finds no request still on its way in."""
+    it got) once every stream has its answer's status (accepted, or refused) and, with `first_text`, one has its
+    first text chunk: a fault that comes after that finds no request still on its way in."""
     answered = [threading.Event() for _ in range(count)]
     started = threading.Event()
     body = {"prompt": "x", "max_tokens": max_tokens, "temperature": 0, "ignore_eos": True, "stream": True}
@@ -171,7 +172,7 @@ def open_streams(srv: ServerProcess, count: int, max_tokens: int = 400) -> list:
     pool = ThreadPoolExecutor(count)
     futures = [pool.submit(read, answer) for answer in answered]
     pool.shutdown(wait=False)
-    assert started.wait(60) and all(answer.wait(60) for answer in answered), "the streams did not start"
+    assert (started.wait(60) or not first_text) and all(answer.wait(60) for answer in answered), "no stream started"
     return futures
 
 
@@ -199,3 +200,19 @@ def assert_nothing_left(srv: ServerProcess, pids: dict[str, int]) -> None:
     """Every child of the server's launcher has exited and its run directory is gone."""
     wait_until(lambda: not any(pid_alive(p) for p in pids.values()), timeout=10, what="every child to exit")
     assert glob.glob(os.path.join(tempfile.gettempdir(), f"{RUN_DIR_PREFIX}{srv.proc.pid}-*")) == []
+
+
+def stream_endings(futures, within_s: float) -> list[str]:
+    """How each stream (of open_streams) ended, in order: its finish reason ("length"), or "error <code>" for an
+    error event (then [DONE]), or "<status> <code>" for one refused before it began."""
+    deadline = time.monotonic() + within_s
+    endings = []
+    for future in futures:
+        events = future.result(timeout=max(0.1, deadline - time.monotonic()))
+        if events and isinstance(events[0], int):
+            endings.append(f"{events[0]} {events[1]['error']['code']}")
+            continue
+        assert events and events[-1] == "[DONE]", events[-3:]
+        last = events[-2]
+        endings.append(f"error {last['error']['code']}" if "error" in last else last["choices"][0]["finish_reason"])
+    return endings

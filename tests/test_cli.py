@@ -52,6 +52,14 @@ def test_no_engine_replicas_is_refused(capsys):
     assert "--data-parallel-size must be at least 1" in capsys.readouterr().err
 
 
+def test_the_liveness_flags_defaults_and_a_negative_timeout_is_refused(capsys):
+    args = parse_args([])
+    assert (args.watchdog_timeout, args.engine_iteration_timeout, args.exit_on_replica_failure) == (10, 60, False)
+    with pytest.raises(SystemExit):
+        parse_args(["--engine-iteration-timeout", "-1"])
+    assert "must be 0 (off) or more" in capsys.readouterr().err
+
+
 def test_help_shows_the_defaults(capsys):
     with pytest.raises(SystemExit):
         parse_args(["--help"])

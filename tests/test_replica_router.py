@@ -107,3 +107,20 @@ def test_block_hashes_name_whole_prefixes():
     assert len(a) == len(b) == 2
     assert a[1] != b[1]  # the same second block after a different first one is a different prefix
     assert router.block_hashes([1, 2, 3, 4, 5]) == a[:1]
+
+
+def test_a_failed_replica_hands_back_its_requests_and_is_never_chosen_again():
+    router = ReplicaRouter(3, BLOCK)
+    assert [router.route(rid, prompt(7, 4, [rid])) for rid in range(6)] == [0, 0, 0, 0, 0, 0]  # the prefix's
+    router.route(6, [1])  # replica 1: least load
+    assert router.remove(0) == [0, 1, 2, 3, 4, 5]
+    assert router.owner(0) is None and router.in_flight == [0, 1, 0]
+    # Its prefix goes with it: new to the others, the family goes to the least loaded, which learns it.
+    assert [router.route(rid, prompt(7, 4, [rid])) for rid in range(10, 14)] == [2, 2, 2, 2]
+    assert router.release(10) == 2
+
+
+def test_with_one_replica_left_every_request_goes_there():
+    router = ReplicaRouter(2, BLOCK)
+    router.remove(0)
+    assert [router.route(rid, prompt(rid, 2)) for rid in range(4)] == [1, 1, 1, 1]

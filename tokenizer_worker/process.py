@@ -4,7 +4,9 @@
                                             │ tokenizer[i]  │
     frontend[k] ◀──frontend-{k}-outputs──── └───────────────┘ ◀──tokenizer-{i}-tokens──── every scheduler
 
-A tokenized request goes to the engine replica its router picks (router.py), which it keeps for its life.
+A tokenized request goes to the engine replica its router picks (router.py), which it keeps for its life; if
+that replica fails, the launcher says so (a ReplicaFailure on the control channel) and the request ends with a
+503 `replica_failed`.
 Aborts from the frontend go to the scheduler on the socket their request took, so they cannot overtake it.
 Outputs go to the frontend that holds the request (rid % K): one OutputBatch per frontend per step.
 """
@@ -22,7 +24,9 @@ from typing import Any
 import zmq
 
 from common.control import ControlServer
+from common.engine_replica import REPLICA_FAILED, REPLICA_FAILED_STATUS, ReplicaFailure
 from common.garbage import freeze_startup_objects
+from common.loop_progress import LoopProgress
 from common.messages import (
     AbortRequest,
     DetokenizeRequest,
@@ -87,7 +91,8 @@ class TokenizerProcess:
         self.to_schedulers = [push_socket(ctx, endpoints.scheduler_requests(r)) for r in range(len(router.in_flight))]
         self.to_frontends = [push_socket(ctx, endpoints.frontend_outputs(k)) for k in range(num_frontends)]
         self.encoder = BackgroundEncoder(tokenizer.encode_releasing_gil, ctx)
-        self.control = ControlServer(endpoints, self.role, stats=self.stats_snapshot)
+        self.progress = LoopProgress()
+        self.control = ControlServer(endpoints, self.role, stats=self.stats_snapshot, progress=self.progress)
 
     def stats_snapshot(self) -> dict:
         return {
@@ -108,7 +113,7 @@ class TokenizerProcess:
         poller.register(self.from_frontend, zmq.POLLIN)
         poller.register(self.encoder.wake, zmq.POLLIN)
         while True:
-            ready = dict(poller.poll(CONTROL_POLL_MS))
+            ready = dict(self.progress.idle_wait(poller.poll, CONTROL_POLL_MS))
             with self.activity.busy():
                 # Tokens first: they are what clients are waiting on.
                 if self.from_scheduler in ready:
@@ -121,7 +126,10 @@ class TokenizerProcess:
                         if reply is not None:  # None: aborted while it was encoded
                             self._forward_tokenized(reply)
                 for command in self.control.pending():
-                    self.control.reply(command, self.profiler.answer(command.kind))
+                    if command.kind == REPLICA_FAILED:
+                        self._on_replica_failed(ReplicaFailure.from_request(command))
+                    else:
+                        self.control.reply(command, self.profiler.answer(command.kind))
 
     def close(self) -> None:
         self.encoder.close()
@@ -179,6 +187,16 @@ class TokenizerProcess:
             self._send(self._frontend_of(message.rid), message)
         else:
             log.warning("unexpected %s from the scheduler, dropped", type(message).__name__)
+
+    def _on_replica_failed(self, failure: ReplicaFailure) -> None:
+        """End every request routed to the failed replica (its client gets the error now, not silence), and
+        route nothing more there. Its late messages, if any, are for requests no longer tracked: dropped."""
+        rids = self.router.remove(failure.replica)
+        log.warning("engine replica %d failed (%s): ending its %d requests", failure.replica, failure.reason, len(rids))
+        for rid in rids:
+            self.worker.drop(rid)
+            rejection = RequestRejected(rid, REPLICA_FAILED_STATUS, failure.client_message(), code=REPLICA_FAILED)
+            self._send(self._frontend_of(rid), rejection)
 
     # ------------------------------------------------------------------ sockets
 

@@ -13,6 +13,9 @@ nothing: it keeps its own picture of them.
     choose: most leading blocks matched, then fewest in flight, then lowest index, among the replicas
             whose load is within `max_imbalance` of the least loaded one (which always qualifies)
 
+A replica the launcher took out (it failed: common/engine_replica.py) is never chosen again; `remove` hands
+back the requests that were routed there, for the tokenizer worker to end.
+
 The guard keeps a popular prefix (a shared system prompt) from piling every request onto one replica: once
 its replica is `max_imbalance` requests ahead, the next request goes elsewhere and that replica learns the
 prefix too. The picture is approximate by design (a replica's trie may have evicted a prefix recorded
@@ -45,10 +48,11 @@ class ReplicaRouter:
         self.routed = [0] * num_replicas  # requests routed to each replica, ever
         self._prefixes: list[OrderedDict[int, None]] = [OrderedDict() for _ in range(num_replicas)]
         self._owner: dict[int, int] = {}
+        self.serving = list(range(num_replicas))  # the replicas not taken out
 
     def route(self, rid: int, prompt_ids: list[int]) -> int:
         """The replica for a new request; it counts as in flight there until `release(rid)`."""
-        replica = self._choose(prompt_ids) if len(self.in_flight) > 1 else 0
+        replica = self._choose(prompt_ids) if len(self.serving) > 1 else self.serving[0]
         self._owner[rid] = replica
         self.in_flight[replica] += 1
         self.routed[replica] += 1
@@ -65,6 +69,16 @@ class ReplicaRouter:
             self.in_flight[replica] -= 1
         return replica
 
+    def remove(self, replica: int) -> list[int]:
+        """Route nothing more to `replica` (it failed); returns the requests routed there, now forgotten."""
+        if replica in self.serving:
+            self.serving.remove(replica)
+        rids = [rid for rid, owner in self._owner.items() if owner == replica]
+        for rid in rids:
+            self.release(rid)
+        self._prefixes[replica].clear()
+        return rids
+
     def block_hashes(self, prompt_ids: list[int]) -> list[int]:
         # Python's hash of a tuple of ints is the same in every process and run; a collision only misroutes.
         hashes, parent, size = [], 0, self.block_size
@@ -78,8 +92,8 @@ class ReplicaRouter:
 
     def _choose(self, prompt_ids: list[int]) -> int:
         hashes = self.block_hashes(prompt_ids)
-        least = min(self.in_flight)
-        candidates = [r for r, load in enumerate(self.in_flight) if load - least <= self.max_imbalance]
+        least = min(self.in_flight[r] for r in self.serving)
+        candidates = [r for r in self.serving if self.in_flight[r] - least <= self.max_imbalance]
         replica = min(candidates, key=lambda r: (-self._matched_blocks(r, hashes), self.in_flight[r], r))
         self._remember(replica, hashes)
         return replica
