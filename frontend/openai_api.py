@@ -62,6 +62,7 @@ def openai_router(
                 add_special_tokens=body.add_special_tokens,
                 truncate_prompt_tokens=kept,
                 priority=body.priority,
+                cache_salt=body.cache_salt,
             )
             for text, ids in prompts
             for j in range(body.num_choices)
@@ -94,6 +95,7 @@ def openai_router(
                 chat_options=chat_options,
                 truncate_prompt_tokens=kept,
                 priority=body.priority,
+                cache_salt=body.cache_salt,
             )
             for j in range(body.num_choices)
         ]

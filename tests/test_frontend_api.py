@@ -327,6 +327,9 @@ BAD_COMPLETIONS = [
     ({"prompt": "x", "top_k": -2}, "top_k"),
     ({"prompt": "x", "n": 0}, "n"),
     ({"prompt": "x", "n": 129}, "n"),
+    ({"prompt": "x", "cache_salt": ""}, "cache_salt"),
+    ({"prompt": "x", "cache_salt": "s" * 257}, "cache_salt"),
+    ({"prompt": "x", "cache_salt": 7}, "cache_salt"),
     ({"prompt": "x", "model": "gpt-4"}, "model"),
     ({"prompt": "x", "stop": [""]}, "stop"),
     ({"prompt": "x", "stop": 3}, "stop"),
@@ -362,6 +365,7 @@ BAD_CHATS = [
     ({"messages": USER, "top_p": 2}, "top_p"),
     ({"messages": USER, "top_k": -5}, "top_k"),
     ({"messages": USER, "n": -1}, "n"),
+    ({"messages": USER, "cache_salt": ""}, "cache_salt"),
     ({"messages": USER, "top_logprobs": 3}, "top_logprobs"),
     ({"messages": USER, "logprobs": True, "top_logprobs": 21}, "top_logprobs"),
     # "auto", the default with tools, needs a --tool-call-parser (tests/test_tool_calls.py has the rest)
