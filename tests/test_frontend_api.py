@@ -8,8 +8,9 @@ import time
 import pytest
 from fastapi.testclient import TestClient
 
-from common.messages import ChatTemplateOptions, RequestRejected
+from common.messages import ChatTemplateOptions, Logprobs, RequestOutput, RequestRejected
 from frontend.app import build_app
+from frontend.choices import SharedPromptLogprobs
 from frontend.engine_client import EngineLimits
 from tests.fake_engine import FakeEngineClient, Script
 
@@ -548,8 +549,9 @@ def test_n_and_a_list_of_prompts_give_one_choice_each_in_order(http, engine):
     body = http.post("/v1/completions", json={"prompt": ["a", "b"], "n": 2, "seed": 9}).json()
     assert [c["index"] for c in body["choices"]] == [0, 1, 2, 3]
     assert all(c["text"] == "Hello, world" for c in body["choices"])
-    assert [r.prompt for r in engine.submitted] == ["a", "a", "b", "b"]
-    assert [r.sampling.seed for r in engine.submitted] == [9, 10, 9, 10], "a prompt's samples differ by seed"
+    # Submitted each prompt's first sample first (the others then find its blocks in the prefix cache).
+    assert [r.prompt for r in engine.submitted] == ["a", "b", "a", "b"]
+    assert [r.sampling.seed for r in engine.submitted] == [9, 9, 10, 10], "a prompt's samples differ by seed"
     # Each prompt counts once (the fake's prompts are 5 tokens), every sample's tokens count.
     assert body["usage"]["prompt_tokens"] == 10 and body["usage"]["completion_tokens"] == 12
 
@@ -562,6 +564,25 @@ def test_chat_n_streams_every_choice_with_its_index(http):
         assert mine[0]["delta"]["role"] == "assistant"
         assert "".join(c["delta"].get("content", "") for c in mine) == "Hello, world"
         assert mine[-1]["finish_reason"] == "stop"
+
+
+def test_echo_with_logprobs_asks_each_prompts_first_sample_alone_for_the_prompt_logprobs(http, engine):
+    body = {"prompt": ["a", "b"], "n": 3, "echo": True, "logprobs": 1, "seed": 1}
+    assert http.post("/v1/completions", json=body).status_code == 200
+    asked = {(r.prompt, r.sampling.seed): r.sampling.prompt_logprobs for r in engine.submitted}
+    assert asked == {("a", 1): 1, ("b", 1): 1, ("a", 2): None, ("a", 3): None, ("b", 2): None, ("b", 3): None}
+
+
+def test_a_later_samples_stream_waits_for_the_prompt_logprobs_of_the_first():
+    shared = SharedPromptLogprobs(n=2)
+    logprobs = Logprobs(0, [5], [float("nan")], [[]], [[]])
+    early = [RequestOutput(1, "x", [7], 0.0, 0.0)]
+    assert shared.release(1, early) == [], "held: the prompt logprobs are not known yet"
+    first = [RequestOutput(0, "y", [8], 0.0, 0.0, prompt_logprobs=logprobs)]
+    later = [RequestOutput(1, "z", [9], 0.0, 0.0)]
+    assert shared.release(0, first) == [(0, first), (1, early)]
+    assert early[0].prompt_logprobs is logprobs
+    assert shared.release(1, later) == [(1, later)] and later[0].prompt_logprobs is None, "on the first batch only"
 
 
 def test_new_sampling_fields_reach_the_engine(http, engine):
