@@ -2,7 +2,7 @@
 prompt_index * n + sample_index. One prompt and n=1 is the common case: a single generation.
 
 start()     submit each request in turn (each prompt's first sample, then the others), waiting for its verdict;
-            the first refusal aborts the others
+            the first refusal, or prompts whose tokens times n pass the ceiling, abort the others
 batches()   (choice index, outputs ready together), merged from every generation as they come
 collect()   every choice's outputs (non-streaming), aborting all if the client leaves first
             (both: a prompt's samples share the prompt logprobs that its first sample alone asked for)
@@ -20,6 +20,7 @@ from starlette.types import Receive
 
 from common.messages import GenerateRequest, Logprobs, RequestOutput
 from frontend.engine_client import EngineClient
+from frontend.errors import ApiError
 from frontend.generation import Generation
 from frontend.metrics import FrontendMetrics
 from frontend.streaming import unless_disconnected
@@ -40,15 +41,21 @@ class Choices:
         n: int,
         metrics: FrontendMetrics,
         receive: Receive,
+        max_prompt_tokens: int,
+        prompt_field: str,
     ) -> Choices:
-        """requests: one per choice, in choice order."""
+        """requests: one per choice, in choice order. max_prompt_tokens: the request's ceiling of prompt tokens
+        times n (--max-request-prompt-tokens); beyond it a 400 names n, or prompt_field when even n=1 is beyond."""
         generations: list[Generation | None] = [None] * len(requests)
         try:
             # Each prompt's first sample, then the others, one after the other: a later sample finds the prompt's
             # full blocks in the prefix cache (planned before it arrived, or in the forward that fills them),
             # and leaves the prompt logprobs to the first, whose every sample shares them (batches, collect).
+            prompt_tokens = 0
             for i in range(0, len(requests), n):
-                generations[i] = await Generation.start(client, requests[i], metrics, receive)
+                first = generations[i] = await Generation.start(client, requests[i], metrics, receive)
+                prompt_tokens += first.accepted.prompt_tokens
+                _check_prompt_tokens(prompt_tokens, i + n < len(requests), n, max_prompt_tokens, prompt_field)
             for i, request in enumerate(requests):
                 if i % n:
                     sample = replace(request, sampling=replace(request.sampling, prompt_logprobs=None))
@@ -130,6 +137,20 @@ class Choices:
             "total_tokens": prompt + completion,
             "prompt_tokens_details": {"cached_tokens": sum(g.num_cached_tokens for g in self.generations[:: self.n])},
         }
+
+
+def _check_prompt_tokens(prompt_tokens: int, more_prompts: bool, n: int, ceiling: int, prompt_field: str) -> None:
+    """The prompts' tokens so far, once per sample, within the ceiling; else a 400 naming what to change: n where
+    fewer samples of these prompts would fit, else the prompts."""
+    if prompt_tokens * n <= ceiling:
+        return
+    has = f"the prompts have {'at least ' if more_prompts else ''}{prompt_tokens} tokens"
+    limit = f"this server computes at most {ceiling} prompt tokens (each prompt's, times n) per request"
+    hint = "--max-request-prompt-tokens"
+    if prompt_tokens > ceiling:
+        raise ApiError(400, f"{has}; {limit} ({hint})", param=prompt_field)
+    fits = "" if more_prompts else f"; n={ceiling // prompt_tokens} would fit"
+    raise ApiError(400, f"{has}, times n={n}; {limit} ({hint}){fits}", param="n")
 
 
 class SharedPromptLogprobs:

@@ -12,6 +12,7 @@ from common.messages import ChatTemplateOptions, Logprobs, RequestOutput, Reques
 from frontend.app import build_app
 from frontend.choices import SharedPromptLogprobs
 from frontend.engine_client import EngineLimits
+from frontend.limits import HttpLimits
 from tests.fake_engine import FakeEngineClient, Script
 
 
@@ -156,7 +157,7 @@ def test_completion_passes_prompt_and_sampling_parameters_to_the_engine(http, en
 
 def test_the_models_generation_defaults_fill_the_sampling_fields_a_request_leaves_out():
     model_defaults = {"temperature": 0.6, "top_p": 0.9, "top_k": 20, "min_p": 0.05, "repetition_penalty": 1.1}
-    limits = EngineLimits("fake-model", 128, 64, 16, sampling_defaults=model_defaults)
+    limits = EngineLimits("fake-model", 128, 64, 16, 32, sampling_defaults=model_defaults)
     engine = FakeEngineClient(limits)
     http = TestClient(build_app(engine))
     for path, body in [("/v1/completions", {"prompt": "x"}), ("/v1/chat/completions", {"messages": USER})]:
@@ -549,7 +550,7 @@ def test_n_and_a_list_of_prompts_give_one_choice_each_in_order(http, engine):
     body = http.post("/v1/completions", json={"prompt": ["a", "b"], "n": 2, "seed": 9}).json()
     assert [c["index"] for c in body["choices"]] == [0, 1, 2, 3]
     assert all(c["text"] == "Hello, world" for c in body["choices"])
-    # Submitted each prompt's first sample first (the others then find its blocks in the prefix cache).
+    # Submitted each prompt's first sample first (their token counts are checked before any other sample goes).
     assert [r.prompt for r in engine.submitted] == ["a", "b", "a", "b"]
     assert [r.sampling.seed for r in engine.submitted] == [9, 9, 10, 10], "a prompt's samples differ by seed"
     # Each prompt counts once (the fake's prompts are 5 tokens), every sample's tokens count.
@@ -583,6 +584,34 @@ def test_a_later_samples_stream_waits_for_the_prompt_logprobs_of_the_first():
     assert shared.release(0, first) == [(0, first), (1, early)]
     assert early[0].prompt_logprobs is logprobs
     assert shared.release(1, later) == [(1, later)] and later[0].prompt_logprobs is None, "on the first batch only"
+
+
+def ceiling_app(engine: FakeEngineClient, max_request_prompt_tokens: int) -> TestClient:
+    return TestClient(build_app(engine, limits=HttpLimits(max_request_prompt_tokens=max_request_prompt_tokens)))
+
+
+def test_prompt_tokens_times_n_past_the_ceiling_are_a_400_naming_n(engine):
+    # The fake's prompts are 5 tokens: two prompts times n=2 are 20 prompt tokens.
+    response = ceiling_app(engine, 12).post("/v1/completions", json={"prompt": ["a", "b"], "n": 2})
+    error = assert_error(response, 400, "n")
+    assert "--max-request-prompt-tokens" in error["message"]
+    assert [r.prompt for r in engine.submitted] == ["a", "b"], "no other sample was submitted"
+    assert engine.aborted == [r.rid for r in engine.submitted]
+
+
+@pytest.mark.parametrize(
+    "path, body, field",
+    [("/v1/completions", {"prompt": "a"}, "prompt"), ("/v1/chat/completions", {"messages": USER}, "messages")],
+)
+def test_prompts_past_the_ceiling_even_once_are_a_400_naming_them(engine, path, body, field):
+    assert_error(ceiling_app(engine, 4).post(path, json={**body, "n": 2}), 400, field)
+
+
+def test_the_default_ceiling_is_a_running_batch_of_whole_contexts(http, engine):
+    # The fake's context is 128 tokens and its engine runs 32 requests: 32 samples of a 128-token prompt fit.
+    engine.script.prompt_tokens = 128
+    assert http.post("/v1/completions", json={"prompt": "a", "n": 32}).status_code == 200
+    assert_error(http.post("/v1/completions", json={"prompt": "a", "n": 33}), 400, "n")
 
 
 def test_new_sampling_fields_reach_the_engine(http, engine):
