@@ -252,6 +252,7 @@ class Engine:
     device: str
     num_kv_blocks: int
     max_model_len: int
+    max_num_seqs: int
 
 
 class Launcher:
@@ -323,6 +324,7 @@ class Launcher:
             max_model_len=min(engine.max_model_len for engine in engines.values()),
             num_kv_blocks=min(engine.num_kv_blocks for engine in engines.values()),  # what one request may use
             block_size=config.block_size,
+            max_num_seqs=min(engine.max_num_seqs for engine in engines.values()),
             sampling_defaults=sampling_defaults,
         )
         frontends = [frontend_role(k) for k in range(num_frontends)]
@@ -389,6 +391,7 @@ class Launcher:
                 worker["device"],
                 worker["num_kv_blocks"],
                 schedulers[replica.scheduler_role].info["max_model_len"],
+                worker["max_num_seqs"],
             )
             log.info(
                 "engine replica %d: %d KV blocks on %s, up to %d running requests, %d prompt tokens per step",

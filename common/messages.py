@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from common.sampling_params import SamplingParams
+from common.sampling_params import InvalidParameter, SamplingParams
 from common.wire import message
 
 
@@ -96,6 +96,18 @@ class ChatTemplateOptions:
     tools: list[dict] | None = None  # OpenAI's function definitions, for templates that describe them
 
 
+# vLLM's cache_salt: an opaque id (a tenant's, a user's) that heads a prefix-cache key, not data.
+MAX_CACHE_SALT_CHARS = 256
+
+
+def check_cache_salt(salt: str | None) -> None:
+    """A request's cache_salt is absent, or a non-empty string of at most MAX_CACHE_SALT_CHARS characters."""
+    if salt is not None and not 1 <= len(salt) <= MAX_CACHE_SALT_CHARS:
+        raise InvalidParameter(
+            "cache_salt", f"cache_salt must be a non-empty string of at most {MAX_CACHE_SALT_CHARS} characters"
+        )
+
+
 @message(1)
 @dataclass(slots=True)
 class GenerateRequest:
@@ -109,6 +121,8 @@ class GenerateRequest:
     add_special_tokens: bool = True  # for a text prompt: the tokenizer's BOS and the like
     truncate_prompt_tokens: int | None = None  # keep only the prompt's last this many tokens (vLLM's)
     priority: int = 0  # --scheduling-policy priority: lower first (vLLM's)
+    # vLLM's: prefix-cache entries are shared only among requests with the same salt (None: the unsalted ones)
+    cache_salt: str | None = None
 
 
 @message(2)
@@ -128,6 +142,7 @@ class TokenizedRequest:
     sampling: SamplingParams
     times: StageTimes
     priority: int = 0
+    cache_salt: str | None = None
 
 
 # ---------------------------------------------------------------- scheduler -> tokenizer worker -> frontend

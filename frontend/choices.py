@@ -1,46 +1,71 @@
 """The generations behind one OpenAI response: one per (prompt, sample) pair, choice index
 prompt_index * n + sample_index. One prompt and n=1 is the common case: a single generation.
 
-start()     submit each request in turn, waiting for its verdict; the first refusal aborts the others
+start()     submit each request in turn (each prompt's first sample, then the others), waiting for its verdict;
+            the first refusal, or prompts whose tokens times n pass the ceiling, abort the others
 batches()   (choice index, outputs ready together), merged from every generation as they come
 collect()   every choice's outputs (non-streaming), aborting all if the client leaves first
+            (both: a prompt's samples share the prompt logprobs that its first sample alone asked for)
 close()     abort what is unfinished: every path out of an endpoint ends here
 """
 
 from __future__ import annotations
 
 import asyncio
+from collections import defaultdict
 from collections.abc import AsyncGenerator
+from dataclasses import replace
 
 from starlette.types import Receive
 
-from common.messages import GenerateRequest, RequestOutput
+from common.messages import GenerateRequest, Logprobs, RequestOutput
 from frontend.engine_client import EngineClient
+from frontend.errors import ApiError
 from frontend.generation import Generation
 from frontend.metrics import FrontendMetrics
 from frontend.streaming import unless_disconnected
 
 
 class Choices:
-    def __init__(self, generations: list[Generation], n: int):
+    def __init__(self, generations: list[Generation], n: int, prompt_logprobs: bool = False):
+        """prompt_logprobs: the request asked for them (echo with logprobs); each prompt's first sample brings them."""
         self.generations = generations
         self.n = n
+        self.shares_prompt_logprobs = prompt_logprobs and n > 1
 
     @classmethod
     async def start(
-        cls, client: EngineClient, requests: list[GenerateRequest], n: int, metrics: FrontendMetrics, receive: Receive
+        cls,
+        client: EngineClient,
+        requests: list[GenerateRequest],
+        n: int,
+        metrics: FrontendMetrics,
+        receive: Receive,
+        max_prompt_tokens: int,
+        prompt_field: str,
     ) -> Choices:
-        generations: list[Generation] = []
+        """requests: one per choice, in choice order. max_prompt_tokens: the request's ceiling of prompt tokens
+        times n (--max-request-prompt-tokens); beyond it a 400 names n, or prompt_field when even n=1 is beyond."""
+        generations: list[Generation | None] = [None] * len(requests)
         try:
-            # One after the other: a sample of a prompt already queued finds the prompt's full blocks in the
-            # prefix cache once the first is prefilled (or shares the forward that fills them).
-            for request in requests:
-                generations.append(await Generation.start(client, request, metrics, receive))
+            # Each prompt's first sample, then the others, one after the other: a later sample finds the prompt's
+            # full blocks in the prefix cache (planned before it arrived, or in the forward that fills them),
+            # and leaves the prompt logprobs to the first, whose every sample shares them (batches, collect).
+            prompt_tokens = 0
+            for i in range(0, len(requests), n):
+                first = generations[i] = await Generation.start(client, requests[i], metrics, receive)
+                prompt_tokens += first.accepted.prompt_tokens
+                _check_prompt_tokens(prompt_tokens, i + n < len(requests), n, max_prompt_tokens, prompt_field)
+            for i, request in enumerate(requests):
+                if i % n:
+                    sample = replace(request, sampling=replace(request.sampling, prompt_logprobs=None))
+                    generations[i] = await Generation.start(client, sample, metrics, receive)
         except BaseException:
             for generation in generations:
-                await asyncio.shield(generation.close())
+                if generation is not None:
+                    await asyncio.shield(generation.close())
             raise
-        return cls(generations, n)
+        return cls([g for g in generations if g is not None], n, requests[0].sampling.prompt_logprobs is not None)
 
     @property
     def rid(self) -> int:
@@ -62,6 +87,7 @@ class Choices:
                 queue.put_nowait((index, exc))
 
         tasks = [asyncio.create_task(pump(i, g)) for i, g in enumerate(self.generations)]
+        shared = SharedPromptLogprobs(self.n) if self.shares_prompt_logprobs else None
         try:
             running = len(tasks)
             while running:
@@ -70,8 +96,11 @@ class Choices:
                     running -= 1
                 elif isinstance(item, BaseException):
                     raise item
-                else:
+                elif shared is None:
                     yield index, item
+                else:
+                    for ready in shared.release(index, item):
+                        yield ready
         finally:
             for task in tasks:
                 task.cancel()
@@ -84,9 +113,15 @@ class Choices:
             return list(await asyncio.gather(*(outputs(g) for g in self.generations)))
 
         try:
-            return await unless_disconnected(receive, all_outputs())
+            collected = await unless_disconnected(receive, all_outputs())
         finally:
             await asyncio.shield(self.close())
+        if self.shares_prompt_logprobs:
+            for index, choice in enumerate(collected):
+                first = collected[index - index % self.n]
+                if index % self.n and choice and first:
+                    choice[0].prompt_logprobs = first[0].prompt_logprobs
+        return collected
 
     async def close(self) -> None:
         for generation in self.generations:
@@ -102,3 +137,45 @@ class Choices:
             "total_tokens": prompt + completion,
             "prompt_tokens_details": {"cached_tokens": sum(g.num_cached_tokens for g in self.generations[:: self.n])},
         }
+
+
+def _check_prompt_tokens(prompt_tokens: int, more_prompts: bool, n: int, ceiling: int, prompt_field: str) -> None:
+    """The prompts' tokens so far, once per sample, within the ceiling; else a 400 naming what to change: n where
+    fewer samples of these prompts would fit, else the prompts."""
+    if prompt_tokens * n <= ceiling:
+        return
+    has = f"the prompts have {'at least ' if more_prompts else ''}{prompt_tokens} tokens"
+    limit = f"this server computes at most {ceiling} prompt tokens (each prompt's, times n) per request"
+    hint = "--max-request-prompt-tokens"
+    if prompt_tokens > ceiling:
+        raise ApiError(400, f"{has}; {limit} ({hint})", param=prompt_field)
+    fits = "" if more_prompts else f"; n={ceiling // prompt_tokens} would fit"
+    raise ApiError(400, f"{has}, times n={n}; {limit} ({hint}){fits}", param="n")
+
+
+class SharedPromptLogprobs:
+    """A stream's later samples take their prompt logprobs from the first sample's first batch: their batches are
+    held until it has come (it comes in the same step as theirs, or before, unless the first was preempted)."""
+
+    def __init__(self, n: int):
+        self.n = n
+        self.logprobs: dict[int, Logprobs | None] = {}  # by the first sample's choice index: what its first batch had
+        self.held: dict[int, list[tuple[int, list[RequestOutput]]]] = defaultdict(list)  # by the first sample's
+        self.opened: set[int] = set()  # later samples whose first batch went out
+
+    def release(self, index: int, batch: list[RequestOutput]) -> list[tuple[int, list[RequestOutput]]]:
+        """The batches ready to go out now that `batch` of choice `index` has come, in order."""
+        first = index - index % self.n
+        if first not in self.logprobs:
+            if index != first:
+                self.held[first].append((index, batch))
+                return []
+            self.logprobs[first] = batch[0].prompt_logprobs
+            return [(index, batch), *(self._opened(i, b) for i, b in self.held.pop(first, []))]
+        return [(index, batch) if index == first else self._opened(index, batch)]
+
+    def _opened(self, index: int, batch: list[RequestOutput]) -> tuple[int, list[RequestOutput]]:
+        if index not in self.opened:
+            self.opened.add(index)
+            batch[0].prompt_logprobs = self.logprobs[index - index % self.n]
+        return index, batch

@@ -67,6 +67,7 @@ class EngineLimits:
     max_model_len: int
     num_kv_blocks: int
     block_size: int
+    max_num_seqs: int  # running requests, as the GPU worker chose them (the smallest replica's)
     # What a request that leaves a sampling field out gets instead of the API's default: the model's
     # generation_config.json values (common/model_info.py: generation_defaults; --generation-config).
     sampling_defaults: dict[str, float] = field(default_factory=dict)

@@ -2,6 +2,8 @@
 
     body bytes        Content-Length and the bytes actually read         413 (request_too_large)
     prompt chars      each prompt or chat message text, before tokenizing 400 naming the field
+    prompt tokens × n a request's prompts' tokens, each times n, summed  400 naming `n` (or the prompts)
+                      (as each prompt's first sample is accepted: choices.py)
     stop strings      how many, and how long each                         400 naming `stop`
     connections       open per frontend (http_protocol.ConnectionCap)     503 beyond it
     header timeout    a connection must send a request's headers within   closed
@@ -32,9 +34,17 @@ class HttpLimits:
     timeout_body_s: float = 30.0  # 16 MiB (the default body bound) at 4.5 Mbit/s
     timeout_keep_alive_s: float = 5.0
     request_timeout_s: float | None = None  # a request still unfinished after this long is ended
+    # None: a running batch of whole contexts (the context times --max-num-seqs): a request may ask for no more
+    # prompt tokens, counted once per sample, than the engine could hold running at once.
+    max_request_prompt_tokens: int | None = None
 
     def prompt_chars(self, max_model_len: int) -> int:
         return self.max_prompt_chars if self.max_prompt_chars is not None else PROMPT_CHARS_PER_TOKEN * max_model_len
+
+    def request_prompt_tokens(self, max_model_len: int, max_num_seqs: int) -> int:
+        if self.max_request_prompt_tokens is not None:
+            return self.max_request_prompt_tokens
+        return max_model_len * max_num_seqs
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> HttpLimits:
@@ -53,6 +63,13 @@ def add_http_limit_args(parser: argparse.ArgumentParser) -> None:
         default=d.max_prompt_chars,
         help=f"characters per prompt (or per chat request), checked before tokenizing "
         f"(none: {PROMPT_CHARS_PER_TOKEN} per token of context)",
+    )
+    g.add_argument(
+        "--max-request-prompt-tokens",
+        type=int,
+        default=d.max_request_prompt_tokens,
+        help="prompt tokens one request may ask for, each prompt's counted once per sample (times n), summed over "
+        "its prompts; beyond it a 400 names n (or the prompts) (none: the context times --max-num-seqs)",
     )
     g.add_argument("--max-stop-strings", type=int, default=d.max_stop_strings, help="stop strings per request")
     g.add_argument(

@@ -43,6 +43,7 @@ def openai_router(
     reasoning_parser: how a chat answer's thinking is told apart (frontend/reasoning.py); None: it is content."""
     router = APIRouter()
     max_chars = limits.prompt_chars(client.limits.max_model_len)
+    max_prompt_tokens = limits.request_prompt_tokens(client.limits.max_model_len, client.limits.max_num_seqs)
 
     async def checked_body(request: Request, model: type[OpenAIBody]) -> OpenAIBody:
         """Either endpoint's body, with the checks both make first, in this order (the first failing one answers)."""
@@ -69,7 +70,7 @@ def openai_router(
         if body.echo:
             texts = [text if text is not None else await _detokenize(client, ids) for text, ids in prompts]
             echoes = [text for text in texts for _ in range(body.num_choices)]
-        return await _respond(request, body, requests, "cmpl", CompletionFormat, echoes, None)
+        return await _respond(request, body, requests, "prompt", "cmpl", CompletionFormat, echoes, None)
 
     @router.post("/v1/chat/completions")
     async def chat_completions(request: Request) -> Response:
@@ -92,19 +93,22 @@ def openai_router(
                 )
                 for _ in requests
             ]
-        return await _respond(request, body, requests, "chatcmpl", ChatFormat, None, readers)
+        return await _respond(request, body, requests, "messages", "chatcmpl", ChatFormat, None, readers)
 
     async def _respond(
         request: Request,
         body: OpenAIFields,
         requests: list[GenerateRequest],
+        prompt_field: str,
         id_prefix: str,
         format_type: type[ResponseFormat],
         echoes: list[str] | None,
         readers: list[ChatOutputReader] | None,
     ) -> Response:
-        """readers: each chat choice's reader of reasoning and tool calls, where the server or the request asks."""
-        choices = await Choices.start(client, requests, body.num_choices, metrics, request.receive)
+        """prompt_field: the body's field of the prompts; readers: each chat choice's reader of reasoning and tool
+        calls, where the server or the request asks."""
+        n = body.num_choices
+        choices = await Choices.start(client, requests, n, metrics, request.receive, max_prompt_tokens, prompt_field)
         fmt = format_type(f"{id_prefix}-{choices.rid}", int(requests[0].arrival_time), client.limits.served_model_name)
         with_logprobs = requests[0].sampling.logprobs is not None
         if body.stream:
@@ -130,7 +134,13 @@ def choice_requests(
     """One engine request per choice: each prompt (its GenerateRequest fields) `n` times, prompt by prompt."""
     return [
         GenerateRequest(
-            0, sample_params(sampling, j), arrival, truncate_prompt_tokens=kept, priority=body.priority, **fields
+            0,
+            sample_params(sampling, j),
+            arrival,
+            truncate_prompt_tokens=kept,
+            priority=body.priority,
+            cache_salt=body.cache_salt,
+            **fields,
         )
         for fields in prompt_fields
         for j in range(body.num_choices)

@@ -15,7 +15,7 @@ from typing import Annotated, Any, Literal, TypeVar
 from fastapi import Request
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from common.messages import CHAT_TEMPLATE_RESERVED, ChatTemplateOptions
+from common.messages import CHAT_TEMPLATE_RESERVED, ChatTemplateOptions, check_cache_salt
 from common.sampling_params import MAX_LOGPROBS, InvalidParameter, SamplingParams, StructuredOutput
 from frontend.engine_client import EngineLimits
 from frontend.errors import ApiError
@@ -237,6 +237,9 @@ class OpenAIFields(SamplingFields):
     guided_grammar: str | None = None
     truncate_prompt_tokens: Int | None = None  # vLLM's: keep the prompt's last k tokens; -1: the context's worth
     priority: Int = 0  # vLLM's: under --scheduling-policy priority, lower is served first
+    # vLLM's: the prompt's prefix-cache entries are shared only with requests of the same salt, so no other
+    # client can learn from cached_tokens what was sent (null: shared with the other unsalted requests)
+    cache_salt: str | None = None
 
     @property
     def num_choices(self) -> int:
@@ -300,6 +303,10 @@ class OpenAIFields(SamplingFields):
             )
         if not 1 <= self.num_choices <= MAX_N:
             raise ApiError(400, f"n must be in [1, {MAX_N}], got n={self.n}", param="n")
+        try:
+            check_cache_salt(self.cache_salt)
+        except InvalidParameter as exc:
+            raise ApiError(400, str(exc), param=exc.field) from None
 
 
 def refuse_unless(value: Any, allowed: tuple, field: str, why: str) -> None:

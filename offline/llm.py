@@ -21,6 +21,7 @@ from common.messages import (
     StepResult,
     TokenBatch,
     TokenizedRequest,
+    check_cache_salt,
 )
 from common.model_info import ModelInfo, generation_defaults
 from common.model_source import resolve_model
@@ -146,15 +147,20 @@ class LLM:
 
     # ------------------------------------------------------------------ request level
 
-    def add_request(self, prompt_token_ids: list[int], sampling: SamplingParams, priority: int = 0) -> int:
-        """priority: under scheduling_policy="priority", lower is served first (vLLM's)."""
+    def add_request(
+        self, prompt_token_ids: list[int], sampling: SamplingParams, priority: int = 0, cache_salt: str | None = None
+    ) -> int:
+        """priority: under scheduling_policy="priority", lower is served first (vLLM's). cache_salt: its prefix-cache
+        entries are shared only with requests of the same salt (vLLM's)."""
         # What the server's frontend and tokenizer workers check; the scheduler checks the rest.
         sampling.validate()
         if not prompt_token_ids:
             raise InvalidParameter("prompt", "the prompt is empty")
+        check_cache_salt(cache_salt)
         rid = next(self._rids)
+        times = StageTimes(arrival=time.time())
         reply = self.scheduler.add_request(
-            TokenizedRequest(rid, list(prompt_token_ids), replace(sampling), StageTimes(arrival=time.time()), priority)
+            TokenizedRequest(rid, list(prompt_token_ids), replace(sampling), times, priority, cache_salt)
         )
         if isinstance(reply, RequestRejected):
             raise InvalidParameter(reply.param or "prompt", reply.message)
@@ -258,9 +264,11 @@ class LLM:
         on_step: Callable[[], None] | None = None,
         text: bool = False,
         priority: Sequence[int] | None = None,
+        cache_salt: Sequence[str | None] | None = None,
     ) -> list[CompletionOutput]:
         """Generate for every prompt (text or token ids); outputs in prompt order, with their text where a prompt
-        was text (or `text` asks for it). priority: each prompt's, under scheduling_policy="priority"."""
+        was text (or `text` asks for it). priority: each prompt's, under scheduling_policy="priority". cache_salt:
+        each prompt's (vLLM's): prefix-cache entries are shared only among prompts of the same salt."""
         if sampling_params is None:
             sampling_params = self.default_sampling_params()
         params = (
@@ -274,7 +282,8 @@ class LLM:
         texts = None
         for i, (prompt, sp) in enumerate(zip(prompts, params)):
             ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
-            rid = self.add_request(ids, sp, 0 if priority is None else priority[i])
+            salt = None if cache_salt is None else cache_salt[i]
+            rid = self.add_request(ids, sp, 0 if priority is None else priority[i], salt)
             outputs[rid] = CompletionOutput(ids)
             sampling_of[rid] = sp
             order.append(rid)

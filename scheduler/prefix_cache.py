@@ -4,10 +4,14 @@
                                     └(t16'..t31')─▶ node[block 9]
 
 A child is keyed by the tuple of its block's tokens, so matching a prompt walks one dict lookup per
-block: time proportional to the prompt, not to the cache. The cache is one holder of each node's
-block. A request that uses a cached block is another holder, and it holds the whole chain from the
-root (matches are prefixes), so a node whose block has one holder (the cache) has only such nodes
-below it: those are exactly the evictable blocks, and leaves among them go first, least recently used.
+block: time proportional to the prompt, not to the cache. A request's cache_salt heads its first block's
+key, (salt, t0..t15): a salted prompt's chain hangs apart from every other salt's (and from the unsalted
+ones), so one client's prompts are never matched by another's; below the first block nothing changes.
+
+The cache is one holder of each node's block. A request that uses a cached block is another holder, and
+it holds the whole chain from the root (matches are prefixes), so a node whose block has one holder (the
+cache) has only such nodes below it: those are exactly the evictable blocks, and leaves among them go
+first, least recently used.
 """
 
 from __future__ import annotations
@@ -18,13 +22,15 @@ from dataclasses import dataclass, field
 
 from scheduler.block_manager import BlockManager
 
+BlockKey = tuple[int | str, ...]  # a block's tokens; a first block's are headed by its request's cache_salt, if any
+
 
 @dataclass(eq=False, slots=True)
 class TrieNode:
     block: int
     parent: TrieNode | None
-    key: tuple[int, ...]
-    children: dict[tuple[int, ...], TrieNode] = field(default_factory=dict)
+    key: BlockKey
+    children: dict[BlockKey, TrieNode] = field(default_factory=dict)
     last_access: int = 0
     removed: bool = False
 
@@ -59,14 +65,15 @@ class PrefixCache:
 
     # ------------------------------------------------------------------ lookups
 
-    def match(self, token_ids: list[int], max_blocks: int) -> tuple[list[int], InsertCursor]:
-        """Blocks of the longest cached prefix (at most max_blocks), each gaining the caller as holder,
-        and the cursor from which the caller's own blocks will be inserted."""
+    def match(self, token_ids: list[int], max_blocks: int, salt: str | None = None) -> tuple[list[int], InsertCursor]:
+        """Blocks of the longest cached prefix (at most max_blocks) under `salt`, each gaining the caller as
+        holder, and the cursor from which the caller's own blocks will be inserted."""
         node, matched = self.root, []
         bs = self.block_size
         now = next(self._clock)
         for i in range(min(max_blocks, len(token_ids) // bs)):
-            child = node.children.get(tuple(token_ids[i * bs : (i + 1) * bs]))
+            key: BlockKey = tuple(token_ids[i * bs : (i + 1) * bs])
+            child = node.children.get(key if i or salt is None else (salt, *key))
             if child is None:
                 break
             child.last_access = now
@@ -76,10 +83,18 @@ class PrefixCache:
             node = child
         return matched, InsertCursor(node, len(matched))
 
-    def insert(self, token_ids: list[int], block_ids: list[int], cursor: InsertCursor, first_position: int = 0) -> None:
+    def insert(
+        self,
+        token_ids: list[int],
+        block_ids: list[int],
+        cursor: InsertCursor,
+        first_position: int = 0,
+        salt: str | None = None,
+    ) -> None:
         """Cache a request's full blocks from cursor.next_block up to the end of token_ids, moving the cursor.
         token_ids[k] is the token at position first_position + k, where first_position is 0 or
         cursor.resume_position(bs) (a request caching its output's blocks at its end copies no more than them).
+        salt: the request's cache_salt, as it was matched.
 
         If a node for the same tokens already exists with another block (the same prefix computed twice,
         by two requests running side by side), the request stops caching: its own copy is not shared, so
@@ -96,7 +111,9 @@ class PrefixCache:
         now = next(self._clock)
         for i in range(cursor.next_block, (first_position + len(token_ids)) // bs):
             start = i * bs - first_position
-            key = tuple(token_ids[start : start + bs])
+            key: BlockKey = tuple(token_ids[start : start + bs])
+            if i == 0 and salt is not None:
+                key = (salt, *key)
             child = node.children.get(key)
             if child is None:
                 child = TrieNode(block=block_ids[i], parent=node, key=key)

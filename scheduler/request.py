@@ -58,6 +58,7 @@ class Request:
     stop_token_ids: frozenset[int] = frozenset()  # the sampling's, as a set: looked up for every output token
     priority: int = 0  # --scheduling-policy priority: lower first (scheduler/waiting_queue.py)
     arrival: int = 0  # the scheduler's count of requests when this one arrived: arrival order
+    cache_salt: str | None = None  # its prefix-cache entries are shared only with requests of the same salt
 
     @property
     def num_tokens_planned(self) -> int:

@@ -131,6 +131,7 @@ class Scheduler:
             stop_token_ids=frozenset(sampling.stop_token_ids),
             priority=msg.priority,
             arrival=self._arrivals,
+            cache_salt=msg.cache_salt,
         )
         self._arrivals += 1
         self.requests[msg.rid] = request
@@ -323,7 +324,7 @@ class Scheduler:
                 # (Prompt logprobs need every prompt position computed: no prefix is reused for them.)
                 # Leave the last token uncached: it must be computed to sample from it, into a block
                 # this request holds alone (shared blocks are never written).
-                cached, cursor = self.cache.match(tokens, (len(tokens) - 1) // self.block_size)
+                cached, cursor = self.cache.match(tokens, (len(tokens) - 1) // self.block_size, request.cache_salt)
             num_cached = len(cached) * self.block_size
             n = len(tokens) - num_cached
             if n > step.budget:
@@ -389,7 +390,7 @@ class Scheduler:
         if full > request.cache_cursor.next_block:
             start = request.cache_cursor.resume_position(self.block_size)
             tokens = request.token_span(start, full * self.block_size)
-            self.cache.insert(tokens, request.block_ids, request.cache_cursor, start)
+            self.cache.insert(tokens, request.block_ids, request.cache_cursor, start, request.cache_salt)
 
     # ------------------------------------------------------------------ blocks
 

@@ -74,7 +74,9 @@ class Script:
 
 class FakeEngineClient(EngineClient):
     def __init__(self, limits: EngineLimits | None = None, silent_roles: tuple[str, ...] = ()):
-        self.limits = limits or EngineLimits("fake-model", max_model_len=128, num_kv_blocks=64, block_size=16)
+        self.limits = limits or EngineLimits(
+            "fake-model", max_model_len=128, num_kv_blocks=64, block_size=16, max_num_seqs=32
+        )
         self.stats_sources = {}
         self.script = Script()
         self.silent_roles = set(silent_roles)

@@ -27,6 +27,7 @@ GUARDED_LIMITS = {
     "--timeout-headers": 1.0,
     "--timeout-body": 2.0,
     "--max-connections": 64,
+    "--max-request-prompt-tokens": 4096,
 }
 
 

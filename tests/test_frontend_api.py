@@ -8,9 +8,11 @@ import time
 import pytest
 from fastapi.testclient import TestClient
 
-from common.messages import ChatTemplateOptions, RequestRejected
+from common.messages import ChatTemplateOptions, Logprobs, RequestOutput, RequestRejected
 from frontend.app import build_app
+from frontend.choices import SharedPromptLogprobs
 from frontend.engine_client import EngineLimits
+from frontend.limits import HttpLimits
 from tests.fake_engine import FakeEngineClient, Script
 
 
@@ -155,7 +157,7 @@ def test_completion_passes_prompt_and_sampling_parameters_to_the_engine(http, en
 
 def test_the_models_generation_defaults_fill_the_sampling_fields_a_request_leaves_out():
     model_defaults = {"temperature": 0.6, "top_p": 0.9, "top_k": 20, "min_p": 0.05, "repetition_penalty": 1.1}
-    limits = EngineLimits("fake-model", 128, 64, 16, sampling_defaults=model_defaults)
+    limits = EngineLimits("fake-model", 128, 64, 16, 32, sampling_defaults=model_defaults)
     engine = FakeEngineClient(limits)
     http = TestClient(build_app(engine))
     for path, body in [("/v1/completions", {"prompt": "x"}), ("/v1/chat/completions", {"messages": USER})]:
@@ -327,6 +329,9 @@ BAD_COMPLETIONS = [
     ({"prompt": "x", "top_k": -2}, "top_k"),
     ({"prompt": "x", "n": 0}, "n"),
     ({"prompt": "x", "n": 129}, "n"),
+    ({"prompt": "x", "cache_salt": ""}, "cache_salt"),
+    ({"prompt": "x", "cache_salt": "s" * 257}, "cache_salt"),
+    ({"prompt": "x", "cache_salt": 7}, "cache_salt"),
     ({"prompt": "x", "model": "gpt-4"}, "model"),
     ({"prompt": "x", "stop": [""]}, "stop"),
     ({"prompt": "x", "stop": 3}, "stop"),
@@ -362,6 +367,7 @@ BAD_CHATS = [
     ({"messages": USER, "top_p": 2}, "top_p"),
     ({"messages": USER, "top_k": -5}, "top_k"),
     ({"messages": USER, "n": -1}, "n"),
+    ({"messages": USER, "cache_salt": ""}, "cache_salt"),
     ({"messages": USER, "top_logprobs": 3}, "top_logprobs"),
     ({"messages": USER, "logprobs": True, "top_logprobs": 21}, "top_logprobs"),
     # "auto", the default with tools, needs a --tool-call-parser (tests/test_tool_calls.py has the rest)
@@ -544,8 +550,9 @@ def test_n_and_a_list_of_prompts_give_one_choice_each_in_order(http, engine):
     body = http.post("/v1/completions", json={"prompt": ["a", "b"], "n": 2, "seed": 9}).json()
     assert [c["index"] for c in body["choices"]] == [0, 1, 2, 3]
     assert all(c["text"] == "Hello, world" for c in body["choices"])
-    assert [r.prompt for r in engine.submitted] == ["a", "a", "b", "b"]
-    assert [r.sampling.seed for r in engine.submitted] == [9, 10, 9, 10], "a prompt's samples differ by seed"
+    # Submitted each prompt's first sample first (their token counts are checked before any other sample goes).
+    assert [r.prompt for r in engine.submitted] == ["a", "b", "a", "b"]
+    assert [r.sampling.seed for r in engine.submitted] == [9, 9, 10, 10], "a prompt's samples differ by seed"
     # Each prompt counts once (the fake's prompts are 5 tokens), every sample's tokens count.
     assert body["usage"]["prompt_tokens"] == 10 and body["usage"]["completion_tokens"] == 12
 
@@ -558,6 +565,53 @@ def test_chat_n_streams_every_choice_with_its_index(http):
         assert mine[0]["delta"]["role"] == "assistant"
         assert "".join(c["delta"].get("content", "") for c in mine) == "Hello, world"
         assert mine[-1]["finish_reason"] == "stop"
+
+
+def test_echo_with_logprobs_asks_each_prompts_first_sample_alone_for_the_prompt_logprobs(http, engine):
+    body = {"prompt": ["a", "b"], "n": 3, "echo": True, "logprobs": 1, "seed": 1}
+    assert http.post("/v1/completions", json=body).status_code == 200
+    asked = {(r.prompt, r.sampling.seed): r.sampling.prompt_logprobs for r in engine.submitted}
+    assert asked == {("a", 1): 1, ("b", 1): 1, ("a", 2): None, ("a", 3): None, ("b", 2): None, ("b", 3): None}
+
+
+def test_a_later_samples_stream_waits_for_the_prompt_logprobs_of_the_first():
+    shared = SharedPromptLogprobs(n=2)
+    logprobs = Logprobs(0, [5], [float("nan")], [[]], [[]])
+    early = [RequestOutput(1, "x", [7], 0.0, 0.0)]
+    assert shared.release(1, early) == [], "held: the prompt logprobs are not known yet"
+    first = [RequestOutput(0, "y", [8], 0.0, 0.0, prompt_logprobs=logprobs)]
+    later = [RequestOutput(1, "z", [9], 0.0, 0.0)]
+    assert shared.release(0, first) == [(0, first), (1, early)]
+    assert early[0].prompt_logprobs is logprobs
+    assert shared.release(1, later) == [(1, later)] and later[0].prompt_logprobs is None, "on the first batch only"
+
+
+def ceiling_app(engine: FakeEngineClient, max_request_prompt_tokens: int) -> TestClient:
+    return TestClient(build_app(engine, limits=HttpLimits(max_request_prompt_tokens=max_request_prompt_tokens)))
+
+
+def test_prompt_tokens_times_n_past_the_ceiling_are_a_400_naming_n(engine):
+    # The fake's prompts are 5 tokens: two prompts times n=2 are 20 prompt tokens.
+    response = ceiling_app(engine, 12).post("/v1/completions", json={"prompt": ["a", "b"], "n": 2})
+    error = assert_error(response, 400, "n")
+    assert "--max-request-prompt-tokens" in error["message"]
+    assert [r.prompt for r in engine.submitted] == ["a", "b"], "no other sample was submitted"
+    assert engine.aborted == [r.rid for r in engine.submitted]
+
+
+@pytest.mark.parametrize(
+    "path, body, field",
+    [("/v1/completions", {"prompt": "a"}, "prompt"), ("/v1/chat/completions", {"messages": USER}, "messages")],
+)
+def test_prompts_past_the_ceiling_even_once_are_a_400_naming_them(engine, path, body, field):
+    assert_error(ceiling_app(engine, 4).post(path, json={**body, "n": 2}), 400, field)
+
+
+def test_the_default_ceiling_is_a_running_batch_of_whole_contexts(http, engine):
+    # The fake's context is 128 tokens and its engine runs 32 requests: 32 samples of a 128-token prompt fit.
+    engine.script.prompt_tokens = 128
+    assert http.post("/v1/completions", json={"prompt": "a", "n": 32}).status_code == 200
+    assert_error(http.post("/v1/completions", json={"prompt": "a", "n": 33}), 400, "n")
 
 
 def test_new_sampling_fields_reach_the_engine(http, engine):

@@ -49,3 +49,25 @@ def test_a_token_span_crosses_from_the_prompt_into_the_outputs_without_the_rest(
     assert request.token_span(3, 7) == [4, 5, 6, 7]
     assert request.token_span(6, 8) == [7, 8]
     assert request.token_span(0, 8) == request.known_token_ids()
+
+
+def test_a_salted_prompts_blocks_are_matched_only_under_the_same_salt():
+    cache, blocks = cache_with_blocks(4)
+    tokens = list(range(2 * BS))
+    cache.insert(tokens, blocks[:2], InsertCursor(), salt="a")
+    cache.insert(tokens, blocks[2:], InsertCursor())  # the same tokens, unsalted: a chain of their own
+    assert cache.match(tokens, 2, "a")[0] == blocks[:2]
+    assert cache.match(tokens, 2)[0] == blocks[2:]
+    assert cache.match(tokens, 2, "b")[0] == []
+    cache.check_integrity()
+
+
+def test_a_salted_chain_is_evicted_like_any_other():
+    cache, blocks = cache_with_blocks(2)
+    tokens = list(range(2 * BS))
+    cache.insert(tokens, blocks, InsertCursor(), salt="a")
+    for block in blocks:
+        cache.release(block)  # the inserting request lets go: the cache is the only holder
+    assert cache.evict(2) == 2 and len(cache) == 0
+    assert cache.match(tokens, 2, "a")[0] == []
+    cache.check_integrity()

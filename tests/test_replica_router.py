@@ -124,3 +124,18 @@ def test_with_one_replica_left_every_request_goes_there():
     router = ReplicaRouter(2, BLOCK)
     router.remove(0)
     assert [router.route(rid, prompt(rid, 2)) for rid in range(4)] == [1, 1, 1, 1]
+
+
+def test_a_cache_salt_heads_every_block_hash_as_it_heads_the_tries_keys():
+    router = ReplicaRouter(1, BLOCK)
+    ids = prompt(7, 3)
+    plain, salted = router.block_hashes(ids), router.block_hashes(ids, "tenant-a")
+    assert salted == router.block_hashes(ids, "tenant-a")
+    assert not set(salted) & set(plain) and not set(salted) & set(router.block_hashes(ids, "tenant-b"))
+
+
+def test_a_prompt_routed_under_one_salt_is_no_prefix_match_under_another():
+    router = ReplicaRouter(2, BLOCK)
+    assert router.route(1, prompt(7, 3), "a") == 0
+    assert router.route(2, prompt(7, 3), "b") == 1, "nothing of salt b cached anywhere: least load"
+    assert router.route(3, prompt(7, 3), "a") == 0, "salt a's prefix is remembered on replica 0"

@@ -61,6 +61,22 @@ def test_integers_beyond_64_bits_are_400_and_leave_no_stream(server, field, valu
     assert_serving(server)
 
 
+def test_prompt_tokens_times_n_past_the_ceiling_are_refused_naming_n_and_leave_nothing_queued(server):
+    ceiling = GUARDED_LIMITS["--max-request-prompt-tokens"]
+    prompt = [7] * 300  # 300 tokens: n=13 is 3,900 prompt tokens, n=14 4,200
+    with server.client() as c:
+        refused = c.post("/v1/completions", json={"prompt": prompt, "n": ceiling // 300 + 1, "max_tokens": 2})
+        assert refused.status_code == 400 and refused.json()["error"]["param"] == "n"
+
+        def idle() -> bool:
+            scheduler = c.get("/stats").json()["replies"]["scheduler"]["payload"]
+            return scheduler["num_running"] == 0 and scheduler["num_waiting"] == 0
+
+        wait_until(idle, 10, "the first sample aborted")
+        served = c.post("/v1/completions", json={"prompt": prompt, "n": ceiling // 300, "max_tokens": 2})
+        assert served.status_code == 200 and len(served.json()["choices"]) == ceiling // 300
+
+
 def test_a_slowloris_connection_is_closed_after_the_header_timeout(server):
     with socket.create_connection(("127.0.0.1", server.port)) as sock:
         sock.settimeout(10)

@@ -164,7 +164,8 @@ class TokenizerProcess:
             self._send(self._frontend_of(reply.rid), reply)
         else:
             self.stats.requests += 1
-            self._send(self.to_schedulers[self.router.route(reply.rid, reply.prompt_token_ids)], reply)
+            replica = self.router.route(reply.rid, reply.prompt_token_ids, reply.cache_salt)
+            self._send(self.to_schedulers[replica], reply)
 
     def _on_scheduler_message(self, message: Any) -> None:
         if isinstance(message, TokenBatch):

@@ -5,7 +5,8 @@ reaches the same scheduler (and, taking the same socket, never overtakes it). Th
 nothing: it keeps its own picture of them.
 
     prompt ids ─▶ block hashes h1 h2 h3 … (full blocks only, as the schedulers' prefix tries hold them;
-                  each chained to the one before, so a hash names a whole prefix, as a trie node does)
+                  each chained to the one before, so a hash names a whole prefix, as a trie node does;
+                  h1 chained to the request's cache_salt, as the trie keys a first block with it)
     per replica:  the hashes of prompts recently routed there (LRU, bounded) ─▶ leading blocks matched
                   requests routed there and not yet finished (in flight)
     one replica:  no choice to make, so no hashes and no memory: only the requests in flight
@@ -24,6 +25,7 @@ here; other tokenizer workers route too): a wrong guess costs a prefill, never a
 
 from __future__ import annotations
 
+import hashlib
 from collections import OrderedDict
 
 # Block hashes remembered per replica. Full, 32768 cost ~6 MB of Python objects (the OrderedDict 4.5 MB, the
@@ -50,9 +52,9 @@ class ReplicaRouter:
         self._owner: dict[int, int] = {}
         self.serving = list(range(num_replicas))  # the replicas not taken out
 
-    def route(self, rid: int, prompt_ids: list[int]) -> int:
+    def route(self, rid: int, prompt_ids: list[int], cache_salt: str | None = None) -> int:
         """The replica for a new request; it counts as in flight there until `release(rid)`."""
-        replica = self._choose(prompt_ids) if len(self.serving) > 1 else self.serving[0]
+        replica = self._choose(prompt_ids, cache_salt) if len(self.serving) > 1 else self.serving[0]
         self._owner[rid] = replica
         self.in_flight[replica] += 1
         self.routed[replica] += 1
@@ -79,9 +81,13 @@ class ReplicaRouter:
         self._prefixes[replica].clear()
         return rids
 
-    def block_hashes(self, prompt_ids: list[int]) -> list[int]:
-        # Python's hash of a tuple of ints is the same in every process and run; a collision only misroutes.
-        hashes, parent, size = [], 0, self.block_size
+    def block_hashes(self, prompt_ids: list[int], cache_salt: str | None = None) -> list[int]:
+        # Python's hash of a tuple of ints is the same in every process and run (a string's is not: the salt's
+        # is hashlib's); a collision only misroutes.
+        parent = 0
+        if cache_salt is not None:
+            parent = int.from_bytes(hashlib.blake2b(cache_salt.encode(), digest_size=8).digest(), "big")
+        hashes, size = [], self.block_size
         for start in range(0, len(prompt_ids) - size + 1, size):
             parent = hash((parent, *prompt_ids[start : start + size]))
             hashes.append(parent)
@@ -90,8 +96,8 @@ class ReplicaRouter:
     def remembered_blocks(self, replica: int) -> int:
         return len(self._prefixes[replica])
 
-    def _choose(self, prompt_ids: list[int]) -> int:
-        hashes = self.block_hashes(prompt_ids)
+    def _choose(self, prompt_ids: list[int], cache_salt: str | None) -> int:
+        hashes = self.block_hashes(prompt_ids, cache_salt)
         least = min(self.in_flight[r] for r in self.serving)
         candidates = [r for r in self.serving if self.in_flight[r] - least <= self.max_imbalance]
         replica = min(candidates, key=lambda r: (-self._matched_blocks(r, hashes), self.in_flight[r], r))

@@ -93,6 +93,7 @@ class TokenizerWorker:
             request.sampling,
             StageTimes(arrival=request.arrival_time, tokenized=time.time()),
             request.priority,
+            request.cache_salt,
         )
 
     def track(self, rid: int, sampling: SamplingParams, num_prompt_tokens: int) -> None:
