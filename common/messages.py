@@ -5,7 +5,7 @@
                                                <--RequestAccepted/Rejected, TokenBatch-- scheduler
     scheduler --StepPlan--> gpu_worker --StepResult--> scheduler
     launcher/frontend --ControlRequest--> any process --ControlReply--> frontend
-    any process --ProcessReady--> launcher
+    any process --ProcessReady--> launcher             (a GPU worker: WorkerReady, with what it decided)
 
 Stage times travel with the request (StageTimes) so every latency figure, in /metrics or in a benchmark,
 is computed from the same stamps. Times are `time.time()` seconds: every process of one server shares the clock.
@@ -358,7 +358,31 @@ class LeaveGroup:
 class ProcessReady:
     role: str
     pid: int
-    info: dict = field(default_factory=dict)
+
+
+@dataclass(slots=True)
+class WorkerLimits:
+    """What a GPU worker allocated, and the limits it decided for its device where the flags left them open
+    (gpu_worker/limits.py, the one place that fills in their defaults). The scheduler plans with them, the
+    launcher and LLM report them, as they are."""
+
+    num_kv_blocks: int  # blocks the scheduler hands out (the worker holds one more, its graphs' scratch block)
+    max_num_seqs: int  # running requests: the decode batch
+    max_num_batched_tokens: int  # prompt tokens computed per step
+    max_model_len: int  # the context: the model's (or --max-model-len), within what the KV store holds
+
+
+@message(23)
+@dataclass(slots=True)
+class WorkerReady:
+    """A GPU worker's READY (weights loaded, KV store allocated, warmed up). Rank 0 of an engine replica speaks
+    for it; every rank of a tensor-parallel group has the same limits."""
+
+    role: str
+    pid: int
+    device: str  # "cuda:0", "cpu"; "none" for --load-format null
+    dtype: str
+    limits: WorkerLimits
 
 
 @message(21)

@@ -17,13 +17,13 @@ tensor holding its last sampled token, and such inputs are gathered from there o
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 
-from common.config import EngineConfig, with_batch_limits
+from common.config import EngineConfig
 from common.messages import (
     Logprobs,
     NewRequestSpec,
@@ -41,7 +41,8 @@ from gpu_worker.cuda_graphs import DecodeGraphs
 from gpu_worker.host_copy import StagingRing
 from gpu_worker.input_batch import PersistentBatch, StepInputs, eager_bucket, pad_batch
 from gpu_worker.kv_cache import PagedKVCache
-from gpu_worker.kv_sizing import requests_held, size_kv_store
+from gpu_worker.kv_sizing import size_kv_store
+from gpu_worker.limits import decide_limits, most_seats, prompt_budget
 from gpu_worker.model_loader import load_model, resolve_dtype
 from gpu_worker.models.forward_context import ForwardContext
 from gpu_worker.parallel import SINGLE, TensorParallel
@@ -122,9 +123,6 @@ class ModelRunner:
         self.tp = tp
         self.device = resolve_device(config.device, device_index)
         on_gpu = self.device.type == "cuda"
-        # Batch limits left to the device: the prompt budget now, the seats once the KV store is sized.
-        seats_from_memory = config.max_num_seqs is None and on_gpu
-        self.config = config = with_batch_limits(config, on_gpu)
         self.dtype = resolve_dtype(config.dtype, self.device)
         self.block_size = config.block_size
         # The Triton path is the whole forward: attention kernels and the models' fused elementwise ones;
@@ -150,12 +148,20 @@ class ModelRunner:
         # Every rank must have every block the scheduler hands out: the smallest store of any rank.
         self.num_kv_blocks = tp.min(
             config.num_kv_blocks
-            or size_kv_store(config, info, self.model, self.attention, self.device, self.dtype, captures_graphs),
+            or size_kv_store(
+                config,
+                info,
+                self.model,
+                self.attention,
+                self.device,
+                self.dtype,
+                most_seats(config, on_gpu),
+                prompt_budget(config, on_gpu),
+                captures_graphs,
+            ),
             self.device,
         )
-        if seats_from_memory:
-            holds = requests_held(self.num_kv_blocks, info.max_model_len, config.block_size)
-            self.config = config = with_batch_limits(replace(config, max_num_seqs=None), on_gpu, holds)
+        self.limits = limits = decide_limits(config, info, on_gpu, self.num_kv_blocks)
         # One block more than the scheduler is told of: a scratch block for CUDA-graph padding rows.
         self.kv_cache = PagedKVCache(
             num_layers, self.num_kv_blocks + 1, config.block_size, kv_heads, head_dim, self.dtype, self.device
@@ -166,7 +172,7 @@ class ModelRunner:
         # Last sampled token of each mirror, on the device (the graphs read and write it), and a sink entry past
         # them for the decode graphs' rows that sample nothing. A released slot may be reused at once: the
         # device runs steps in order, so the old owner's last write lands before the new owner's.
-        self.num_slots = num_slots = max(max_live_mirrors(config.max_num_seqs), WARM_UP_REQUESTS)
+        self.num_slots = num_slots = max(max_live_mirrors(limits.max_num_seqs), WARM_UP_REQUESTS)
         self.last_tokens = torch.zeros(num_slots + 1, dtype=torch.long, device=self.device)
         self.graphs: DecodeGraphs | None = None
         self.mixed_graphs: MixedGraphs | None = None
@@ -180,8 +186,8 @@ class ModelRunner:
                 self.model,
                 self.attention,
                 self.kv_cache,
-                config.max_num_batched_tokens + config.max_num_seqs,
-                config.max_num_seqs,
+                limits.max_num_batched_tokens + limits.max_num_seqs,
+                limits.max_num_seqs,
                 info.max_model_len,
                 scratch_block=self.num_kv_blocks,
                 last_tokens=self.last_tokens,
@@ -191,7 +197,7 @@ class ModelRunner:
                 self.model,
                 self.attention,
                 self.kv_cache,
-                config.max_num_seqs,
+                limits.max_num_seqs,
                 info.max_model_len,
                 scratch_block=self.num_kv_blocks,
                 last_tokens=self.last_tokens,
@@ -205,15 +211,15 @@ class ModelRunner:
                 )
         self.mirrors: dict[int, RequestMirror] = {}
         # Per-step inputs: ids and positions (8 bytes each per token), metadata (block tables dominate).
-        max_tokens = config.max_num_batched_tokens + config.max_num_seqs
+        max_tokens = limits.max_num_batched_tokens + limits.max_num_seqs
         table_width = -(-info.max_model_len // config.block_size)
         # Sampling rows add their parameters and bias entries (logit_bias, and min_tokens' masked EOS and stop
         # ids: 20 bytes each), and for structured output a bitmask of the vocabulary. Prompt logprobs add
         # two int64 per prompt token (rows and scored ids).
         num_bias = MAX_LOGIT_BIAS + MAX_STOP_TOKEN_IDS + len(info.eos_token_ids)
-        sampling_bytes = config.max_num_seqs * (20 * num_bias + 128 + info.vocab_size // 8 + 16) + 16 * max_tokens
+        sampling_bytes = limits.max_num_seqs * (20 * num_bias + 128 + info.vocab_size // 8 + 16) + 16 * max_tokens
         self.staging = StagingRing(
-            self.device, 32 * max_tokens + 8 * config.max_num_seqs * (table_width + 16) + sampling_bytes + 2**16
+            self.device, 32 * max_tokens + 8 * limits.max_num_seqs * (table_width + 16) + sampling_bytes + 2**16
         )
         self._free_slots = list(range(num_slots - 1, -1, -1))
         # Each slot's block table and sampling parameters, kept between steps (input_batch.py).

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -30,7 +31,7 @@ from common.config import EngineConfig
 from common.control import ControlServer
 from common.engine_replica import EngineReplica
 from common.garbage import freeze_startup_objects
-from common.messages import LeaveGroup, StepPlan, StepResult
+from common.messages import LeaveGroup, StepPlan, StepResult, WorkerReady
 from common.model_info import ModelInfo
 from common.process import announce_ready, exit_child, init_child_process
 from common.profiling import ProcessProfiler, ProcessStats, ProfileConfig, TorchProfiler, epoch_us
@@ -94,18 +95,8 @@ def main(
     worker = WorkerLoop(runner, plans, results, ProcessProfiler(profile, role, TorchProfiler), relays)
     control = ControlServer(endpoints, role, stats=worker.stats)
     freeze_startup_objects()  # torch, the model, the warm-up: ~200,000 objects no collection should traverse
-    announce_ready(
-        run_dir,
-        role,
-        {
-            "num_kv_blocks": runner.num_kv_blocks,
-            "device": str(runner.device),
-            "dtype": str(runner.dtype),
-            # As resolved for this device: the scheduler plans with them.
-            "max_num_seqs": runner.config.max_num_seqs,
-            "max_num_batched_tokens": runner.config.max_num_batched_tokens,
-        },
-    )
+    # The limits as decided for this device (gpu_worker/limits.py): the scheduler plans with them.
+    announce_ready(run_dir, role, WorkerReady(role, os.getpid(), str(runner.device), str(runner.dtype), runner.limits))
     try:
         worker.run(control)  # returns on LeaveGroup (a follower rank of the in-process engine)
         if leave_group is not None:

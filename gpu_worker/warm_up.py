@@ -67,7 +67,7 @@ def warm_up_matmuls(runner: ModelRunner) -> None:
     cuBLAS picks its kernel for a shape it has not seen at ~150 µs of host time per layer, which the
     first prefill steps of every new size would otherwise pay (tens of milliseconds each)."""
     model = runner.model
-    largest = runner.config.max_num_batched_tokens + runner.config.max_num_seqs
+    largest = runner.limits.max_num_batched_tokens + runner.limits.max_num_seqs
     sizes = sorted({eager_bucket(n) for n in range(1, largest + 1)})
     # One layer of each distinct shape is enough: the choice is cached per shape, not per weight. The LM head
     # (vocabulary-wide) only ever sees the sampling rows, at most one per running request.
@@ -84,7 +84,7 @@ def warm_up_matmuls(runner: ModelRunner) -> None:
     for size in sizes:
         for layer in layers.values():
             layer(zeros(size, layer.in_features))
-        if size <= runner.config.max_num_seqs:
+        if size <= runner.limits.max_num_seqs:
             model.compute_logits(zeros(size, width))
     if runner.device.type == "cuda":
         torch.cuda.synchronize(runner.device)

@@ -83,14 +83,13 @@ class LLM:
         try:
             tp = SINGLE if self._followers is None else self._followers.tp
             self.runner = ModelRunner(self.config, self.info, tp=tp)
-            self.config = self.runner.config  # with the batch limits the runner chose for its device
             warm_up(self.runner)
             if self._followers is not None:
                 self._followers.wait_ready()
         except BaseException:
             self.close(failed=True)
             raise
-        self.scheduler = Scheduler(self.config, self.info, self.runner.num_kv_blocks)
+        self.scheduler = Scheduler(self.config, self.info, self.runner.limits)  # as the runner decided them
         self._tokenizer: Tokenizer | None = None
         self._rids = itertools.count()
         self.plans_executed: list[StepPlan] = []  # every plan run, for tests and inspection

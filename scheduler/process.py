@@ -30,6 +30,7 @@ from common.messages import (
     StepResult,
     TokenBatch,
     TokenizedRequest,
+    WorkerLimits,
 )
 from common.model_info import ModelInfo
 from common.pipeline import PIPELINE_DEPTH
@@ -47,7 +48,7 @@ log = logging.getLogger("scheduler")
 def main(
     config: EngineConfig,
     info: ModelInfo,
-    num_kv_blocks: int,
+    limits: WorkerLimits,
     num_tokenizers: int,
     num_frontends: int,
     run_dir: str,
@@ -56,11 +57,12 @@ def main(
     profile: ProfileConfig = ProfileConfig(),
     replica: EngineReplica = EngineReplica(),
 ) -> None:
+    """limits: as the engine replica's GPU worker decided them (its WorkerReady)."""
     init_child_process(replica.scheduler_role, log_level, parent_pid)
-    scheduler = Scheduler(config, info, num_kv_blocks)
+    scheduler = Scheduler(config, info, limits)
     loop = SchedulerLoop(scheduler, Endpoints(run_dir), num_tokenizers, profile, num_frontends, replica)
     freeze_startup_objects()
-    announce_ready(run_dir, replica.scheduler_role, {"max_model_len": loop.scheduler.max_model_len})
+    announce_ready(run_dir, replica.scheduler_role)
     try:
         loop.run()
     except SystemExit:
