@@ -86,7 +86,7 @@ def run_ours(
         "gpu_busy": gpu_busy,
         "ttft_p50_s": ttfts[len(ttfts) // 2],
         "ttft_p99_s": ttfts[min(len(ttfts) - 1, int(0.99 * len(ttfts)))],
-        "num_kv_blocks": llm.runner.num_kv_blocks,
+        "num_kv_blocks": llm.runner.limits.num_kv_blocks,
         "attention_backend": type(llm.runner.attention).__name__,
     }
     del llm
@@ -291,8 +291,8 @@ def main(argv: list[str] | None = None) -> None:
     results = [run_ours(folder, prompts, args.output_len, engine, warmup, profile_prompts, args.profile_steps)]
     baselines = [b for b in args.baselines.split(",") if b and b != "none"]
     if baselines:
+        from gpu_worker.builder import resolve_device
         from gpu_worker.model_loader import resolve_dtype
-        from gpu_worker.model_runner import resolve_device
 
         device = resolve_device(args.device)
         model = _hf_model(folder, args.load_format, resolve_dtype(args.dtype, device), str(device))

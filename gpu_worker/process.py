@@ -1,4 +1,5 @@
-"""The GPU worker process: load the model, allocate the KV store, warm up, then run plans in order.
+"""The GPU worker process: build the worker (builder.py: model, KV store, limits, graphs, warm-up), announce it
+(WorkerReady), then run plans in order.
 
 scheduler[r] ──StepPlan──▶ [PULL worker-{r}-plans] ─ execute ─ [PUSH scheduler-{r}-results] ──StepResult──▶ scheduler[r]
 
@@ -66,23 +67,19 @@ def main(
         runner = NullRunner(config, info)
     else:
         # torch is imported here, in the child, never before spawn.
-        from gpu_worker.model_runner import ModelRunner, resolve_device
+        from gpu_worker.builder import build_worker, resolve_device
         from gpu_worker.parallel import close_tensor_parallel, init_tensor_parallel
-        from gpu_worker.warm_up import warm_up
 
         device_type = resolve_device(config.device, device_index).type
         tp = init_tensor_parallel(rank, ranks, endpoints.tensor_parallel_init(replica.index), device_type, device_index)
         phases = PhaseClock(logging.getLogger(role)) if rank == 0 else None  # rank 0 speaks for all
-        runner = ModelRunner(config, info, phases, tp, device_index)
-        warm_up(runner)  # every rank runs the same warm-up plans: their collectives pair up
+        runner = build_worker(config, info, phases, tp, device_index)
 
         def release_graphs_and_leave() -> None:
             runner.release_graphs()  # first: NCCL's teardown waits on graphs that captured its collectives
             close_tensor_parallel(tp)
 
         leave_group = release_graphs_and_leave
-        if phases is not None:
-            phases.done("warmed up: every kind of step ran once")
 
     ctx = zmq.Context.instance()
     r = replica.index

@@ -1,4 +1,4 @@
-"""Warm-up: run every kind of step once before the worker reports READY, so that no request pays for a
+"""Warm-up: run every kind of step once before the worker reports READY (builder.py), so that no request pays for a
 kernel compile or an autotune: prefill, graph decode, and mixed steps whose decodes take both attention
 paths (a long context is split, short ones are not).
 
@@ -28,11 +28,11 @@ if TYPE_CHECKING:
 WARM_UP_REQUESTS = 4  # mirrors alive at once during warm-up
 
 
-def warm_up(runner: ModelRunner) -> None:
+def warm_up(runner: ModelRunner, block_size: int) -> None:
     greedy = SamplingParams(temperature=0.0, seed=0)
-    bs = runner.block_size
+    bs = block_size
     max_model_len = runner.info.max_model_len
-    room = (runner.num_kv_blocks // WARM_UP_REQUESTS) * bs - 2  # tokens each request may use
+    room = (runner.limits.num_kv_blocks // WARM_UP_REQUESTS) * bs - 2  # tokens each request may use
     short = min(16, max_model_len - 2, room)
     if short < 1:
         return  # a pool this small is a test's; nothing worth warming
@@ -57,7 +57,7 @@ def warm_up(runner: ModelRunner) -> None:
     for i, (specs, chunks) in enumerate(steps):
         runner.execute(StepPlan.of(-1 - i, specs, chunks, []))
     runner.execute(StepPlan.of(-9, [], [], list(lengths)))
-    if runner.pad_eager:
+    if runner.eager.pad:
         warm_up_matmuls(runner)
 
 

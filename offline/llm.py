@@ -26,10 +26,9 @@ from common.model_info import ModelInfo, generation_defaults
 from common.model_source import resolve_model
 from common.sampling_params import InvalidParameter, SamplingParams
 from common.wire import decode, encode
-from gpu_worker.model_runner import ModelRunner
+from gpu_worker.builder import build_worker
 from gpu_worker.parallel import SINGLE
 from gpu_worker.step_queue import StepQueue
-from gpu_worker.warm_up import warm_up
 from scheduler.scheduler import Scheduler
 from tokenizer_worker.tokenizer import Tokenizer
 from tokenizer_worker.worker import TokenizerWorker
@@ -82,8 +81,7 @@ class LLM:
             self._followers = FollowerRanks(self.config, self.info)
         try:
             tp = SINGLE if self._followers is None else self._followers.tp
-            self.runner = ModelRunner(self.config, self.info, tp=tp)
-            warm_up(self.runner)
+            self.runner = build_worker(self.config, self.info, tp=tp)
             if self._followers is not None:
                 self._followers.wait_ready()
         except BaseException:
