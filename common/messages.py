@@ -285,7 +285,7 @@ class StepPlan:
     # Structured output: the tokens a sample may take, int32 words (bit j of word i: token 32 i + j).
     token_bitmasks: dict[int, bytes] = field(default_factory=dict)
     # --profile-steps: > 0 opens the worker's profiling window on this step, for this many steps (counted by
-    # the worker, so the window stays on exactly those steps; scheduler/process.py ProfileWindow).
+    # the worker, so the window stays on exactly those steps; scheduler/step_observer.py ProfileWindow).
     profile_steps: int = 0
     sent_time: float = 0.0  # when the scheduler sent it (time.time()): the worker times the plan's trip
 
