@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from common.control import Stuck
     from common.engine_replica import ReplicaFailure
+    from common.messages import ProcessReady, WorkerLimits, WorkerReady
     from common.profiling import ProfileConfig
 
 log = logging.getLogger("launcher")
@@ -246,13 +247,11 @@ class ChildDied(RuntimeError):
 
 @dataclass(slots=True)
 class Engine:
-    """One engine replica as its processes reported it at start-up."""
+    """One engine replica as its GPU worker reported it at start-up (WorkerReady)."""
 
     index: int
     device: str
-    num_kv_blocks: int
-    max_model_len: int
-    max_num_seqs: int
+    limits: WorkerLimits
 
 
 class Launcher:
@@ -266,7 +265,7 @@ class Launcher:
         self.endpoints = Endpoints(self.run_dir)
         self.spawn = mp.get_context("spawn")
         self.children: dict[str, mp.process.BaseProcess] = {}
-        self.ready: dict = {}  # every READY received, by role
+        self.ready: dict[str, ProcessReady | WorkerReady] = {}  # every READY received, by role
         self.serving = False
         self.exit_code = 0
         self.stuck: set[str] = set()  # roles the watchdog declared dead: killed at shutdown, never waited for
@@ -321,10 +320,10 @@ class Launcher:
         self._wait_ready(ready, set(self.children))
         limits = EngineLimits(
             served_model_name=args.served_model_name or default_served_name(args.model),
-            max_model_len=min(engine.max_model_len for engine in engines.values()),
-            num_kv_blocks=min(engine.num_kv_blocks for engine in engines.values()),  # what one request may use
+            max_model_len=min(engine.limits.max_model_len for engine in engines.values()),
+            num_kv_blocks=min(engine.limits.num_kv_blocks for engine in engines.values()),  # what one request may use
             block_size=config.block_size,
-            max_num_seqs=min(engine.max_num_seqs for engine in engines.values()),
+            max_num_seqs=min(engine.limits.max_num_seqs for engine in engines.values()),
             sampling_defaults=sampling_defaults,
         )
         frontends = [frontend_role(k) for k in range(num_frontends)]
@@ -354,6 +353,7 @@ class Launcher:
         """Start every replica's GPU worker, then, once each has sized its KV store, its scheduler; returns
         each replica's engine under its scheduler's role, when all are ready."""
         from common.engine_replica import engine_replicas
+        from common.messages import WorkerReady
         from gpu_worker import process as gpu_process
         from scheduler import process as scheduler_process
 
@@ -371,37 +371,23 @@ class Launcher:
             gpu_workers |= self._start_gpu_workers(replica, ranks, gpu_process.main, (config, info, *tail))
         # Rank 0 of each replica speaks for it (every rank has as many blocks: the smallest).
         workers = self._wait_ready(ready_socket, gpu_workers)
-        for replica in replicas:
-            worker_info = workers[replica.gpu_worker_role].info
-            num_blocks = worker_info["num_kv_blocks"]
-            # The batch limits as the worker chose them for its device (common/config.py: with_batch_limits).
-            engine_config = replace(
-                config,
-                max_num_seqs=worker_info["max_num_seqs"],
-                max_num_batched_tokens=worker_info["max_num_batched_tokens"],
-            )
-            scheduler_args = (engine_config, info, num_blocks, self.args.tokenizer_workers, self.args.api_server_count)
-            self._start(replica.scheduler_role, scheduler_process.main, (*scheduler_args, *tail, replica))
-        schedulers = self._wait_ready(ready_socket, {replica.scheduler_role for replica in replicas})
         engines = {}
         for replica in replicas:
-            worker = workers[replica.gpu_worker_role].info
-            engine = Engine(
-                replica.index,
-                worker["device"],
-                worker["num_kv_blocks"],
-                schedulers[replica.scheduler_role].info["max_model_len"],
-                worker["max_num_seqs"],
-            )
+            worker = workers[replica.gpu_worker_role]
+            assert isinstance(worker, WorkerReady)
+            engines[replica.scheduler_role] = Engine(replica.index, worker.device, worker.limits)
+            scheduler_args = (config, info, worker.limits, self.args.tokenizer_workers, self.args.api_server_count)
+            self._start(replica.scheduler_role, scheduler_process.main, (*scheduler_args, *tail, replica))
+        self._wait_ready(ready_socket, {replica.scheduler_role for replica in replicas})
+        for engine in engines.values():
             log.info(
                 "engine replica %d: %d KV blocks on %s, up to %d running requests, %d prompt tokens per step",
                 engine.index,
-                engine.num_kv_blocks,
+                engine.limits.num_kv_blocks,
                 engine.device,
-                worker["max_num_seqs"],
-                worker["max_num_batched_tokens"],
+                engine.limits.max_num_seqs,
+                engine.limits.max_num_batched_tokens,
             )
-            engines[replica.scheduler_role] = engine
         return engines
 
     def _start_gpu_workers(self, replica, ranks: int, target, args: tuple) -> set[str]:
@@ -420,7 +406,7 @@ class Launcher:
         process.start()
         self.children[role] = process
 
-    def _wait_ready(self, ready_socket, roles: set[str]) -> dict:
+    def _wait_ready(self, ready_socket, roles: set[str]) -> dict[str, ProcessReady | WorkerReady]:
         """The READY messages of `roles`, once each has sent its own (others' that come first are kept)."""
         from common.transport import recv
 
@@ -437,7 +423,7 @@ class Launcher:
                 raise ChildDied(f"process {role} (pid {process.pid}) died with exit code {process.exitcode}")
 
     def _announce(self, limits, engines: dict[str, Engine], elapsed_s: float) -> None:
-        blocks = [engine.num_kv_blocks for engine in engines.values()]
+        blocks = [engine.limits.num_kv_blocks for engine in engines.values()]
         kv = f"{blocks[0]} KV blocks" if len(blocks) == 1 else f"{len(blocks)} engine replicas of {blocks} KV blocks"
         print(
             f"clearserve ready on http://{self.args.host}:{self.args.port} serving {limits.served_model_name!r}: "

@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import gc
 import json
-import statistics
 import sys
 import time
 from dataclasses import replace
@@ -23,6 +22,7 @@ from dataclasses import replace
 import torch
 from tqdm import tqdm
 
+from benchmarks.host_steps import HOST_PARTS, HostStepLog
 from benchmarks.workloads import parse_range, random_token_prompts
 from common.config import EngineConfig, add_engine_args
 from common.garbage import freeze_startup_objects
@@ -51,8 +51,7 @@ def run_ours(
         llm.generate(warmup, params)
     freeze_startup_objects()  # as every server process does once it serves (common/garbage.py)
     _sync()
-    host_before, steps_before = llm.host_s, llm.steps_run
-    llm.host_step_log = []
+    host_steps = HostStepLog()
     wall_start = time.time()
     bar = tqdm(total=len(prompts) * output_len, desc="ours", unit="tok", file=sys.stderr)
     start = time.perf_counter()
@@ -64,15 +63,12 @@ def run_ours(
         # update(), not refresh(): the bar redraws at most every mininterval, not at every step's host expense
         bar.update(stats.generated_tokens - bar.n)
 
-    outs = llm.generate(prompts, params, on_step=on_step)
+    outs = llm.generate(prompts, params, on_step=on_step, observer=host_steps)
     _sync()
     elapsed = time.perf_counter() - start
     bar.close()
     generated = sum(len(o.token_ids) for o in outs)
     ttfts = sorted(o.first_token_time - wall_start for o in outs)
-    host_ms_per_step = 1000 * (llm.host_s - host_before) / max(1, llm.steps_run - steps_before)
-    decode_host = full_decode_host_ms(llm.host_step_log)
-    llm.host_step_log = None
     gpu_busy = gpu_busy_fraction(llm, profile_prompts, params, profile_steps) if profile_steps else None
     result = {
         "name": "ours",
@@ -81,32 +77,17 @@ def run_ours(
         "steps": steps,
         "tokens_per_s": generated / elapsed,
         "warmup_requests": len(warmup),
-        "host_ms_per_step": host_ms_per_step,
-        "decode_step_host_ms": decode_host,
+        "host_ms_per_step": host_steps.host_ms_per_step(),
+        "decode_step_host_ms": host_steps.full_decode_host_ms(),
         "gpu_busy": gpu_busy,
         "ttft_p50_s": ttfts[len(ttfts) // 2],
         "ttft_p99_s": ttfts[min(len(ttfts) - 1, int(0.99 * len(ttfts)))],
-        "num_kv_blocks": llm.runner.num_kv_blocks,
+        "num_kv_blocks": llm.runner.limits.num_kv_blocks,
         "attention_backend": type(llm.runner.attention).__name__,
     }
     del llm
     _free()
     return result
-
-
-HOST_PARTS = ("schedule", "wire", "prepare", "forward", "finish", "process", "total")  # HostStepTimes' parts
-
-
-def full_decode_host_ms(log: list) -> dict | None:
-    """Medians (ms) of each host part over the passes that ran the fullest decode-only steps (every running
-    request one token: the steady state), with their batch size and count."""
-    decodes = [t for t in log if t.planned_rids and t.planned_tokens == t.planned_rids]
-    if not decodes:
-        return None
-    batch = max(t.planned_rids for t in decodes)
-    full = [t for t in decodes if t.planned_rids == batch]
-    parts = {name: 1000 * statistics.median(getattr(t, f"{name}_s") for t in full) for name in HOST_PARTS}
-    return {"batch": batch, "passes": len(full), **parts}
 
 
 PROFILE_AFTER_STEPS = 20  # the window opens after the prefill-heavy start of the run
@@ -291,8 +272,8 @@ def main(argv: list[str] | None = None) -> None:
     results = [run_ours(folder, prompts, args.output_len, engine, warmup, profile_prompts, args.profile_steps)]
     baselines = [b for b in args.baselines.split(",") if b and b != "none"]
     if baselines:
+        from gpu_worker.builder import resolve_device
         from gpu_worker.model_loader import resolve_dtype
-        from gpu_worker.model_runner import resolve_device
 
         device = resolve_device(args.device)
         model = _hf_model(folder, args.load_format, resolve_dtype(args.dtype, device), str(device))

@@ -22,6 +22,7 @@ from common.messages import StageTimes, StepPlan, StepResult, StepTimings, Token
 from common.model_info import ModelInfo
 from common.sampling_params import SamplingParams
 from common.wire import decode, encode
+from gpu_worker.limits import decide_limits
 from scheduler.process import split_by_tokenizer
 from scheduler.scheduler import Scheduler
 
@@ -39,7 +40,8 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     config = EngineConfig(block_size=16, max_num_seqs=args.requests, max_num_batched_tokens=8192)
     # Blocks for every request's whole run: no eviction or preemption in the way of the steady state.
     num_blocks = args.requests * -(-(args.prompt_len + args.steps + 2) // config.block_size) + 1
-    scheduler = Scheduler(config, ModelInfo("gpt2", 10**6, [50256], 50257), num_blocks)
+    info = ModelInfo("gpt2", 10**6, [50256], 50257)
+    scheduler = Scheduler(config, info, decide_limits(config, info, on_gpu=False, num_kv_blocks=num_blocks))
     sampling = SamplingParams(max_tokens=args.steps + 2, ignore_eos=True)  # decoding until the last step
     for rid in range(args.requests):
         prompt = [100 + (rid + i) % 1000 for i in range(args.prompt_len)]

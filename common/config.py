@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import argparse
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, fields
 
 
 @dataclass(slots=True)
@@ -20,8 +20,8 @@ class EngineConfig:
     gpu_memory_utilization: float = 0.90
     cpu_kv_cache_gib: float = 2.0
     max_model_len: int | None = None  # None: the model's own context length
-    # None: chosen for the device by the GPU worker (with_batch_limits, gpu_worker/kv_sizing.py), which reports
-    # them with its READY; the scheduler plans with what the worker chose.
+    # None: decided for the device by the GPU worker (gpu_worker/limits.py), which reports them in its
+    # WorkerReady; the scheduler plans with what the worker decided.
     max_num_seqs: int | None = None  # running requests (the decode batch)
     max_num_batched_tokens: int | None = None  # prompt tokens computed per step
     max_prefill_requests: int | None = None  # requests admitted per step; None: no limit beyond max_num_seqs
@@ -43,33 +43,17 @@ class EngineConfig:
         return cls(**{f.name: getattr(args, f.name) for f in fields(cls) if hasattr(args, f.name)})
 
 
-# Batch limits left to the device. Measured on an H100 (docs/benchmarks.md, "Batch limits"): when prefill
-# steps ran eagerly they cost ~12 ms of host time each whatever their size, so a larger budget took fewer of
-# them (W1's TTFT p50 131 -> 74 ms from 4,096 to 16,384 tokens); they now replay CUDA graphs, and the budget
-# mostly bounds how long one step holds the decodes back. 512 running requests where the KV store holds them
-# at a typical length. A CPU computes a step's tokens one core-second at a time: the smaller limits keep
-# steps short.
+# Batch limits left to the device (the GPU worker decides with these: gpu_worker/limits.py). Measured on an H100
+# (docs/benchmarks.md, "Batch limits"): when prefill steps ran eagerly they cost ~12 ms of host time each
+# whatever their size, so a larger budget took fewer of them (W1's TTFT p50 131 -> 74 ms from 4,096 to 16,384
+# tokens); they now replay CUDA graphs, and the budget mostly bounds how long one step holds the decodes back.
+# 512 running requests where the KV store holds them at a typical length. A CPU computes a step's tokens one
+# core-second at a time: the smaller limits keep steps short.
 CPU_MAX_NUM_SEQS = 256
 CPU_MAX_NUM_BATCHED_TOKENS = 4096
 GPU_MAX_NUM_BATCHED_TOKENS = 16384
 GPU_MAX_NUM_SEQS = 512
 GPU_TYPICAL_REQUEST_TOKENS = 2048  # "holds N requests": N of this length (or the context, if shorter)
-
-
-def with_batch_limits(
-    config: EngineConfig, on_gpu: bool, requests_the_kv_store_holds: int | None = None
-) -> EngineConfig:
-    """The config with max_num_seqs and max_num_batched_tokens chosen where the flags left them to the device.
-    requests_the_kv_store_holds: on a GPU, how many requests of a typical length fit in the KV store (None:
-    not known yet, assume they fit)."""
-    seqs, budget = config.max_num_seqs, config.max_num_batched_tokens
-    if budget is None:
-        budget = GPU_MAX_NUM_BATCHED_TOKENS if on_gpu else CPU_MAX_NUM_BATCHED_TOKENS
-    if seqs is None:
-        seqs = CPU_MAX_NUM_SEQS
-        if on_gpu and (requests_the_kv_store_holds is None or requests_the_kv_store_holds >= GPU_MAX_NUM_SEQS):
-            seqs = GPU_MAX_NUM_SEQS
-    return replace(config, max_num_seqs=seqs, max_num_batched_tokens=budget)
 
 
 # A chat request that leaves out max_tokens should finish in seconds on a CPU, not run to an 8k context.

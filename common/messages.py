@@ -5,7 +5,7 @@
                                                <--RequestAccepted/Rejected, TokenBatch-- scheduler
     scheduler --StepPlan--> gpu_worker --StepResult--> scheduler
     launcher/frontend --ControlRequest--> any process --ControlReply--> frontend
-    any process --ProcessReady--> launcher
+    any process --ProcessReady--> launcher             (a GPU worker: WorkerReady, with what it decided)
 
 Stage times travel with the request (StageTimes) so every latency figure, in /metrics or in a benchmark,
 is computed from the same stamps. Times are `time.time()` seconds: every process of one server shares the clock.
@@ -303,7 +303,7 @@ class StepPlan:
     # Structured output: the tokens a sample may take, int32 words (bit j of word i: token 32 i + j).
     token_bitmasks: dict[int, bytes] = field(default_factory=dict)
     # --profile-steps: > 0 opens the worker's profiling window on this step, for this many steps (counted by
-    # the worker, so the window stays on exactly those steps; scheduler/process.py ProfileWindow).
+    # the worker, so the window stays on exactly those steps; scheduler/step_observer.py ProfileWindow).
     profile_steps: int = 0
     sent_time: float = 0.0  # when the scheduler sent it (time.time()): the worker times the plan's trip
 
@@ -376,7 +376,31 @@ class LeaveGroup:
 class ProcessReady:
     role: str
     pid: int
-    info: dict = field(default_factory=dict)
+
+
+@dataclass(slots=True)
+class WorkerLimits:
+    """What a GPU worker allocated, and the limits it decided for its device where the flags left them open
+    (gpu_worker/limits.py, the one place that fills in their defaults). The scheduler plans with them, the
+    launcher and LLM report them, as they are."""
+
+    num_kv_blocks: int  # blocks the scheduler hands out (the worker holds one more, its graphs' scratch block)
+    max_num_seqs: int  # running requests: the decode batch
+    max_num_batched_tokens: int  # prompt tokens computed per step
+    max_model_len: int  # the context: the model's (or --max-model-len), within what the KV store holds
+
+
+@message(23)
+@dataclass(slots=True)
+class WorkerReady:
+    """A GPU worker's READY (weights loaded, KV store allocated, warmed up). Rank 0 of an engine replica speaks
+    for it; every rank of a tensor-parallel group has the same limits."""
+
+    role: str
+    pid: int
+    device: str  # "cuda:0", "cpu"; "none" for --load-format null
+    dtype: str
+    limits: WorkerLimits
 
 
 @message(21)

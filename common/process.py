@@ -9,7 +9,10 @@ import signal
 import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import NoReturn
+from typing import TYPE_CHECKING, NoReturn
+
+if TYPE_CHECKING:
+    from common.messages import WorkerReady
 
 PR_SET_NAME = 15
 PR_SET_PDEATHSIG = 1
@@ -118,13 +121,14 @@ def exit_child() -> NoReturn:
     os._exit(0)
 
 
-def announce_ready(run_dir: str, role: str, info: dict | None = None) -> None:
-    """Tell the launcher this process is ready (model loaded, sockets bound)."""
+def announce_ready(run_dir: str, role: str, worker: WorkerReady | None = None) -> None:
+    """Tell the launcher this process is ready (model loaded, sockets bound): a ProcessReady, or a GPU worker's
+    WorkerReady in its place (what it allocated and the limits it decided)."""
     import zmq
 
     from common.messages import ProcessReady
     from common.transport import Endpoints, push_socket, send
 
     sock = push_socket(zmq.Context.instance(), Endpoints(run_dir).launcher_ready)
-    send(sock, ProcessReady(role, os.getpid(), info or {}))
+    send(sock, worker if worker is not None else ProcessReady(role, os.getpid()))
     sock.close(linger=5000)  # our sockets drop unsent messages on close by default; this one must arrive

@@ -4,7 +4,7 @@
                            process (run: 1, 2, ... a new file each time), and one merged trace of them all
                            (frontend/trace_merge.py)
     --profile-steps N      the same, opened at the first step with work and closed after N steps (the
-                           scheduler coordinates: scheduler/process.py ProfileWindow)
+                           scheduler coordinates: scheduler/step_observer.py ProfileWindow)
 
 Two kinds of profiler behind one interface, `start(dir, role)` then `stop() -> path`:
 - PythonProfiler (frontend, tokenizer workers, scheduler): viztracer, every Python call of every thread as a

@@ -28,14 +28,16 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from gpu_worker.attention.base import AttentionBackend, BatchLayout, StaticAttentionBuffers
+from gpu_worker.attention.base import AttentionBackend, StaticAttentionBuffers
 from gpu_worker.graph_capture import (
     GraphInputs,
-    capture,
+    capture_buckets,
+    smallest_bucket,
     with_device_inputs,
     write_decode_slices,
     write_gather_slots,
 )
+from gpu_worker.input_batch import StepInputs
 from gpu_worker.kv_cache import PagedKVCache
 from gpu_worker.models.forward_context import ForwardContext
 
@@ -98,7 +100,8 @@ class DecodeGraphs:
     def _capture(self, attention: AttentionBackend, kv_cache: PagedKVCache, max_model_len: int, pool) -> None:
         d = self.inputs.device
         no_prefill = torch.zeros(2, 0, dtype=torch.int32, device=self.device)  # no tile, no query start read
-        for bucket in reversed(self.buckets):  # largest first: smaller graphs reuse its memory
+
+        def forward_of(bucket: int):
             # A step of padding rows alone, as many as the bucket has: its first run and capture read no row past it.
             host = self.inputs.fill()
             self._fill_padding(host, 0, bucket)
@@ -119,51 +122,46 @@ class DecodeGraphs:
             )
             ctx = ForwardContext(attention, attention.static_metadata(buffers, max_model_len), kv_cache)
             ids, gather, pos = d["input_ids"][:bucket], d["gather_slots"][:bucket], d["positions"][:bucket]
-            sample_slots = d["sample_slots"][:bucket]
+            sample_slots, out = d["sample_slots"][:bucket], self._logits[:bucket]
 
-            def forward(ids=ids, gather=gather, sample_slots=sample_slots, pos=pos, ctx=ctx, out=self._logits[:bucket]):
+            def forward():
                 hidden = self.model(with_device_inputs(ids, gather, self.last_tokens), pos, ctx)
                 logits = self.model.compute_logits(hidden, out)
                 greedy = logits.argmax(dim=-1)
                 self.last_tokens.index_copy_(0, sample_slots.long(), greedy)
                 return logits, greedy
 
-            self.graphs[bucket], (self.logits[bucket], self.greedy[bucket]) = capture(forward, pool, self.device)
-        torch.cuda.synchronize(self.device)
+            return forward
+
+        for bucket, (graph, (logits, greedy)) in capture_buckets(self.buckets, forward_of, pool, self.device).items():
+            self.graphs[bucket], self.logits[bucket], self.greedy[bucket] = graph, logits, greedy
 
     def bucket_for(self, num_seqs: int) -> int | None:
-        for bucket in self.buckets:
-            if bucket >= num_seqs:
-                return bucket
-        return None
+        return smallest_bucket(self.buckets, num_seqs)
 
-    def run(
-        self,
-        input_ids: np.ndarray,
-        positions: np.ndarray,
-        slots: np.ndarray,
-        layout: BatchLayout,
-        pending_rows: np.ndarray,
-        pending_slots: np.ndarray,
-        request_slots: np.ndarray,
-        sampling_rows: np.ndarray,
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Replay the decode graph for these sequences (one token each); returns their logits [n, V] and greedy
-        tokens [n], already written to the last-token slots (request_slots) of the sampling_rows.
-        pending_rows take the last token sampled in pending_slots (on the device) instead of input_ids'."""
+    def run(self, inputs: StepInputs) -> tuple[torch.Tensor, torch.Tensor]:
+        """Replay the decode graph for a decode-only step's sequences (one token each); returns their logits
+        [n, V] and greedy tokens [n], already written to the last-token slots of the rows that sample.
+        inputs.pending_rows take the last token sampled in their slot (on the device) instead of input_ids'."""
+        input_ids, layout, request_slots, sampling_rows = (
+            inputs.input_ids,
+            inputs.layout,
+            inputs.slots,
+            inputs.sampling_rows,
+        )
         n = len(input_ids)
         bucket = self.bucket_for(n)
         host = self.inputs.fill()
         host["input_ids"][:n] = input_ids
-        write_gather_slots(host["gather_slots"], n, pending_rows, pending_slots)
+        write_gather_slots(host["gather_slots"], n, inputs.pending_rows, inputs.pending_slots)
         sample_slots = host["sample_slots"]
         if len(sampling_rows) == n:
             sample_slots[:n] = request_slots
         else:
             sample_slots[:n] = self.sink_slot
             sample_slots[sampling_rows] = request_slots[sampling_rows]
-        host["positions"][:n] = positions
-        host["slots"][:n] = slots
+        host["positions"][:n] = inputs.positions
+        host["slots"][:n] = inputs.slot_mapping
         host["context_lens"][:n] = layout.context_lens
         host["decode_span"][2] = bucket  # the padding rows are sequences too, in the scratch block
         # Columns past the layout's width keep older entries: never read, as no context reaches them.

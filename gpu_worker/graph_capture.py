@@ -1,5 +1,5 @@
 """What the worker's CUDA graphs share: their static inputs, filled on the host and copied over in one transfer,
-and the capture itself.
+the capture of a graph per bucket, and the holder of both kinds (StepGraphs).
 
 A captured graph reads fixed device addresses, so everything a step changes lives in one int32 device buffer
 whose fields are views, refilled before each replay from a pinned host buffer of the same layout:
@@ -11,13 +11,19 @@ The host side is a ring (host_copy.py says why): a buffer whose copy is still qu
 
 from __future__ import annotations
 
+import bisect
 from collections.abc import Callable
-from typing import TypeVar
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, TypeVar
 
 import numpy as np
 import torch
 
 from common.pipeline import host_ring_size
+
+if TYPE_CHECKING:
+    from gpu_worker.cuda_graphs import DecodeGraphs
+    from gpu_worker.mixed_graphs import MixedGraphs
 
 T = TypeVar("T")
 FIELD_ALIGN = 4  # int32 elements: 16 bytes, the alignment Triton specializes kernels on
@@ -56,6 +62,38 @@ def field_views(shapes: dict[str, tuple[int, ...]], flat):
         views[name] = flat[offset : offset + size].reshape(shape)
         offset += -(-size // FIELD_ALIGN) * FIELD_ALIGN
     return views
+
+
+@dataclass(slots=True)
+class StepGraphs:
+    """Every graph the worker captured, in one memory pool (they never run at once): decode-only steps by batch
+    size (cuda_graphs.py), steps that compute prompt tokens by token count (mixed_graphs.py)."""
+
+    decode: DecodeGraphs
+    mixed: MixedGraphs
+
+    def release(self) -> None:
+        for graph in [*self.decode.graphs.values(), *self.mixed.graphs.values()]:
+            graph.reset()
+
+
+def smallest_bucket(buckets: list[int], size: int) -> int | None:
+    """The first of the (ascending) buckets that holds `size`; None where none does."""
+    i = bisect.bisect_left(buckets, size)
+    return buckets[i] if i < len(buckets) else None
+
+
+def capture_buckets(
+    buckets: list[int], forward_of: Callable[[int], Callable[[], T]], pool, device: torch.device
+) -> dict[int, tuple[torch.cuda.CUDAGraph, T]]:
+    """A graph of `forward_of(bucket)` for every bucket, and its output; largest first, so that the smaller
+    graphs reuse its memory in the shared pool. forward_of may fill and upload the static inputs the first
+    run of its bucket reads."""
+    captured = {}
+    for bucket in reversed(buckets):
+        captured[bucket] = capture(forward_of(bucket), pool, device)
+    torch.cuda.synchronize(device)
+    return captured
 
 
 def capture(forward: Callable[[], T], pool, device: torch.device) -> tuple[torch.cuda.CUDAGraph, T]:

@@ -1,4 +1,4 @@
-"""Host-to-device copies that neither wait for the device nor allocate.
+"""Host-to-device copies that neither wait for the device nor allocate (and the copy of results back: Readback).
 
 `torch.tensor(values, device="cuda")` copies from pageable memory, which blocks the host until the
 device has finished everything queued before it: with the next step launched while the previous one
@@ -59,3 +59,36 @@ class StagingRing:
         target = self._device[start:end]
         target.copy_(self._hosts[turn][start:end], non_blocking=True)
         return target.view(dtype).view(array.shape)
+
+
+class Readback:
+    """The other way: a step's results queued for copying to pinned host memory, one event saying they all
+    landed. The sampled tokens land in a ring of pinned buffers, one per step in flight and one more, so that
+    the common step allocates nothing; what few requests ask for (logprobs) gets pinned memory of its own. On
+    a CPU the results are on the host already."""
+
+    def __init__(self, device: torch.device, max_samples: int):
+        """max_samples: the most tokens a step samples."""
+        self.device = device
+        pinned = device.type == "cuda"
+        self._token_hosts = [
+            torch.empty(max_samples, dtype=torch.long, pin_memory=pinned) for _ in range(host_ring_size())
+        ]
+        self._token_turn = 0
+
+    def copy(
+        self, tensors: list[torch.Tensor], tokens_first: bool
+    ) -> tuple[list[torch.Tensor], torch.cuda.Event | None]:
+        """The host tensors the results will be in (the sampled tokens first, when tokens_first), and the event
+        after their copies (None: nothing to wait for)."""
+        if self.device.type != "cuda" or not tensors:
+            return tensors, None
+        hosts = [torch.empty(t.shape, dtype=t.dtype, pin_memory=True) for t in tensors[tokens_first:]]
+        if tokens_first:
+            self._token_turn = (self._token_turn + 1) % len(self._token_hosts)
+            hosts.insert(0, self._token_hosts[self._token_turn][: len(tensors[0])])
+        for host, tensor in zip(hosts, tensors):
+            host.copy_(tensor, non_blocking=True)
+        event = torch.cuda.Event()
+        event.record()
+        return hosts, event

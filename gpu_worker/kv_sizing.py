@@ -3,27 +3,20 @@
 CUDA:  (total memory x --gpu-memory-utilization - peak of a forward at the largest step
         - that forward's activations once more where CUDA graphs are captured: their pool holds as much) / block bytes
 CPU:   --cpu-kv-cache-gib / block bytes
-and never more than every seat at full context could use. On a GPU, the default number of seats is then
-chosen by how many requests of a typical length the store holds (common/config.py: with_batch_limits).
+and never more than the most seats (gpu_worker/limits.py: most_seats) at full context could use. On a GPU, the
+default number of seats is then chosen by how many requests of a typical length the store holds (decide_limits).
 """
 
 from __future__ import annotations
 
 import torch
 
-from common.config import GPU_TYPICAL_REQUEST_TOKENS, EngineConfig
+from common.config import EngineConfig
 from common.model_info import ModelInfo
 from gpu_worker.attention import AttentionBackend, BatchLayout
 from gpu_worker.host_copy import StagingRing
 from gpu_worker.kv_cache import PagedKVCache
 from gpu_worker.models.forward_context import ForwardContext
-
-
-def requests_held(num_blocks: int, max_model_len: int, block_size: int) -> int:
-    """How many requests of a typical length (GPU_TYPICAL_REQUEST_TOKENS, or the context if shorter) fit in
-    num_blocks: what the default --max-num-seqs on a GPU is chosen by."""
-    tokens = min(max_model_len, GPU_TYPICAL_REQUEST_TOKENS)
-    return num_blocks // -(-tokens // block_size)
 
 
 def size_kv_store(
@@ -33,15 +26,20 @@ def size_kv_store(
     attention: AttentionBackend,
     device: torch.device,
     dtype: torch.dtype,
+    max_seqs: int,
+    max_prompt_tokens: int,
     captures_graphs: bool = False,
 ) -> int:
-    """captures_graphs: CUDA graphs will be captured after the store is allocated (the mixed graphs' largest
-    bucket is a step of the whole prompt budget, whose activations their memory pool keeps)."""
+    """max_seqs, max_prompt_tokens: the most seats and the prompt budget a step may have; captures_graphs: CUDA
+    graphs will be captured after the store is allocated (the mixed graphs' largest bucket is a step of the whole
+    prompt budget, whose activations their memory pool keeps)."""
     num_layers, kv_heads, head_dim = model.kv_shape
     per_block = PagedKVCache.bytes_per_block(num_layers, config.block_size, kv_heads, head_dim, dtype)
-    useful = config.max_num_seqs * -(-info.max_model_len // config.block_size)
+    useful = max_seqs * -(-info.max_model_len // config.block_size)
     if device.type == "cuda":
-        budget = _cuda_budget_bytes(config, info, model, attention, dtype, device, captures_graphs)
+        budget = _cuda_budget_bytes(
+            config, info, model, attention, dtype, device, max_seqs, max_prompt_tokens, captures_graphs
+        )
     else:
         budget = int(config.cpu_kv_cache_gib * 2**30)
     blocks = min(useful, budget // per_block)
@@ -59,6 +57,8 @@ def _cuda_budget_bytes(
     attention: AttentionBackend,
     dtype: torch.dtype,
     device: torch.device,
+    max_seqs: int,
+    max_prompt_tokens: int,
     captures_graphs: bool,
 ) -> int:
     """Free memory after a forward at the largest step size, times --gpu-memory-utilization."""
@@ -66,7 +66,7 @@ def _cuda_budget_bytes(
     torch.cuda.reset_peak_memory_stats(device)
     before = torch.cuda.memory_allocated(device)
     block_size = config.block_size
-    tokens = min(config.max_num_batched_tokens, info.max_model_len)
+    tokens = min(max_prompt_tokens, info.max_model_len)
     num_layers, kv_heads, head_dim = model.kv_shape
     blocks = -(-tokens // block_size)
     probe_cache = PagedKVCache(num_layers, blocks, block_size, kv_heads, head_dim, dtype, device)
@@ -77,7 +77,7 @@ def _cuda_budget_bytes(
     ctx = ForwardContext(attention, attention.build_metadata(layout, slots.numpy(), staging.upload), probe_cache)
     ids = torch.zeros(tokens, dtype=torch.long, device=device)
     hidden = model(ids, slots.to(device), ctx)
-    model.compute_logits(hidden[-min(tokens, config.max_num_seqs) :])
+    model.compute_logits(hidden[-min(tokens, max_seqs) :])
     torch.cuda.synchronize(device)
     peak = torch.cuda.max_memory_allocated(device)
     del probe_cache, ctx, hidden

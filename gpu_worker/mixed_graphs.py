@@ -31,12 +31,13 @@ from gpu_worker.attention.triton_backend import prefill_tiles
 from gpu_worker.attention.triton_kernels import PREFILL_BLOCK_M
 from gpu_worker.graph_capture import (
     GraphInputs,
-    capture,
+    capture_buckets,
+    smallest_bucket,
     with_device_inputs,
     write_decode_slices,
     write_gather_slots,
 )
-from gpu_worker.input_batch import eager_bucket
+from gpu_worker.input_batch import StepInputs, eager_bucket
 from gpu_worker.kv_cache import PagedKVCache
 from gpu_worker.models.forward_context import ForwardContext
 
@@ -91,12 +92,7 @@ class MixedStepLayout:
         }
 
     def bucket_for(self, num_tokens: int, num_seqs: int) -> int | None:
-        if num_seqs > self.max_seqs:
-            return None
-        for bucket in self.buckets:
-            if bucket >= num_tokens:
-                return bucket
-        return None
+        return None if num_seqs > self.max_seqs else smallest_bucket(self.buckets, num_tokens)
 
     def attention_buffers(self, fields: dict[str, torch.Tensor], bucket: int) -> StaticAttentionBuffers:
         """What the attention of `bucket`'s graph reads, as views of the device fields."""
@@ -207,42 +203,43 @@ class MixedGraphs:
         self.step_layout.fill_padding(self.inputs.fill(), self.buckets[-1])
         self.inputs.upload()
         d = self.inputs.device
-        for bucket in reversed(self.buckets):  # largest first: smaller graphs reuse its memory
+
+        def forward_of(bucket: int):
             metadata = attention.static_metadata(self.step_layout.attention_buffers(d, bucket), max_model_len)
             ctx = ForwardContext(attention, metadata, kv_cache)
             seqs = min(bucket, self.step_layout.max_seqs)
             ids, gather, pos = d["input_ids"][:bucket], d["gather_slots"][:bucket], d["positions"][:bucket]
-            rows = d["logit_rows"][:seqs]
+            rows, selected = d["logit_rows"][:seqs], self.selected[:seqs]
 
-            def forward(ids=ids, gather=gather, pos=pos, ctx=ctx, rows=rows, selected=self.selected[:seqs]):
+            def forward():
                 hidden = self.model(with_device_inputs(ids, gather, self.last_tokens), pos, ctx)
                 return torch.index_select(hidden, 0, rows, out=selected)
 
-            self.graphs[bucket], _ = capture(forward, pool, self.device)
-        torch.cuda.synchronize(self.device)
+            return forward
+
+        for bucket, (graph, _) in capture_buckets(self.buckets, forward_of, pool, self.device).items():
+            self.graphs[bucket] = graph
 
     def bucket_for(self, num_tokens: int, num_seqs: int) -> int | None:
         return self.step_layout.bucket_for(num_tokens, num_seqs)
 
-    def run(
-        self,
-        input_ids: np.ndarray,
-        positions: np.ndarray,
-        slot_mapping: np.ndarray,
-        layout: BatchLayout,
-        logit_rows: np.ndarray,
-        pending_rows: np.ndarray,
-        pending_slots: np.ndarray,
-    ) -> torch.Tensor:
-        """Replay the graph for this step (bucket_for must have found one); returns the logits [R, V] of
-        logit_rows (flat token rows), as the eager forward does. pending_rows take the last token sampled in
-        pending_slots (on the device) instead of input_ids'."""
+    def run(self, inputs: StepInputs) -> torch.Tensor:
+        """Replay the graph for this step (bucket_for must have found one); returns the logits [R, V] of its
+        sampling rows, as the eager forward does (eager_forward.py). inputs.pending_rows take the last token
+        sampled in their slot (on the device) instead of input_ids'."""
         bucket = self.step_layout.fill(
-            self.inputs.fill(), input_ids, positions, slot_mapping, layout, logit_rows, pending_rows, pending_slots
+            self.inputs.fill(),
+            inputs.input_ids,
+            inputs.positions,
+            inputs.slot_mapping,
+            inputs.layout,
+            inputs.logit_rows,
+            inputs.pending_rows,
+            inputs.pending_slots,
         )
         self.inputs.upload()
         self.graphs[bucket].replay()
-        r = len(logit_rows)
+        r = len(inputs.logit_rows)
         if not r:
             return self.selected.new_empty(0, 0)
         # The LM head sees a row count it was warmed up with (warm_up.py): rows past r are stale, and dropped.

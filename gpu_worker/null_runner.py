@@ -16,9 +16,10 @@ import os
 import time
 from dataclasses import dataclass
 
-from common.config import EngineConfig, with_batch_limits
+from common.config import EngineConfig
 from common.messages import StepPlan, StepResult, StepTimings
 from common.model_info import ModelInfo
+from gpu_worker.limits import decide_limits
 
 # KV blocks the scheduler may hand out when --num-kv-blocks is not given (nothing is allocated).
 DEFAULT_NUM_KV_BLOCKS = 1 << 20
@@ -38,8 +39,8 @@ class NullRunner:
     dtype = "none"
 
     def __init__(self, config: EngineConfig, info: ModelInfo):
-        self.config = with_batch_limits(config, on_gpu=False)  # no device: a CPU's limits where left open
-        self.num_kv_blocks = config.num_kv_blocks or DEFAULT_NUM_KV_BLOCKS
+        # No device: a CPU's limits where the flags leave them open.
+        self.limits = decide_limits(config, info, False, config.num_kv_blocks or DEFAULT_NUM_KV_BLOCKS)
         self._eos = set(info.eos_token_ids)
         self._vocab_size = info.vocab_size
         self.step_s = float(os.environ.get(STEP_S_ENV, "0"))

@@ -1,4 +1,5 @@
-"""The GPU worker process: load the model, allocate the KV store, warm up, then run plans in order.
+"""The GPU worker process: build the worker (builder.py: model, KV store, limits, graphs, warm-up), announce it
+(WorkerReady), then run plans in order.
 
 scheduler[r] ──StepPlan──▶ [PULL worker-{r}-plans] ─ execute ─ [PUSH scheduler-{r}-results] ──StepResult──▶ scheduler[r]
 
@@ -18,11 +19,9 @@ On CUDA, replica r's rank t runs on cuda:(r·N + t).
 
 from __future__ import annotations
 
-import dataclasses
 import logging
-import time
+import os
 from collections.abc import Callable
-from dataclasses import dataclass
 
 import zmq
 
@@ -31,12 +30,13 @@ from common.control import ControlServer
 from common.engine_replica import EngineReplica
 from common.garbage import freeze_startup_objects
 from common.loop_progress import LoopProgress
-from common.messages import LeaveGroup, StepPlan, StepResult
+from common.messages import LeaveGroup, StepPlan, StepResult, WorkerReady
 from common.model_info import ModelInfo
 from common.process import announce_ready, exit_child, init_child_process
-from common.profiling import ProcessProfiler, ProcessStats, ProfileConfig, TorchProfiler, epoch_us
+from common.profiling import ProcessProfiler, ProcessStats, ProfileConfig, TorchProfiler
 from common.startup import PhaseClock
 from common.transport import Endpoints, pull_socket, push_socket, send
+from gpu_worker.step_observer import StepObserver
 from gpu_worker.step_queue import StepQueue
 
 CONTROL_POLL_MS = 100  # an idle worker wakes this often to answer control commands queued for its main thread
@@ -66,23 +66,19 @@ def main(
         runner = NullRunner(config, info)
     else:
         # torch is imported here, in the child, never before spawn.
-        from gpu_worker.model_runner import ModelRunner, resolve_device
+        from gpu_worker.builder import build_worker, resolve_device
         from gpu_worker.parallel import close_tensor_parallel, init_tensor_parallel
-        from gpu_worker.warm_up import warm_up
 
         device_type = resolve_device(config.device, device_index).type
         tp = init_tensor_parallel(rank, ranks, endpoints.tensor_parallel_init(replica.index), device_type, device_index)
         phases = PhaseClock(logging.getLogger(role)) if rank == 0 else None  # rank 0 speaks for all
-        runner = ModelRunner(config, info, phases, tp, device_index)
-        warm_up(runner)  # every rank runs the same warm-up plans: their collectives pair up
+        runner = build_worker(config, info, phases, tp, device_index)
 
         def release_graphs_and_leave() -> None:
             runner.release_graphs()  # first: NCCL's teardown waits on graphs that captured its collectives
             close_tensor_parallel(tp)
 
         leave_group = release_graphs_and_leave
-        if phases is not None:
-            phases.done("warmed up: every kind of step ran once")
 
     ctx = zmq.Context.instance()
     r = replica.index
@@ -92,21 +88,11 @@ def main(
         relays = [push_socket(ctx, endpoints.worker_rank_plans(r, t)) for t in range(1, ranks)]
     else:
         plans, results, relays = pull_socket(ctx, endpoints.worker_rank_plans(r, rank)), None, []
-    worker = WorkerLoop(runner, plans, results, ProcessProfiler(profile, role, TorchProfiler), relays)
+    worker = WorkerLoop(runner, plans, results, StepObserver(ProcessProfiler(profile, role, TorchProfiler)), relays)
     control = ControlServer(endpoints, role, stats=worker.stats, progress=worker.progress)
     freeze_startup_objects()  # torch, the model, the warm-up: ~200,000 objects no collection should traverse
-    announce_ready(
-        run_dir,
-        role,
-        {
-            "num_kv_blocks": runner.num_kv_blocks,
-            "device": str(runner.device),
-            "dtype": str(runner.dtype),
-            # As resolved for this device: the scheduler plans with them.
-            "max_num_seqs": runner.config.max_num_seqs,
-            "max_num_batched_tokens": runner.config.max_num_batched_tokens,
-        },
-    )
+    # The limits as decided for this device (gpu_worker/limits.py): the scheduler plans with them.
+    announce_ready(run_dir, role, WorkerReady(role, os.getpid(), str(runner.device), str(runner.dtype), runner.limits))
     try:
         worker.run(control)  # returns on LeaveGroup (a follower rank of the in-process engine)
         if leave_group is not None:
@@ -118,45 +104,31 @@ def main(
     exit_child()
 
 
-@dataclass(slots=True)
-class StepTotals:
-    steps: int = 0
-    prepare_s: float = 0.0
-    forward_s: float = 0.0
-    sample_s: float = 0.0
-
-
 class WorkerLoop:
     """`results`: None on a tensor-parallel rank other than 0 (its results are rank 0's). `relays`: on rank 0,
-    one socket to each other rank, which gets every plan before rank 0 runs it."""
+    one socket to each other rank, which gets every plan before rank 0 runs it. `observer`: profiling, the
+    plans' trips and the step totals (step_observer.py)."""
 
     def __init__(
         self,
         runner,
         plans: zmq.Socket,
         results: zmq.Socket | None,
-        profiler: ProcessProfiler,
+        observer: StepObserver,
         relays: list[zmq.Socket] | None = None,
     ):
         self.runner = runner
         self.plans = plans
         self.results = results
         self.relays = relays or []
-        self.profiler = profiler
-        self.totals = StepTotals()
+        self.observer = observer
         self.activity = ProcessStats()
-        # A --profile-steps window. The scheduler opens it on a plan (StepPlan.profile_steps); plans run in
-        # order, one step each, so counting launches keeps the window on exactly those steps. The window's
-        # last step is finished before any later one is launched, and the profiler stops there.
-        self.profile_launches_left = 0
-        self.profile_last_step: int | None = None
-        self._plan_waits: dict[int, float] = {}  # step id -> its plan's trip (scheduler/step_chain.py)
         # Turns while no step is in flight, and each step finished: a step that never ends is stuck, however
         # fast the loop polls around it (common/loop_progress.py).
         self.progress = LoopProgress()
 
     def stats(self) -> dict:
-        return {**self.activity.summary(), **dataclasses.asdict(self.totals)}
+        return {**self.activity.summary(), **self.observer.stats()}
 
     def run(self, control: ControlServer) -> None:
         """Launch each plan the moment it arrives; finish (read back and send) a launched step the moment the
@@ -169,7 +141,7 @@ class WorkerLoop:
         self.progress.holds_work = lambda: len(steps) > 0
         while True:
             for request in control.pending():
-                control.reply(request, self.profiler.answer(request.kind))
+                control.reply(request, self.observer.answer(request.kind))
             # A step in flight: look for the next plan without waiting (spinning until one of the two is
             # ready: either costs microseconds to check); none: wait for a plan.
             if not self.progress.idle_wait(poller.poll, 0 if steps else CONTROL_POLL_MS):
@@ -183,18 +155,11 @@ class WorkerLoop:
                     while steps:  # every launched collective completes on every rank before the group goes
                         self._send(steps.finish_oldest())
                     return
-                if steps and steps.oldest_step_id == self.profile_last_step:
+                if self.observer.ends_window(steps.oldest_step_id):
                     self._send(steps.finish_oldest())  # closes the profile window before anything else runs
-                if plan.profile_steps:
-                    self.profiler.start()
-                    self.profile_launches_left = plan.profile_steps
-                if self.profile_launches_left:
-                    self.profile_launches_left -= 1
-                    if self.profile_launches_left == 0:
-                        self.profile_last_step = plan.step_id
-                started = epoch_us()
+                self.observer.before_launch(plan)
                 results = steps.launch(plan)
-                self._mark_step(plan, started)
+                self.observer.after_launch(plan)
                 for result in results:
                     self._send(result)
 
@@ -206,34 +171,16 @@ class WorkerLoop:
         for relay in self.relays:
             relay.send(data)
         plan: StepPlan | LeaveGroup = self.activity.sockets.decode(data)
-        if isinstance(plan, StepPlan) and plan.sent_time:
-            self._plan_waits[plan.step_id] = max(0.0, time.time() - plan.sent_time)
+        if isinstance(plan, StepPlan):
+            self.observer.on_plan(plan)
         return plan
 
-    def _mark_step(self, plan: StepPlan, started: float) -> None:
-        """The step's marker in the trace (launch; on a CPU, the whole step): the scheduler's plan of the same
-        step id says how its tokens split into prefill and decode."""
-        if not self.profiler.active:
-            return
-        args = {
-            "step_id": plan.step_id,
-            "tokens": sum(plan.num_tokens),
-            "rids": plan.rids,
-        }
-        self.profiler.mark(f"step {plan.step_id}", started, args)
-
     def _send(self, result: StepResult) -> None:
-        result.timings.plan_wait_s = self._plan_waits.pop(result.step_id, 0.0)
+        self.observer.on_result(result)
         if self.results is not None:
             send(self.results, result, self.activity.sockets)
         self.progress.advance()
-        self.totals.steps += 1
-        self.totals.prepare_s += result.timings.prepare_s
-        self.totals.forward_s += result.timings.forward_s
-        self.totals.sample_s += result.timings.sample_s
-        if result.step_id == self.profile_last_step:
-            self.profile_last_step = None
-            self.profiler.stop()  # after the result is sent: writing the trace delays no one
+        self.observer.on_sent(result)
 
     def close(self) -> None:
         for sock in [self.plans, self.results, *self.relays]:

@@ -1,4 +1,4 @@
-"""Warm-up: run every kind of step once before the worker reports READY, so that no request pays for a
+"""Warm-up: run every kind of step once before the worker reports READY (builder.py), so that no request pays for a
 kernel compile or an autotune: prefill, graph decode, and mixed steps whose decodes take both attention
 paths (a long context is split, short ones are not).
 
@@ -28,11 +28,11 @@ if TYPE_CHECKING:
 WARM_UP_REQUESTS = 4  # mirrors alive at once during warm-up
 
 
-def warm_up(runner: ModelRunner) -> None:
+def warm_up(runner: ModelRunner, block_size: int) -> None:
     greedy = SamplingParams(temperature=0.0, seed=0)
-    bs = runner.block_size
+    bs = block_size
     max_model_len = runner.info.max_model_len
-    room = (runner.num_kv_blocks // WARM_UP_REQUESTS) * bs - 2  # tokens each request may use
+    room = (runner.limits.num_kv_blocks // WARM_UP_REQUESTS) * bs - 2  # tokens each request may use
     short = min(16, max_model_len - 2, room)
     if short < 1:
         return  # a pool this small is a test's; nothing worth warming
@@ -57,7 +57,7 @@ def warm_up(runner: ModelRunner) -> None:
     for i, (specs, chunks) in enumerate(steps):
         runner.execute(StepPlan.of(-1 - i, specs, chunks, []))
     runner.execute(StepPlan.of(-9, [], [], list(lengths)))
-    if runner.pad_eager:
+    if runner.eager.pad:
         warm_up_matmuls(runner)
 
 
@@ -67,7 +67,7 @@ def warm_up_matmuls(runner: ModelRunner) -> None:
     cuBLAS picks its kernel for a shape it has not seen at ~150 µs of host time per layer, which the
     first prefill steps of every new size would otherwise pay (tens of milliseconds each)."""
     model = runner.model
-    largest = runner.config.max_num_batched_tokens + runner.config.max_num_seqs
+    largest = runner.limits.max_num_batched_tokens + runner.limits.max_num_seqs
     sizes = sorted({eager_bucket(n) for n in range(1, largest + 1)})
     # One layer of each distinct shape is enough: the choice is cached per shape, not per weight. The LM head
     # (vocabulary-wide) only ever sees the sampling rows, at most one per running request.
@@ -84,7 +84,7 @@ def warm_up_matmuls(runner: ModelRunner) -> None:
     for size in sizes:
         for layer in layers.values():
             layer(zeros(size, layer.in_features))
-        if size <= runner.config.max_num_seqs:
+        if size <= runner.limits.max_num_seqs:
             model.compute_logits(zeros(size, width))
     if runner.device.type == "cuda":
         torch.cuda.synchronize(runner.device)

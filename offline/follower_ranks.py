@@ -21,7 +21,7 @@ from common.model_info import ModelInfo, check_tensor_parallel
 from common.profiling import ProfileConfig
 from common.transport import Endpoints, make_run_dir, pull_socket, push_socket, recv
 from common.wire import encode
-from gpu_worker.model_runner import resolve_device
+from gpu_worker.builder import resolve_device
 from gpu_worker.parallel import TensorParallel, close_tensor_parallel, dist_backend, init_tensor_parallel
 
 READY_POLL_MS = 200

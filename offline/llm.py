@@ -27,13 +27,15 @@ from common.model_info import ModelInfo, generation_defaults
 from common.model_source import resolve_model
 from common.sampling_params import InvalidParameter, SamplingParams
 from common.wire import decode, encode
-from gpu_worker.model_runner import ModelRunner
+from gpu_worker.builder import build_worker
 from gpu_worker.parallel import SINGLE
 from gpu_worker.step_queue import StepQueue
-from gpu_worker.warm_up import warm_up
+from offline.generate_observer import GenerateObserver
 from scheduler.scheduler import Scheduler
 from tokenizer_worker.tokenizer import Tokenizer
 from tokenizer_worker.worker import TokenizerWorker
+
+NO_OBSERVER = GenerateObserver()
 
 
 @dataclass(slots=True)
@@ -48,24 +50,6 @@ class CompletionOutput:
     first_token_time: float = 0.0  # time.time() when its first token was read back
     logprobs: Logprobs | None = None  # when asked for (SamplingParams.logprobs)
     prompt_logprobs: Logprobs | None = None  # when asked for (SamplingParams.prompt_logprobs)
-
-
-@dataclass(slots=True)
-class HostStepTimes:
-    """Where one pass of generate()'s loop spent its host time (seconds; waiting for the device excluded). A
-    pass plans and launches one step and finishes and processes the one before it (PIPELINE_DEPTH 2), so in
-    a steady decode both are the same kind of step. The worker's parts are the StepTimings of the steps finished
-    in the pass (launched in the one before)."""
-
-    planned_rids: int  # requests in the plan launched
-    planned_tokens: int  # tokens it computes (== planned_rids: a decode-only step)
-    schedule_s: float  # Scheduler.schedule
-    wire_s: float  # the plan through the wire codec, as the worker process receives it
-    prepare_s: float  # worker: mirrors and the batch's inputs (ModelRunner.launch up to the forward)
-    forward_s: float  # worker: the forward's launch (graph replay), sampling, the copy to the host queued
-    finish_s: float  # worker: tokens read back into the mirrors, the result built (ModelRunner.finish)
-    process_s: float  # the result through the codec, Scheduler.process_result, outputs collected
-    total_s: float  # the whole pass: these and what falls between them
 
 
 class LLM:
@@ -83,25 +67,17 @@ class LLM:
             self._followers = FollowerRanks(self.config, self.info)
         try:
             tp = SINGLE if self._followers is None else self._followers.tp
-            self.runner = ModelRunner(self.config, self.info, tp=tp)
-            self.config = self.runner.config  # with the batch limits the runner chose for its device
-            warm_up(self.runner)
+            self.runner = build_worker(self.config, self.info, tp=tp)
             if self._followers is not None:
                 self._followers.wait_ready()
         except BaseException:
             self.close(failed=True)
             raise
-        self.scheduler = Scheduler(self.config, self.info, self.runner.num_kv_blocks)
+        self.scheduler = Scheduler(self.config, self.info, self.runner.limits)  # as the runner decided them
         self._tokenizer: Tokenizer | None = None
         self._rids = itertools.count()
         self.plans_executed: list[StepPlan] = []  # every plan run, for tests and inspection
         self.record_plans = False
-        # generate()'s host time (everything but waiting for the device) and the steps it ran: their ratio is
-        # the host's cost of a step, which bounds the engine when the device is faster (benchmarks/offline.py).
-        self.host_s = 0.0
-        self.steps_run = 0
-        # Set to a list to have generate() append each pass's HostStepTimes to it (benchmarks/offline.py).
-        self.host_step_log: list[HostStepTimes] | None = None
         # Steps launched before the oldest one's tokens are read; None: as the worker process runs (StepQueue).
         self.plans_in_flight: int | None = None
 
@@ -265,10 +241,12 @@ class LLM:
         text: bool = False,
         priority: Sequence[int] | None = None,
         cache_salt: Sequence[str | None] | None = None,
+        observer: GenerateObserver = NO_OBSERVER,
     ) -> list[CompletionOutput]:
         """Generate for every prompt (text or token ids); outputs in prompt order, with their text where a prompt
-        was text (or `text` asks for it). priority: each prompt's, under scheduling_policy="priority". cache_salt:
-        each prompt's (vLLM's): prefix-cache entries are shared only among prompts of the same salt."""
+        was text (or `text` asks for it). on_step: called after each step's results are collected. priority: each
+        prompt's, under scheduling_policy="priority". cache_salt: each prompt's (vLLM's): prefix-cache entries are
+        shared only among prompts of the same salt. observer: watches each pass of the loop (a benchmark's)."""
         if sampling_params is None:
             sampling_params = self.default_sampling_params()
         params = (
@@ -294,54 +272,27 @@ class LLM:
         # As the server runs: the next step is planned and launched before the previous one's tokens are
         # read back (see scheduler/process.py and gpu_worker/step_queue.py).
         steps = StepQueue(self.runner, self.plans_in_flight)
-        log = self.host_step_log
-        started, waited = time.perf_counter(), 0.0
         while pending:
-            t0 = time.perf_counter()
+            observer.started()
             plan = self.scheduler.schedule()
-            t1 = t2 = time.perf_counter()
+            observer.planned()
             if plan is not None:
                 sent = self._sent(plan)
-                t2 = time.perf_counter()
+                observer.sent()
                 results = steps.launch(sent)
             elif steps:
                 results = [steps.finish_oldest()]
             else:
                 raise RuntimeError("requests are unfinished but the scheduler planned nothing")
-            t3 = time.perf_counter()
-            pass_waited = 0.0
+            observer.ran()
             for result in results:
-                pass_waited += result.timings.wait_s
-                self.steps_run += 1
                 batch = self._process(result)
                 self._collect(batch, outputs, pending, sampling_of)
                 if texts is not None:
                     self._collect_text(texts, batch, outputs, pending)
                 if on_step is not None:
                     on_step()
-            waited += pass_waited
-            if log is not None:
-                log.append(self._host_step_times(plan, results, t0, t1, t2, t3, pass_waited))
+            observer.ended(plan, results)
         while steps:  # steps planned before the last finish was seen: their tokens are discarded
             self._process(steps.finish_oldest())
-        # Everything this loop did but wait for the device: planning, launching, reading back, processing.
-        self.host_s += time.perf_counter() - started - waited
         return [outputs[rid] for rid in order]
-
-    @staticmethod
-    def _host_step_times(
-        plan: StepPlan | None, results: list[StepResult], t0: float, t1: float, t2: float, t3: float, waited: float
-    ) -> HostStepTimes:
-        t4 = time.perf_counter()
-        timings = [r.timings for r in results]
-        return HostStepTimes(
-            len(plan.rids) if plan is not None else 0,
-            sum(plan.num_tokens) if plan is not None else 0,
-            t1 - t0,
-            t2 - t1,
-            sum(t.prepare_s for t in timings),
-            sum(t.forward_s for t in timings),
-            sum(t.sample_s - t.wait_s for t in timings),
-            t4 - t3,
-            t4 - t0 - waited,
-        )

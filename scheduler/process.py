@@ -26,20 +26,19 @@ from common.garbage import freeze_startup_objects
 from common.loop_progress import LoopProgress
 from common.messages import (
     AbortRequest,
-    ControlRequest,
-    StepPlan,
     StepResult,
     TokenBatch,
     TokenizedRequest,
+    WorkerLimits,
 )
 from common.model_info import ModelInfo
 from common.pipeline import PIPELINE_DEPTH
 from common.process import announce_ready, exit_child, init_child_process
-from common.profiling import ProcessProfiler, ProcessStats, ProfileConfig, epoch_us
+from common.profiling import ProcessProfiler, ProcessStats, ProfileConfig
 from common.request_ids import tokenizer_of
 from common.transport import Endpoints, pull_socket, push_socket, recv, send
 from scheduler.scheduler import Scheduler
-from scheduler.step_chain import StepChain
+from scheduler.step_observer import ProfileWindow, SchedulerObserver
 
 IDLE_POLL_MS = 100
 log = logging.getLogger("scheduler")
@@ -48,7 +47,7 @@ log = logging.getLogger("scheduler")
 def main(
     config: EngineConfig,
     info: ModelInfo,
-    num_kv_blocks: int,
+    limits: WorkerLimits,
     num_tokenizers: int,
     num_frontends: int,
     run_dir: str,
@@ -57,60 +56,17 @@ def main(
     profile: ProfileConfig = ProfileConfig(),
     replica: EngineReplica = EngineReplica(),
 ) -> None:
+    """limits: as the engine replica's GPU worker decided them (its WorkerReady)."""
     init_child_process(replica.scheduler_role, log_level, parent_pid)
-    scheduler = Scheduler(config, info, num_kv_blocks)
+    scheduler = Scheduler(config, info, limits)
     loop = SchedulerLoop(scheduler, Endpoints(run_dir), num_tokenizers, profile, num_frontends, replica)
     freeze_startup_objects()
-    announce_ready(run_dir, replica.scheduler_role, {"max_model_len": loop.scheduler.max_model_len})
+    announce_ready(run_dir, replica.scheduler_role)
     try:
         loop.run()
     except SystemExit:
         pass
     exit_child()
-
-
-class ProfileWindow:
-    """--profile-steps N: every process profiles the first N steps with work, then stops by itself.
-
-    The scheduler counts steps, so it coordinates:
-    - the GPU worker: the window's first plan carries `profile_steps=N`; the worker starts its profiler before
-      that step and stops after the N-th (it counts plans, which run in order, one step each: exactly the
-      window's steps, whatever the overlap);
-    - the scheduler itself: starts with that first plan, stops once the N-th step's result is processed;
-    - tokenizer workers and the frontends: start_profile / stop_profile on their control sockets at those
-      two moments (their loops have no steps: their window is the same span of time). Nobody waits for
-      their answers (reply_to ""); the profilers log where the traces went.
-    One window per run: the next steps are not profiled.
-    """
-
-    def __init__(self, steps: int, profiler: ProcessProfiler, endpoints: Endpoints, others: list[str]):
-        self.steps = steps
-        self.profiler = profiler
-        ctx: zmq.Context = zmq.Context.instance()
-        self.others = [push_socket(ctx, endpoints.control(role)) for role in others]
-        self.results_left: int | None = None  # None: not opened yet; 0: closed
-
-    def on_plan(self, plan: StepPlan) -> None:
-        if self.results_left is not None:
-            return
-        # No plan was sent before this one (it is the first step with work), so none is in flight: the next
-        # `steps` results are exactly the window's steps.
-        self.results_left = self.steps
-        plan.profile_steps = self.steps
-        self.profiler.start()
-        self._tell_others("start_profile")
-
-    def on_result(self) -> None:
-        if not self.results_left:
-            return
-        self.results_left -= 1
-        if self.results_left == 0:
-            self.profiler.stop()
-            self._tell_others("stop_profile")
-
-    def _tell_others(self, kind: str) -> None:
-        for sock in self.others:
-            send(sock, ControlRequest(kind))
 
 
 class SchedulerLoop:
@@ -135,17 +91,16 @@ class SchedulerLoop:
         self.control = ControlServer(endpoints, role, stats=self.stats, progress=self.progress)
         self.activity = ProcessStats()
         self.profiler = ProcessProfiler(profile, role)
-        self.window = None
+        window = None
         if profile.steps:
             others: list[str] = []
             if replica.index == 0:  # every replica profiles its own window; replica 0 alone tells the others
                 others = [f"tokenizer-{i}" for i in range(num_tokenizers)]
                 others += [frontend_role(k) for k in range(num_frontends)]
-            self.window = ProfileWindow(profile.steps, self.profiler, endpoints, others)
+            window = ProfileWindow(profile.steps, self.profiler, endpoints, others)
+        self.observer = SchedulerObserver(scheduler, self.profiler, window)  # profiling, the step chain
         self.in_flight = 0
         self.last_log = 0.0
-        self.chain = StepChain()
-        self._first_result_received: float | None = None  # in this wake-up, answered by its first plan
 
     def run(self) -> None:
         poller = zmq.Poller()
@@ -164,7 +119,7 @@ class SchedulerLoop:
                 # The next plan before the tokens stream out: the worker may be about to run out of plans,
                 # and nobody notices the tokens a fraction of a millisecond later.
                 self._send_plans()
-                self._first_result_received = None  # no plan answered this wake-up's results
+                self.observer.wake_up_done()  # no later plan answers this wake-up's results
                 self._stream(outputs)
             self._maybe_log()
 
@@ -177,33 +132,21 @@ class SchedulerLoop:
             except zmq.Again:
                 break
             self.in_flight -= 1
-            received = time.time()
-            self.chain.on_result(result, received)
-            if self._first_result_received is None:
-                self._first_result_received = received
-            started = epoch_us()
+            self.observer.before_result(result)
             batches.append(self.scheduler.process_result(result))
-            if self.profiler.active:
-                args = {"step_id": result.step_id, "sampled": len(result.token_ids)}
-                self.profiler.mark(f"result {result.step_id}", started, args)
-            if self.window is not None:
-                self.window.on_result()
+            self.observer.after_result(result)
         return batches
 
     def _send_plans(self) -> None:
         while self.in_flight < PIPELINE_DEPTH:
-            started = epoch_us()
+            self.observer.before_plan()
             plan = self.scheduler.schedule()
             if plan is None:
                 break
-            if self.window is not None:
-                self.window.on_plan(plan)
+            self.observer.on_plan(plan)
             plan.sent_time = time.time()
             send(self.plans, plan, self.activity.sockets)
-            if self._first_result_received is not None:
-                self.chain.on_reply_plan(self._first_result_received, plan.sent_time)
-                self._first_result_received = None
-            self._mark_plan(plan, started)
+            self.observer.after_plan(plan)
             if log.isEnabledFor(logging.DEBUG):
                 s = self.scheduler.stats
                 log.debug(
@@ -217,20 +160,6 @@ class SchedulerLoop:
                     len(self.scheduler.waiting),
                 )
             self.in_flight += 1
-
-    def _mark_plan(self, plan: StepPlan, started: float) -> None:
-        """The step's marker in the trace: what it computes, for whom (the GPU worker's has the same step id)."""
-        if not self.profiler.active:
-            return  # a plan's work is microseconds: no marker arguments built for nobody
-        s = self.scheduler.stats
-        args = {
-            "step_id": plan.step_id,
-            "prefill_tokens": s.last_step_prefill_tokens,
-            "decode_tokens": s.last_step_decode_tokens,
-            "admitted": len(plan.new_requests),
-            "rids": plan.rids,
-        }
-        self.profiler.mark(f"plan {plan.step_id}", started, args)
 
     def _drain_requests(self) -> None:
         while True:
@@ -274,7 +203,7 @@ class SchedulerLoop:
         )
 
     def stats(self) -> dict:
-        return {**self.activity.summary(), **self.scheduler.snapshot().to_payload(), **self.chain.to_payload()}
+        return {**self.activity.summary(), **self.scheduler.snapshot().to_payload(), **self.observer.stats()}
 
 
 def split_by_tokenizer(batch: TokenBatch, num_tokenizers: int) -> dict[int, TokenBatch]:

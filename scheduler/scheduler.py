@@ -29,7 +29,7 @@ import random
 import time
 from dataclasses import dataclass, field, replace
 
-from common.config import EngineConfig, with_batch_limits
+from common.config import EngineConfig
 from common.messages import (
     FirstTokens,
     Logprobs,
@@ -40,6 +40,7 @@ from common.messages import (
     StepResult,
     TokenBatch,
     TokenizedRequest,
+    WorkerLimits,
 )
 from common.model_info import ModelInfo
 from common.sampling_params import InvalidParameter, SamplingParams
@@ -69,17 +70,15 @@ class _StepDraft:
 
 
 class Scheduler:
-    def __init__(self, config: EngineConfig, info: ModelInfo, num_kv_blocks: int):
-        """config: as the GPU worker resolved it (with_batch_limits); limits still unset take a CPU's."""
-        self.config = config = with_batch_limits(config, on_gpu=False)
-        assert config.max_num_seqs is not None and config.max_num_batched_tokens is not None
-        self.max_num_seqs: int = config.max_num_seqs
-        self.max_num_batched_tokens: int = config.max_num_batched_tokens
+    def __init__(self, config: EngineConfig, info: ModelInfo, limits: WorkerLimits):
+        """limits: as the GPU worker decided them for its device (WorkerReady); config's own are not read."""
+        self.config = config
+        self.max_num_seqs = limits.max_num_seqs
+        self.max_num_batched_tokens = limits.max_num_batched_tokens
         self.block_size = config.block_size
-        self.blocks = BlockManager(num_kv_blocks, config.block_size)
+        self.blocks = BlockManager(limits.num_kv_blocks, config.block_size)
         self.cache = PrefixCache(self.blocks) if config.enable_prefix_caching else None
-        # A request must fit the KV store alone, or it could never finish.
-        self.max_model_len = min(info.max_model_len, num_kv_blocks * config.block_size)
+        self.max_model_len = limits.max_model_len  # within the KV store: a request must fit it alone
         self.eos_token_ids = frozenset(info.eos_token_ids)
         self.info = info
         self._grammars: GrammarCompiler | None = None  # made on the first structured request

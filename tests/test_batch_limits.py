@@ -1,4 +1,4 @@
-"""Batch limits left to the device: the GPU worker chooses them, the scheduler plans with its choice."""
+"""Batch limits left to the device: the GPU worker decides them, the scheduler plans with its decision."""
 
 from __future__ import annotations
 
@@ -8,30 +8,40 @@ from common.config import (
     GPU_MAX_NUM_BATCHED_TOKENS,
     GPU_MAX_NUM_SEQS,
     EngineConfig,
-    with_batch_limits,
 )
-from gpu_worker.kv_sizing import requests_held
+from common.messages import WorkerLimits
+from common.model_info import ModelInfo
+from gpu_worker.limits import decide_limits, requests_held
 from offline import LLM
 
+INFO = ModelInfo("llama", 8192, [0], 64)
+BLOCKS_PER_REQUEST = 2048 // 16  # of a typical length (GPU_TYPICAL_REQUEST_TOKENS), blocks of 16 tokens
 
-def limits(config: EngineConfig) -> tuple[int | None, int | None]:
-    return config.max_num_seqs, config.max_num_batched_tokens
+
+def limits(limits: WorkerLimits) -> tuple[int, int]:
+    return limits.max_num_seqs, limits.max_num_batched_tokens
 
 
 def test_a_cpu_takes_the_small_limits():
-    assert limits(with_batch_limits(EngineConfig(), on_gpu=False)) == (CPU_MAX_NUM_SEQS, CPU_MAX_NUM_BATCHED_TOKENS)
+    decided = decide_limits(EngineConfig(), INFO, on_gpu=False, num_kv_blocks=10**6)
+    assert limits(decided) == (CPU_MAX_NUM_SEQS, CPU_MAX_NUM_BATCHED_TOKENS)
 
 
 def test_a_gpu_seats_more_requests_only_where_the_kv_store_holds_them():
-    big = with_batch_limits(EngineConfig(), on_gpu=True, requests_the_kv_store_holds=GPU_MAX_NUM_SEQS)
-    small = with_batch_limits(EngineConfig(), on_gpu=True, requests_the_kv_store_holds=GPU_MAX_NUM_SEQS - 1)
+    big = decide_limits(EngineConfig(), INFO, on_gpu=True, num_kv_blocks=GPU_MAX_NUM_SEQS * BLOCKS_PER_REQUEST)
+    small = decide_limits(EngineConfig(), INFO, on_gpu=True, num_kv_blocks=GPU_MAX_NUM_SEQS * BLOCKS_PER_REQUEST - 1)
     assert limits(big) == (GPU_MAX_NUM_SEQS, GPU_MAX_NUM_BATCHED_TOKENS)
     assert limits(small) == (CPU_MAX_NUM_SEQS, GPU_MAX_NUM_BATCHED_TOKENS)
 
 
 def test_flags_given_are_kept():
     config = EngineConfig(max_num_seqs=3, max_num_batched_tokens=64)
-    assert limits(with_batch_limits(config, on_gpu=True, requests_the_kv_store_holds=10_000)) == (3, 64)
+    assert limits(decide_limits(config, INFO, on_gpu=True, num_kv_blocks=10**6)) == (3, 64)
+
+
+def test_the_context_is_what_the_kv_store_holds_where_that_is_less():
+    assert decide_limits(EngineConfig(block_size=16), INFO, on_gpu=False, num_kv_blocks=10).max_model_len == 160
+    assert decide_limits(EngineConfig(block_size=16), INFO, on_gpu=False, num_kv_blocks=10**6).max_model_len == 8192
 
 
 def test_requests_held_counts_typical_requests_or_whole_contexts():
@@ -41,5 +51,6 @@ def test_requests_held_counts_typical_requests_or_whole_contexts():
 
 def test_the_offline_engine_plans_with_the_runners_limits(tiny_gpt2):
     llm = LLM(str(tiny_gpt2), device="cpu", dtype="float32")
-    assert limits(llm.config) == (CPU_MAX_NUM_SEQS, CPU_MAX_NUM_BATCHED_TOKENS)
-    assert (llm.scheduler.max_num_seqs, llm.scheduler.max_num_batched_tokens) == limits(llm.config)
+    assert limits(llm.runner.limits) == (CPU_MAX_NUM_SEQS, CPU_MAX_NUM_BATCHED_TOKENS)
+    assert (llm.scheduler.max_num_seqs, llm.scheduler.max_num_batched_tokens) == limits(llm.runner.limits)
+    assert llm.config.max_num_seqs is None, "the flags stay as given: the worker's decision is in its limits"

@@ -123,14 +123,16 @@ def test_steps_computing_prompts_replay_graphs_and_give_the_same_tokens_as_eager
 
     replays = []
     real_run = MixedGraphs.run
-    monkeypatch.setattr(MixedGraphs, "run", lambda self, *a: replays.append(len(a[0])) or real_run(self, *a))
+    monkeypatch.setattr(
+        MixedGraphs, "run", lambda self, inputs: replays.append(len(inputs.input_ids)) or real_run(self, inputs)
+    )
     params = SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True)
     config = dict(device="cuda", dtype="float32", max_num_seqs=8, max_num_batched_tokens=128)
     with LLM(str(tiny_model), **config) as graphs:
         ours = staggered_run(graphs, params)
     assert len(replays) >= 6 and max(replays) > 100  # prefill alone and beside decodes, chunks of 128 tokens
     with LLM(str(tiny_model), enforce_eager=True, **config) as eager:
-        assert eager.runner.mixed_graphs is None
+        assert eager.runner.graphs is None
         assert ours == staggered_run(eager, params)
 
 

@@ -127,7 +127,7 @@ def test_padded_eager_forwards_give_the_same_tokens(tiny_model):
     """What CUDA runs (every eager forward padded to a bucket), forced on the CPU: still token-exact."""
     prompts = random_prompts(5, [3, 17, 40, 9, 66], vocab=256, seed=3)
     llm = LLM(str(tiny_model), device="cpu", dtype="float32", max_num_batched_tokens=48)
-    llm.runner.pad_eager = True
+    llm.runner.eager.pad = True
     outs = llm.generate(prompts, SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True))
     assert [o.token_ids for o in outs] == hf_greedy(tiny_model, prompts, 12)
 

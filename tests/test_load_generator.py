@@ -51,6 +51,6 @@ def test_the_null_engine_answers_every_sampling_chunk_with_a_token_that_is_never
     )
     result = runner.finish(runner.launch(plan))
     assert result.rids == [5] and len(result.token_ids) == 1
-    assert runner.num_kv_blocks == 64
+    assert runner.limits.num_kv_blocks == 64
     eos = set(info.eos_token_ids)
     assert not eos & {runner.token_at(rid, pos) for rid in range(50) for pos in range(50)}

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from common.sampling_params import SamplingParams
-from gpu_worker import model_runner
+from gpu_worker import logprobs
 from offline import LLM
 from tests.tiny_models import random_prompts
 
@@ -43,7 +43,7 @@ def hf_logits(model, ids: list[int]) -> torch.Tensor:
 
 def test_logprobs_and_prompt_logprobs_are_the_models_log_softmax(tiny_llama, hf_model, monkeypatch):
     # Prompt logits are made a few rows at a time: 3 here, so that a chunk takes several slices.
-    monkeypatch.setattr(model_runner, "PROMPT_LOGPROBS_ROWS", 3)
+    monkeypatch.setattr(logprobs, "PROMPT_LOGPROBS_ROWS", 3)
     prompts = random_prompts(3, [13, 6, 21], vocab=512, seed=5)
     # A small prompt budget chunks the prompts: prompt logprobs arrive over several steps.
     llm = make_llm(tiny_llama, block_size=4, max_num_batched_tokens=8)

@@ -10,6 +10,7 @@ from common.config import EngineConfig
 from common.messages import StageTimes, StepPlan, StepResult, StepTimings, TokenizedRequest
 from common.model_info import ModelInfo
 from common.sampling_params import SamplingParams
+from gpu_worker.limits import decide_limits
 from scheduler.scheduler import Scheduler
 
 EOS = 0
@@ -61,7 +62,8 @@ def test_block_accounting_stays_exact(ops, block_size, num_blocks, budget, chunk
     config = EngineConfig(
         block_size=block_size, max_num_seqs=4, max_num_batched_tokens=budget, enable_chunked_prefill=chunked
     )
-    scheduler = Scheduler(config, ModelInfo("llama", 64, [EOS], VOCAB), num_blocks)
+    info = ModelInfo("llama", 64, [EOS], VOCAB)
+    scheduler = Scheduler(config, info, decide_limits(config, info, on_gpu=False, num_kv_blocks=num_blocks))
     worker = FakeWorker()
     in_flight: list[StepResult] = []  # with overlap, a plan is made before the previous result is read
     next_rid = 0

@@ -10,6 +10,7 @@ from common.config import EngineConfig
 from common.messages import StageTimes, TokenizedRequest
 from common.model_info import ModelInfo
 from common.sampling_params import SamplingParams
+from gpu_worker.limits import decide_limits
 from offline import LLM
 from scheduler.scheduler import Scheduler
 from tests.tiny_models import random_prompts
@@ -153,7 +154,8 @@ def test_a_request_that_can_never_fit_is_rejected_clearly(tiny_llama):
 def test_a_request_whose_last_token_is_in_flight_hands_its_seat_over_at_once():
     # Two plans in flight, as the server runs: plan 2 is made before plan 1's tokens are back. Request 0
     # reaches max_tokens in plan 1, so plan 2 can already give its seat to request 1.
-    scheduler = Scheduler(EngineConfig(block_size=4, max_num_seqs=1), ModelInfo("llama", 64, [0], 16), 16)
+    config, info = EngineConfig(block_size=4, max_num_seqs=1), ModelInfo("llama", 64, [0], 16)
+    scheduler = Scheduler(config, info, decide_limits(config, info, on_gpu=False, num_kv_blocks=16))
     for rid, max_tokens in ((0, 1), (1, 4)):
         scheduler.add_request(TokenizedRequest(rid, [3, 4, 5], SamplingParams(max_tokens=max_tokens), StageTimes()))
     first, second = scheduler.schedule(), scheduler.schedule()
@@ -195,7 +197,8 @@ def test_preemption_with_two_plans_in_flight_gives_the_same_outputs(tiny_model):
 @pytest.mark.parametrize(("default_max_tokens", "expected"), [(None, 48 - 3), (0, 48 - 3), (10, 10), (100, 48 - 3)])
 def test_a_request_without_max_tokens_stops_at_the_server_default_or_the_context(default_max_tokens, expected):
     config = EngineConfig(block_size=4, default_max_tokens=default_max_tokens)
-    scheduler = Scheduler(config, ModelInfo("llama", 48, [0], 64), 16)
+    info = ModelInfo("llama", 48, [0], 64)
+    scheduler = Scheduler(config, info, decide_limits(config, info, on_gpu=False, num_kv_blocks=16))
     scheduler.add_request(TokenizedRequest(0, [3, 4, 5], SamplingParams(max_tokens=None), StageTimes()))
     scheduler.add_request(TokenizedRequest(1, [3, 4, 5], SamplingParams(max_tokens=7), StageTimes()))
     assert scheduler.requests[0].max_tokens == expected

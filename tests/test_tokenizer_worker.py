@@ -105,7 +105,7 @@ def running_worker(model_folder: str, num_replicas: int = 1) -> Iterator[Harness
     )
     process.start()
     try:
-        assert receive(launcher, STARTUP_S) == ProcessReady("tokenizer-0", process.pid, {})
+        assert receive(launcher, STARTUP_S) == ProcessReady("tokenizer-0", process.pid)
         yield Harness(
             process,
             push_socket(ctx, endpoints.tokenizer_requests(0)),
