@@ -275,4 +275,65 @@ def random_prompts(count: int, lengths: list[int], vocab: int, seed: int = 0) ->
     return [torch.randint(1, vocab, (lengths[i % len(lengths)],), generator=gen).tolist() for i in range(count)]
 
 
-__all__ = ["FAMILY_CONFIGS", "build_model", "build_tokenizer", "hf_greedy", "hf_greedy_choices", "random_prompts"]
+__all__ = [
+    "FAMILY_CONFIGS",
+    "build_gguf",
+    "build_model",
+    "build_tokenizer",
+    "hf_greedy",
+    "hf_greedy_choices",
+    "random_prompts",
+]
+
+
+def build_gguf(folder: Path, path: Path) -> Path:
+    """Write `folder`'s model (a tiny qwen3 or qwen3_moe from build_model) as a float32 GGUF file the way
+    llama.cpp lays one out: its metadata keys, its tensor names (experts stacked per layer), the byte-level
+    BPE as a "gpt2" tokenizer."""
+    import re
+
+    import gguf
+    from safetensors.torch import load_file
+
+    config = json.loads((folder / "config.json").read_text())
+    tokenizer = json.loads((folder / "tokenizer.json").read_text())
+    arch = {"qwen3": "qwen3", "qwen3_moe": "qwen3moe"}[config["model_type"]]
+    writer = gguf.GGUFWriter(str(path), arch)
+    writer.add_context_length(config["max_position_embeddings"])
+    writer.add_embedding_length(config["hidden_size"])
+    writer.add_block_count(config["num_hidden_layers"])
+    writer.add_feed_forward_length(config["intermediate_size"])
+    writer.add_head_count(config["num_attention_heads"])
+    writer.add_head_count_kv(config["num_key_value_heads"])
+    writer.add_key_length(config["head_dim"])
+    writer.add_value_length(config["head_dim"])
+    writer.add_rope_freq_base(config["rope_parameters"]["rope_theta"])
+    writer.add_layer_norm_rms_eps(config["rms_norm_eps"])
+    if arch == "qwen3moe":
+        writer.add_expert_count(config.get("num_experts") or config["num_local_experts"])
+        writer.add_expert_used_count(config["num_experts_per_tok"])
+        writer.add_expert_feed_forward_length(config["moe_intermediate_size"])
+    vocab = sorted(tokenizer["model"]["vocab"], key=tokenizer["model"]["vocab"].get)
+    special = {t["content"] for t in tokenizer["added_tokens"]}
+    writer.add_tokenizer_model("gpt2")
+    writer.add_tokenizer_pre("qwen2")
+    writer.add_token_list(vocab)
+    writer.add_token_types([gguf.TokenType.CONTROL if t in special else gguf.TokenType.NORMAL for t in vocab])
+    writer.add_token_merges([m if isinstance(m, str) else " ".join(m) for m in tokenizer["model"]["merges"]])
+    writer.add_bos_token_id(0)
+    writer.add_eos_token_id(0)
+    tensors = load_file(folder / "model.safetensors")
+    experts: dict[str, dict[int, torch.Tensor]] = {}
+    for name in list(tensors):
+        if match := re.fullmatch(r"(.*\.mlp\.experts)\.(\d+)\.(\w+)\.weight", name):
+            experts.setdefault(f"{match[1]}.{match[3]}", {})[int(match[2])] = tensors.pop(name)
+    for name, by_index in experts.items():
+        tensors[name] = torch.stack([by_index[i] for i in sorted(by_index)])
+    names = gguf.get_tensor_name_map(gguf.MODEL_ARCH.QWEN3 if arch == "qwen3" else gguf.MODEL_ARCH.QWEN3MOE, 99)
+    for name, tensor in tensors.items():
+        writer.add_tensor(names.get_name(name, try_suffixes=(".weight", ".bias")), tensor.numpy())
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path

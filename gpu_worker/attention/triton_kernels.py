@@ -329,6 +329,8 @@ def _prefill_kernel(
         part = (tokens * tl.num_programs(1) + head) * num_splits + split
         _store_slice(part_out_ptr, part_lse_ptr, part, acc, m_i, l_i, dims, rows < q_len, HEAD_DIM_PAD)
     else:
+        if SLIDING:  # padding rows (past q_len, never stored) may see no key in the window: no 0 / 0
+            l_i = tl.where(l_i > 0, l_i, 1.0)
         out = acc / l_i[:, None]
         tl.store(
             out_ptr + tokens[:, None] * stride_ot + head * stride_oh + dims[None, :],
