@@ -28,17 +28,18 @@ class _Group:
     grid_cells: torch.Tensor | None  # [num tokens]: token -> grid cell (prefill only)
     kv_slots: torch.Tensor  # [S, max_kv]: flat KV-store slot of each context position
     mask: torch.Tensor  # [S, 1, max_q, max_kv]: True where attention is allowed (causal)
-    # [S, 1, max_q, max_kv]: each query's context position minus each key's (grid padding rows: query 0)
-    distance: torch.Tensor
+    query_pos: torch.Tensor  # [S, 1, max_q, 1]: each query's context position (grid padding rows: 0)
     max_q: int
     windowed: dict[int, torch.Tensor] = field(default_factory=dict)  # sliding window -> mask, made once a forward
 
     def mask_for(self, sliding_window: int | None) -> torch.Tensor:
+        """The causal mask, less the keys `sliding_window` or more positions before each query."""
         if not sliding_window:
             return self.mask
         mask = self.windowed.get(sliding_window)
         if mask is None:
-            mask = self.windowed[sliding_window] = self.mask & (self.distance < sliding_window)
+            key_pos = torch.arange(self.mask.shape[-1], device=self.mask.device)
+            mask = self.windowed[sliding_window] = self.mask & (self.query_pos - key_pos < sliding_window)
         return mask
 
 
@@ -77,8 +78,8 @@ class TorchAttention(AttentionBackend):
         qi = torch.arange(max_q)
         last_visible = (ctx_lens - q_lens)[:, None] + qi[None, :]  # [S, max_q]
         last_visible.masked_fill_(qi[None, :] >= q_lens[:, None], 0)
-        distance = last_visible[:, :, None] - pos[None, None, :]
-        mask = (distance >= 0) & (pos[None, None, :] < ctx_lens[:, None, None])
+        mask = pos[None, None, :] <= last_visible[:, :, None]
+        mask &= pos[None, None, :] < ctx_lens[:, None, None]
         grid_cells = None
         num_tokens = int(q_lens.sum())
         if max_q > 1:
@@ -92,7 +93,7 @@ class TorchAttention(AttentionBackend):
             grid_cells,
             kv_slots.to(device),
             mask[:, None].to(device),
-            distance[:, None].to(device),
+            last_visible[:, None, :, None].to(device),
             max_q,
         )
 
