@@ -277,6 +277,7 @@ class Launcher:
     def start(self) -> None:
         """Start every process and wait until each says READY: the engine's, then the frontends. Each phase
         logs one line with its time (common/startup.py): the model here, the GPU worker's own, then ready."""
+        from common.model_info import check_folder_supported
         from common.model_source import checkpoint_files, resolve_model
         from common.startup import PhaseClock
         from tokenizer_worker.chat_template import read_chat_template
@@ -285,6 +286,8 @@ class Launcher:
         clock = PhaseClock(log)
         chat_template = read_chat_template(args.chat_template) if args.chat_template else None
         folder = resolve_model(args.model)
+        if args.load_format != "null":  # an architecture without model code fails here, in one line
+            check_folder_supported(folder)
         if args.load_format == "auto":
             checkpoint_files(folder)  # a folder without weights fails here, in one line, before any child starts
         tokenizer = resolve_model(args.tokenizer) if args.tokenizer else folder
@@ -605,7 +608,7 @@ def main(argv: list[str] | None = None) -> int:
     from common.process import configure_logging
 
     configure_logging("launcher", args.log_level)
-    from common.model_info import TensorParallelError
+    from common.model_info import TensorParallelError, UnsupportedModel
     from common.model_source import ModelNotFound
     from tokenizer_worker.chat_template import ChatTemplateError
 
@@ -621,7 +624,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         launcher.start()
         launcher.watch()
-    except (ModelNotFound, ChatTemplateError, TensorParallelError) as exc:
+    except (ModelNotFound, ChatTemplateError, TensorParallelError, UnsupportedModel) as exc:
         log.error("%s", exc)
         launcher.exit_code = 2
     except ChildDied as exc:

@@ -1,10 +1,45 @@
-"""Facts about a model folder that several processes need: context length, end-of-sequence ids."""
+"""Facts about a model folder that several processes need: context length, end-of-sequence ids, whether the
+engine runs its architecture."""
 
 from __future__ import annotations
 
 import json
 from dataclasses import dataclass
 from pathlib import Path
+
+# The Hugging Face model types the GPU worker has model code for (gpu_worker/models/__init__.py maps each to its
+# class). Here, so that the launcher refuses another before starting a process, without importing torch.
+SUPPORTED_MODEL_TYPES = (
+    "gemma2",
+    "gemma3_text",
+    "gpt2",
+    "llama",
+    "mistral",
+    "mixtral",
+    "olmo2",
+    "phi3",
+    "qwen2",
+    "qwen3",
+    "qwen3_moe",
+)
+
+
+class UnsupportedModel(ValueError):
+    """The engine has no model code for this architecture."""
+
+
+def check_supported(model_type: str, architectures: list[str] | None = None) -> None:
+    if model_type not in SUPPORTED_MODEL_TYPES:
+        named = f" ({', '.join(architectures)})" if architectures else ""
+        raise UnsupportedModel(
+            f"model_type {model_type!r}{named} is not supported; supported: {', '.join(SUPPORTED_MODEL_TYPES)}"
+        )
+
+
+def check_folder_supported(folder: str | Path) -> None:
+    """UnsupportedModel unless the engine runs the architecture of the model in `folder` (its config.json)."""
+    config = json.loads((Path(folder) / "config.json").read_text())
+    check_supported(config.get("model_type", "?"), config.get("architectures"))
 
 
 @dataclass(slots=True)
@@ -75,5 +110,7 @@ def check_tensor_parallel(folder: str | Path, ranks: int) -> None:
             "KV heads": config.get("num_key_value_heads") or heads,
             "MLP features (intermediate_size)": config["intermediate_size"],
         }
+        if config.get("moe_intermediate_size"):  # Qwen3-MoE's experts (Mixtral's use intermediate_size)
+            sizes["expert MLP features (moe_intermediate_size)"] = config["moe_intermediate_size"]
     for what, total in sizes.items():
         shard_size(total, ranks, what)

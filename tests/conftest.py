@@ -121,6 +121,20 @@ def tiny_model(request, tiny_gpt2, tiny_llama):
     return {"gpt2": tiny_gpt2, "llama": tiny_llama}[request.param]
 
 
+# Every family beyond GPT-2 and Llama (tests/tiny_models.py FAMILY_CONFIGS; tests/test_model_families.py checks
+# that together they cover every supported model type).
+FAMILIES = ["mistral", "qwen2", "qwen3", "gemma2", "gemma3_text", "phi3", "olmo2", "mixtral", "qwen3_moe"]
+
+
+@pytest.fixture(scope="session", params=FAMILIES)
+def tiny_family(request, tmp_path_factory):
+    """A tiny random checkpoint of each family beyond GPT-2 and Llama (tests/tiny_models.py FAMILY_CONFIGS:
+    every feature that sets it apart switched on)."""
+    from tests.tiny_models import build_model
+
+    return build_model(request.param, tmp_path_factory.mktemp(f"tiny-{request.param}"))
+
+
 @pytest.fixture(scope="session")
 def tiny_server(tiny_llama, tmp_path_factory):
     """The shared tiny server: the tiny Llama with 256 KV blocks, 2 tokenizer workers, 1 HTTP process, and

@@ -99,6 +99,31 @@ def test_a_model_folder_without_weights_fails_in_one_line_before_any_process_sta
     assert "Traceback" not in done.stderr and "gpu_worker" not in done.stderr
 
 
+def test_an_architecture_the_engine_does_not_run_fails_in_one_line_before_any_process_starts(tmp_path):
+    import subprocess
+    import sys
+
+    from common.model_info import SUPPORTED_MODEL_TYPES
+    from tests.server_process import ROOT, free_port
+    from tests.tiny_models import build_model
+
+    folder = build_model("gpt2", tmp_path / "model")
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**config, "model_type": "falcon", "architectures": ["Falcon"]}))
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "launch.py"), str(folder), "--port", str(free_port())],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 2
+    errors = [line for line in done.stderr.splitlines() if "ERROR" in line]
+    assert len(errors) == 1 and "model_type 'falcon' (Falcon) is not supported" in errors[0]
+    assert "supported: " + ", ".join(SUPPORTED_MODEL_TYPES) in errors[0]
+    assert "Traceback" not in done.stderr and "starting" not in done.stderr
+
+
 def test_requests_without_max_tokens_default_to_a_bounded_length(capsys):
     assert parse_args([]).default_max_tokens == 512
     assert parse_args(["--default-max-tokens", "0"]).default_max_tokens == 0, "0: the rest of the context"

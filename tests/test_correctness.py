@@ -1,8 +1,12 @@
 """Greedy outputs are token-identical to Hugging Face (float32, CPU), with 8 prompts of different
 lengths (the block size divides none of them) decoded together in one batch: against generate for the
-tiny models, against the same model's teacher-forced argmax for the real SmolLM2 weights."""
+tiny models, against the same model's teacher-forced argmax for the real SmolLM2 weights. Every other
+family (tiny_family) is checked the same way, and again through prefix-cache hits, chunked prefill and
+preemption; the tiny models' sliding windows are shorter than the longest prompts."""
 
 from __future__ import annotations
+
+import functools
 
 import pytest
 import torch
@@ -76,3 +80,43 @@ def test_logits_written_into_a_given_buffer_are_the_fresh_ones(tiny_model):
     written = model.compute_logits(hidden, out=buffer[:3])
     assert written.data_ptr() == buffer.data_ptr()
     assert torch.equal(buffer[:3], model.compute_logits(hidden)) and buffer[3:].isnan().all()
+
+
+# Two prompts extend others' first blocks: prefix-cache hits within the batch.
+def family_prompts() -> list[list[int]]:
+    prompts = random_prompts(6, [5, 13, 23, 35, 47, 50], vocab=512, seed=2)
+    return prompts + [prompts[4][:40] + [7, 8, 9], prompts[5][:33] + prompts[2]]
+
+
+@functools.cache
+def transformers_greedy(folder) -> list[list[int]]:
+    return hf_greedy(folder, family_prompts(), NEW_TOKENS)
+
+
+def test_every_family_matches_transformers_in_one_batch(tiny_family):
+    ours = generate_batched(tiny_family, family_prompts(), block_size=16)
+    assert ours == transformers_greedy(tiny_family)
+
+
+ENGINE_MODES = {
+    "prefix-cache-off": dict(block_size=16, enable_prefix_caching=False),
+    "prefix-cache-hits": dict(block_size=16),
+    "chunked-prefill": dict(block_size=16, max_num_batched_tokens=16, enable_prefix_caching=False),
+    "preemption": dict(block_size=4, num_kv_blocks=24, max_num_batched_tokens=16),
+}
+
+
+@pytest.mark.parametrize("mode", ENGINE_MODES)
+def test_every_family_matches_transformers_however_the_engine_schedules(tiny_family, mode):
+    llm = LLM(str(tiny_family), device="cpu", dtype="float32", **ENGINE_MODES[mode])
+    llm.record_plans = True
+    params = SamplingParams(max_tokens=NEW_TOKENS, temperature=0.0, ignore_eos=True)
+    outs = llm.generate(family_prompts(), params, on_step=llm.scheduler.check_integrity)
+    assert [o.token_ids for o in outs] == transformers_greedy(tiny_family)
+    stats, plans = llm.scheduler.stats, llm.plans_executed
+    if mode == "prefix-cache-hits":
+        assert stats.cache_hit_tokens > 0
+    if mode == "chunked-prefill":
+        assert any(start > 0 and n > 1 for p in plans for start, n in zip(p.starts, p.num_tokens)), "a later chunk"
+    if mode == "preemption":
+        assert stats.preemptions > 0

@@ -1,5 +1,6 @@
 """The engine on a CUDA device: float32 token-exact against transformers on the same device, and bf16
-(the serving dtype) agreeing with transformers' bf16 on most tokens. Skipped where there is no GPU."""
+(the serving dtype) agreeing with transformers' bf16 on most tokens; every model family through the Triton
+kernels, CUDA graphs and fused ops. Skipped where there is no GPU."""
 
 from __future__ import annotations
 
@@ -49,6 +50,18 @@ def test_float32_on_cuda_matches_transformers(tiny_model, backend):
         ours = [o.token_ids for o in llm.generate(prompts, params)]
     torch.backends.cuda.matmul.allow_tf32 = False
     assert ours == hf_greedy_on(tiny_model, prompts, 32, torch.float32)
+
+
+def test_every_family_in_float32_on_cuda_matches_transformers(tiny_family):
+    """The Triton backend: sliding windows and soft-caps in the attention kernels, every norm style, partial
+    rotary and GeGLU in the fused ops, decode and mixed steps replayed from CUDA graphs (MoE: every expert)."""
+    prompts = random_prompts(8, PROMPT_LENGTHS, vocab=512)
+    with LLM(str(tiny_family), device="cuda", dtype="float32", attention_backend="triton", **SMALL) as llm:
+        assert llm.runner.graphs is not None
+        params = SamplingParams(max_tokens=32, temperature=0.0, ignore_eos=True)
+        ours = [o.token_ids for o in llm.generate(prompts, params)]
+    torch.backends.cuda.matmul.allow_tf32 = False
+    assert ours == hf_greedy_on(tiny_family, prompts, 32, torch.float32)
 
 
 def test_bfloat16_on_cuda_mostly_agrees_with_transformers(tiny_model):
@@ -133,6 +146,16 @@ def test_steps_computing_prompts_replay_graphs_and_give_the_same_tokens_as_eager
     assert len(replays) >= 6 and max(replays) > 100  # prefill alone and beside decodes, chunks of 128 tokens
     with LLM(str(tiny_model), enforce_eager=True, **config) as eager:
         assert eager.runner.graphs is None
+        assert ours == staggered_run(eager, params)
+
+
+def test_every_family_replays_graphs_as_it_runs_eagerly(tiny_family):
+    """A mixture of experts runs every expert inside a graph and only the routed tokens eagerly: same tokens."""
+    params = SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True)
+    config = dict(device="cuda", dtype="float32", max_num_seqs=8, max_num_batched_tokens=128)
+    with LLM(str(tiny_family), **config) as graphs:
+        ours = staggered_run(graphs, params)
+    with LLM(str(tiny_family), enforce_eager=True, **config) as eager:
         assert ours == staggered_run(eager, params)
 
 

@@ -1,7 +1,7 @@
 """Tensor parallelism on the CPU (gloo; NCCL where two GPUs are visible): two ranks give exactly the tokens
-one gives (float32, tiny GPT-2 and tiny grouped-query Llama), in process and through the server; a model whose
-heads do not split fails at start naming the numbers; a dead rank stops the server, naming it, with nothing
-left running."""
+one gives (float32, tiny GPT-2, tiny grouped-query Llama and every other family), in process and through the
+server; a model whose heads do not split fails at start naming the numbers; a dead rank stops the server,
+naming it, with nothing left running."""
 
 from __future__ import annotations
 
@@ -52,6 +52,13 @@ def generate(folder, tensor_parallel_size: int, prompts, device: str = "cpu") ->
 def test_two_ranks_match_one_token_for_token(tiny_model):
     prompts = random_prompts(4, [5, 13, 17, 35], vocab=512, seed=3)
     assert generate(tiny_model, 2, prompts) == generate(tiny_model, 1, prompts)
+
+
+def test_two_ranks_match_one_in_every_family(tiny_family):
+    """Each family's own sharded parts too: OLMo 2's q/k norms over every rank's heads (an all-reduced mean
+    square), the experts split by their intermediate width (one all-reduce of every expert's share)."""
+    prompts = random_prompts(4, [5, 13, 30, 35], vocab=512, seed=3)
+    assert generate(tiny_family, 2, prompts) == generate(tiny_family, 1, prompts)
 
 
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two CUDA devices")
@@ -113,13 +120,10 @@ def test_each_rank_holds_its_slice_of_the_same_model(tiny_llama, load_format):
     whole, ranks = params(0, 1), [params(0, 2), params(1, 2)]
     layer = "layers.1."
     q, kv, inter = 64, 32, 128  # 4 heads and 2 KV heads of 16; intermediate_size
-    assert torch.equal(
-        unshard([r[layer + "qkv_proj.weight"] for r in ranks], [q, kv, kv]), whole[layer + "qkv_proj.weight"]
-    )
-    assert torch.equal(
-        unshard([r[layer + "gate_up_proj.weight"] for r in ranks], [inter, inter]), whole[layer + "gate_up_proj.weight"]
-    )
-    for name in (layer + "o_proj.weight", layer + "down_proj.weight"):
+    qkv, gate_up = layer + "self_attn.qkv_proj.weight", layer + "mlp.gate_up_proj.weight"
+    assert torch.equal(unshard([r[qkv] for r in ranks], [q, kv, kv]), whole[qkv])
+    assert torch.equal(unshard([r[gate_up] for r in ranks], [inter, inter]), whole[gate_up])
+    for name in (layer + "self_attn.o_proj.weight", layer + "mlp.down_proj.weight"):
         assert torch.equal(torch.cat([r[name] for r in ranks], dim=1), whole[name])
     for name in ("embed_tokens.weight", "lm_head.weight"):
         assert torch.equal(torch.cat([r[name] for r in ranks])[:512], whole[name][:512])

@@ -129,15 +129,19 @@ def nan_filled_empty(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(torch, "empty_like", lambda *a, **kw: poison(real_empty_like(*a, **kw)))
 
 
-def run_reference(batch: Batch) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def run_reference(batch: Batch, **options) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """options: the layer's sliding_window and softcap."""
     backend = TorchAttention(batch.k_cache.shape[1])
     k_cache, v_cache = batch.k_cache.clone(), batch.v_cache.clone()
     q, k, v = batch.qkv_views()
-    out = backend.forward(q, k, v, k_cache, v_cache, build_metadata(backend, batch.layout, batch.slots), SCALE)
+    metadata = build_metadata(backend, batch.layout, batch.slots)
+    out = backend.forward(q, k, v, k_cache, v_cache, metadata, SCALE, **options)
     return out, k_cache, v_cache
 
 
-def run_triton(batch: Batch, monkeypatch: pytest.MonkeyPatch) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def run_triton(
+    batch: Batch, monkeypatch: pytest.MonkeyPatch, **options
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Caches NaN wherever no cached context lives, outputs NaN until written."""
     backend = TritonAttention(batch.k_cache.shape[1])
     k_cache, v_cache = (_poison_slots(c, batch.poisoned) for c in (batch.k_cache, batch.v_cache))
@@ -145,7 +149,7 @@ def run_triton(batch: Batch, monkeypatch: pytest.MonkeyPatch) -> tuple[torch.Ten
     metadata = build_metadata(backend, batch.layout, batch.slots)
     with monkeypatch.context() as patch:
         nan_filled_empty(patch)
-        out = backend.forward(q, k, v, k_cache, v_cache, metadata, SCALE)
+        out = backend.forward(q, k, v, k_cache, v_cache, metadata, SCALE, **options)
     return out, k_cache, v_cache
 
 
@@ -155,9 +159,9 @@ def _poison_slots(cache: torch.Tensor, poisoned: torch.Tensor) -> torch.Tensor:
     return cache
 
 
-def assert_matches_reference(batch: Batch, monkeypatch: pytest.MonkeyPatch, tol: float = 1e-5) -> None:
-    out, k_cache, v_cache = run_triton(batch, monkeypatch)
-    ref_out, ref_k, ref_v = run_reference(batch)
+def assert_matches_reference(batch: Batch, monkeypatch: pytest.MonkeyPatch, tol: float = 1e-5, **options) -> None:
+    out, k_cache, v_cache = run_triton(batch, monkeypatch, **options)
+    ref_out, ref_k, ref_v = run_reference(batch, **options)
     torch.testing.assert_close(out.float(), ref_out.float(), rtol=tol, atol=tol)
     # Written slots hold the new K/V; every other poisoned slot is untouched.
     written = torch.zeros_like(batch.poisoned)
@@ -201,6 +205,50 @@ def test_half_precision_matches_reference(monkeypatch):
     assert_matches_reference(batch, monkeypatch, tol=2e-2)
 
 
+def slid_past(batch: Batch, window: int) -> Batch:
+    """The batch with every slot that all of a sequence's queries have slid past poisoned (NaN), as a block
+    freed and reused by another request would hold anything: a kernel must never read one."""
+    poisoned = batch.poisoned.clone()
+    for q_len, ctx, table in zip(batch.layout.query_lens, batch.layout.context_lens, batch.layout.block_table):
+        block_size = batch.k_cache.shape[1]
+        for position in range(max(0, int(ctx - q_len) - window + 1)):
+            poisoned[int(table[position // block_size]) * block_size + position % block_size] = True
+    return Batch(batch.layout, batch.slots, batch.qkv, batch.heads, batch.k_cache, batch.v_cache, poisoned)
+
+
+# Windows shorter than a key tile, one tile, and not a multiple of either tile or block size.
+@pytest.mark.parametrize("window", [1, 5, 64, 100])
+def test_sliding_window_matches_reference_and_reads_nothing_slid_past(window, monkeypatch):
+    batch = mixed_batch(MIXED + [(700, 1)], 16, 8, 2, 32, seed=11)
+    assert_matches_reference(slid_past(batch, window), monkeypatch, sliding_window=window)
+
+
+def test_logit_softcap_matches_reference(monkeypatch):
+    assert_matches_reference(mixed_batch(MIXED, 16, 8, 2, 32, seed=12), monkeypatch, softcap=1.5)
+
+
+def test_sliding_window_with_softcap_matches_reference(monkeypatch):
+    batch = mixed_batch(MIXED + [(300, 1)], 8, 4, 2, 32, seed=13)
+    assert_matches_reference(slid_past(batch, 40), monkeypatch, sliding_window=40, softcap=2.0)
+
+
+def test_the_reference_window_leaves_a_query_its_last_window_keys():
+    """transformers' rule: query at position p sees keys p - window + 1 .. p. With all values but one zero,
+    the output is nonzero exactly where that key is visible."""
+    block_size, window, ctx = 4, 3, 10
+    layout = BatchLayout.build([ctx], [ctx], [[0, 1, 2]], block_size)
+    backend = TorchAttention(block_size)
+    q = torch.randn(ctx, 1, 8)
+    k = torch.randn(ctx, 1, 8)
+    v = torch.zeros(ctx, 1, 8)
+    v[4] = 1.0
+    caches = [torch.zeros(3, block_size, 1, 8) for _ in range(2)]
+    metadata = build_metadata(backend, layout, torch.arange(ctx))
+    out = backend.forward(q, k, v, *caches, metadata, SCALE, sliding_window=window)
+    sees_key_4 = (out[:, 0, 0] != 0).tolist()
+    assert sees_key_4 == [4 <= p < 4 + window for p in range(ctx)]
+
+
 def test_sequence_reads_prefix_written_in_the_same_forward(monkeypatch):
     """B shares A's first two blocks (a prefix-cache hit) while A is still computing them: A's K/V must
     reach the store before B attends."""
@@ -221,8 +269,16 @@ def test_long_decode_contexts_are_split_and_match_reference(monkeypatch):
     assert_matches_reference(batch, monkeypatch)
 
 
+LAYER_OPTIONS = [
+    pytest.param({}, id="plain"),
+    pytest.param({"sliding_window": 100, "softcap": 3.0}, id="window-softcap"),
+]
+
+
+@pytest.mark.parametrize("options", LAYER_OPTIONS)
 @pytest.mark.parametrize("slice_len", [64, 128, 320, 4096])
-def test_decode_result_does_not_depend_on_the_slice_length(slice_len, monkeypatch):
+def test_decode_result_does_not_depend_on_the_slice_length(slice_len, options, monkeypatch):
+    """With a window, slices wholly before it see nothing and weigh nothing."""
     batch = mixed_batch([(300, 1), (40, 1), (511, 1)], 16, 8, 2, 32, seed=8)
     backend = TritonAttention(16)
     metadata = build_metadata(backend, batch.layout, batch.slots)
@@ -248,8 +304,9 @@ def test_decode_result_does_not_depend_on_the_slice_length(slice_len, monkeypatc
             on_device([0, 0, 3, slices.slice_len]),
             on_device(slices.seqs),
             on_device(slices.starts),
+            **options,
         )
-    torch.testing.assert_close(out, run_reference(batch)[0], rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(out, run_reference(batch, **options)[0], rtol=1e-5, atol=1e-5)
 
 
 def slice_counts(contexts, num_kv_heads: int, capacity: int | None = None) -> np.ndarray:
@@ -362,8 +419,9 @@ def test_a_step_in_a_graph_buckets_static_inputs_matches_reference(seqs, max_con
         torch.testing.assert_close(cache[others], expected[others], rtol=0, atol=0, equal_nan=True)
 
 
+@pytest.mark.parametrize("options", LAYER_OPTIONS)
 @pytest.mark.parametrize("num_splits", [1, 2, 3, 8])
-def test_prefill_result_does_not_depend_on_the_number_of_splits(num_splits, monkeypatch):
+def test_prefill_result_does_not_depend_on_the_number_of_splits(num_splits, options, monkeypatch):
     """Chunks of long prompts (one whose tiles straddle a slice boundary on the causal diagonal, one with
     fewer key tiles than slices): every slice count gives the reference's output."""
     batch = mixed_batch([(600, 70), (35, 20)], 16, 8, 2, 32, seed=10)
@@ -386,8 +444,9 @@ def test_prefill_result_does_not_depend_on_the_number_of_splits(num_splits, monk
             metadata.prefill_tiles,
             SCALE,
             num_splits,
+            **options,
         )
-    torch.testing.assert_close(out, run_reference(batch)[0], rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(out, run_reference(batch, **options)[0], rtol=1e-5, atol=1e-5)
 
 
 def test_prefill_split_heuristic_splits_a_chunk_of_a_long_prompt_only():

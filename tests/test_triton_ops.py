@@ -1,6 +1,7 @@
 """The models' fused CUDA kernels give the torch reference's numbers: in float32 exactly (rotary) or to the
-last bit or two (a sum in another order: RMSNorm's mean, silu's exponential), in half precision within one
-rounding. Without CUDA they run in the Triton interpreter on CPU (see test_triton_attention.py)."""
+last bit or two (a sum in another order: RMSNorm's mean, an exponential), in half precision within one
+rounding; every family's variant (norm styles, partial rotary, GeGLU). Without CUDA they run in the Triton
+interpreter on CPU (see test_triton_attention.py)."""
 
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ if not torch.cuda.is_available():
 pytest.importorskip("triton", reason="triton is not installed (pip install triton)")
 
 from gpu_worker.models import triton_ops  # noqa: E402
-from gpu_worker.models.llama import RMSNorm  # noqa: E402
+from gpu_worker.models.norms import RMSNorm  # noqa: E402
 from gpu_worker.models.rotary import RotaryEmbedding  # noqa: E402
 
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -34,26 +35,42 @@ def randn(*shape: int, dtype: torch.dtype, seed: int) -> torch.Tensor:
     return torch.randn(*shape, generator=torch.Generator().manual_seed(seed)).to(DEVICE, dtype)
 
 
+@pytest.mark.parametrize("style", ["llama", "gemma", "olmo"])
 @pytest.mark.parametrize("dtype", [torch.float32, HALF])
-def test_rms_norm_with_and_without_the_residual_add(dtype):
-    norm = RMSNorm(96, 1e-5).to(DEVICE, dtype)
+def test_rms_norm_with_and_without_the_residual_add(dtype, style):
+    norm = RMSNorm(96, 1e-5, style=style).to(DEVICE, dtype)
     norm.weight.data = randn(96, dtype=dtype, seed=1)
+    fused = RMSNorm(96, 1e-5, fused=True, style=style).to(DEVICE, dtype)
+    fused.weight.data = norm.weight.data
     x, residual = randn(7, 96, dtype=dtype, seed=2), randn(7, 96, dtype=dtype, seed=3)
-    torch.testing.assert_close(triton_ops.add_rms_norm(x, norm.weight, norm.eps), norm(x), **close(dtype))
+    torch.testing.assert_close(fused(x), norm(x), **close(dtype))
     expected_out, expected_sum = norm(x, residual)
     fused_residual = residual.clone()
-    out = triton_ops.add_rms_norm(x, norm.weight, norm.eps, fused_residual)
+    out, _ = fused(x, fused_residual)
     torch.testing.assert_close(fused_residual, expected_sum, **close(dtype, float32_exact=True))
     torch.testing.assert_close(out, expected_out, **close(dtype))
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, HALF])
-def test_rotary_rotates_q_and_k_in_place_through_their_strides(dtype):
+def test_per_head_norms_normalize_each_head_of_a_strided_view(dtype):
+    """Qwen3's and Gemma 3's q/k norms: [T, heads, D], q a view into the fused projection's output."""
+    norm = RMSNorm(32, 1e-6, style="gemma").to(DEVICE, dtype)
+    norm.weight.data = randn(32, dtype=dtype, seed=6)
+    fused = RMSNorm(32, 1e-6, fused=True, style="gemma").to(DEVICE, dtype)
+    fused.weight.data = norm.weight.data
+    q = randn(5, 10, 32, dtype=dtype, seed=7)[:, :6]
+    torch.testing.assert_close(fused(q), norm(q), **close(dtype))
+
+
+@pytest.mark.parametrize("rotary_share", [1.0, 0.5])
+@pytest.mark.parametrize("dtype", [torch.float32, HALF])
+def test_rotary_rotates_q_and_k_in_place_through_their_strides(dtype, rotary_share):
+    """rotary_share 0.5: a partial rotary factor (Phi-3 variants), the second half of each head left as it is."""
     config = SimpleNamespace(
         hidden_size=6 * 32,
         num_attention_heads=6,
         max_position_embeddings=64,
-        rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
+        rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": rotary_share},
     )
     rotary = RotaryEmbedding(config).to(DEVICE)
     qkv = randn(5, 6 + 2 * 2, 32, dtype=dtype, seed=4)  # q, k and v as views of one projection
@@ -65,8 +82,41 @@ def test_rotary_rotates_q_and_k_in_place_through_their_strides(dtype):
     torch.testing.assert_close(k, expected_k, **close(dtype, float32_exact=True))
 
 
+@pytest.mark.parametrize("activation", ["silu", "gelu_tanh"])
 @pytest.mark.parametrize("dtype", [torch.float32, HALF])
-def test_silu_and_mul_splits_the_fused_gate_up_output(dtype):
-    gate_up = randn(4, 2 * 80, dtype=dtype, seed=5)
+def test_act_and_mul_splits_the_fused_gate_up_output(dtype, activation):
+    gate_up = randn(4, 2 * 80, dtype=dtype, seed=5) * 3
     gate, up = gate_up.split(80, dim=-1)
-    torch.testing.assert_close(triton_ops.silu_and_mul(gate_up), F.silu(gate) * up, **close(dtype))
+    act = F.silu(gate) if activation == "silu" else F.gelu(gate, approximate="tanh")
+    torch.testing.assert_close(triton_ops.act_and_mul(gate_up, activation), act * up, **close(dtype))
+
+
+def test_each_family_runs_the_same_forward_with_the_fused_ops(tiny_family):
+    """Each family's layers wired to the kernels (norm styles, per-head and whole-projection q/k norms, partial
+    rotary in place, GeGLU, MoE experts beside them): a prefill of two sequences gives the torch ops' logits."""
+    import numpy as np
+
+    from gpu_worker.attention import BatchLayout, TorchAttention
+    from gpu_worker.kv_cache import PagedKVCache
+    from gpu_worker.model_loader import load_model
+    from gpu_worker.models.forward_context import ForwardContext
+
+    lengths, block_size = [7, 30], 8
+    layout = BatchLayout.build(lengths, lengths, [[0], [1, 2, 3, 4]], block_size)
+    positions = np.concatenate([np.arange(n) for n in lengths])
+    ids = torch.randint(1, 500, (sum(lengths),), generator=torch.Generator().manual_seed(8)).to(DEVICE)
+    logits = []
+    for fused in (False, True):
+        model = load_model(str(tiny_family), "auto", torch.float32, DEVICE, fused_kernels=fused)
+        layers, kv_heads, head_dim = model.kv_shape
+        cache = PagedKVCache(layers, 5, block_size, kv_heads, head_dim, torch.float32, DEVICE)
+        attention = TorchAttention(block_size)
+        metadata = attention.build_metadata(
+            layout,
+            layout.slot_mapping(positions, block_size),
+            lambda v, dtype: torch.as_tensor(v, dtype=dtype, device=DEVICE),
+        )
+        with torch.inference_mode():
+            hidden = model(ids, torch.as_tensor(positions, device=DEVICE), ForwardContext(attention, metadata, cache))
+            logits.append(model.compute_logits(hidden))
+    torch.testing.assert_close(logits[1], logits[0], rtol=1e-5, atol=1e-5)

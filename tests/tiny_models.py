@@ -1,5 +1,5 @@
-"""Tiny random models built on the spot: a byte-level BPE trained on a few local files, and GPT-2 /
-Llama checkpoints saved the way Hugging Face saves them. Nothing is downloaded."""
+"""Tiny random models built on the spot: a byte-level BPE trained on a few local files, and checkpoints of
+every model family the engine runs, saved the way Hugging Face saves them. Nothing is downloaded."""
 
 from __future__ import annotations
 
@@ -57,9 +57,90 @@ def _trained_tokenizer(vocab_size: int):
     return fast
 
 
+# Every family's tiny shape: 4 query heads of 16 in 2 KV heads, a 64-wide residual stream.
+TINY_SHAPE = dict(
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=16,
+    max_position_embeddings=512,
+    initializer_range=0.2,
+    tie_word_embeddings=False,
+    eos_token_id=0,
+    bos_token_id=0,
+    pad_token_id=0,
+)
+# A window that the test prompts (up to 50 tokens) and their 32 new tokens go well past.
+TINY_WINDOW = 24
+
+# Each new family's tiny config, beyond TINY_SHAPE: every feature that sets it apart from Llama switched on,
+# with sizes that make a mistake in it change the greedy tokens (small soft-caps, short windows).
+FAMILY_CONFIGS: dict[str, dict] = {
+    "mistral": dict(sliding_window=TINY_WINDOW),
+    "qwen2": dict(),  # q/k/v biases (random, as every family's here)
+    "qwen3": dict(attention_bias=True),
+    "gemma2": dict(
+        hidden_activation="gelu_pytorch_tanh",
+        query_pre_attn_scalar=24,
+        sliding_window=TINY_WINDOW,
+        attn_logit_softcapping=2.0,
+        final_logit_softcapping=10.0,
+        tie_word_embeddings=True,
+    ),
+    "gemma3_text": dict(
+        hidden_activation="gelu_pytorch_tanh",
+        query_pre_attn_scalar=24,
+        sliding_window=TINY_WINDOW,
+        layer_types=["sliding_attention", "full_attention"],
+        rope_parameters={
+            "sliding_attention": {"rope_type": "default", "rope_theta": 10_000.0},
+            "full_attention": {"rope_type": "linear", "factor": 2.0, "rope_theta": 1_000_000.0},
+        },
+        tie_word_embeddings=True,
+    ),
+    # longrope with its attention scaling (512 / 128 positions); 16-dim heads, half of each rotated (4 frequencies).
+    # The test sequences stay within the original 128 positions, where transformers uses the short factors
+    # throughout (past them it recomputes the whole sequence with the long ones: models/rotary.py).
+    "phi3": dict(
+        sliding_window=40,
+        original_max_position_embeddings=128,
+        rope_parameters={
+            "rope_type": "longrope",
+            "rope_theta": 10_000.0,
+            "partial_rotary_factor": 0.5,
+            "factor": 4.0,
+            "short_factor": [1.0, 1.3, 1.7, 2.0],
+            "long_factor": [2.0, 3.0, 5.0, 8.0],
+        },
+    ),
+    "olmo2": dict(),
+    "mixtral": dict(num_local_experts=4, num_experts_per_tok=2, intermediate_size=64),
+    # Three layers: experts, dense (mlp_only_layers), experts; top-k weights not renormalized (norm_topk_prob off).
+    "qwen3_moe": dict(
+        num_hidden_layers=3,
+        num_experts=8,
+        num_experts_per_tok=2,
+        moe_intermediate_size=32,
+        norm_topk_prob=False,
+        mlp_only_layers=[1],
+    ),
+}
+
+
 def build_model(kind: str, folder: Path, seed: int = 0, **overrides) -> Path:
-    """Save a random `kind` ('gpt2' or 'llama') model with a fresh tokenizer into `folder`."""
-    from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
+    """Save a random `kind` model ('gpt2', 'llama', or a FAMILY_CONFIGS model_type) with a fresh tokenizer into
+    `folder`. The new families' norm weights and biases are random too (away from their init of 1, or 0 for
+    Gemma's (1 + w)), so that a norm applied in the wrong style changes the outputs."""
+    from transformers import (
+        AutoConfig,
+        AutoModelForCausalLM,
+        GPT2Config,
+        GPT2LMHeadModel,
+        LlamaConfig,
+        LlamaForCausalLM,
+    )
 
     folder.mkdir(parents=True, exist_ok=True)
     build_tokenizer(folder)
@@ -95,10 +176,23 @@ def build_model(kind: str, folder: Path, seed: int = 0, **overrides) -> Path:
         )
         config = LlamaConfig(**{**llama, **overrides})
         model = LlamaForCausalLM(config)
+    elif kind in FAMILY_CONFIGS:
+        settings = {**TINY_SHAPE, "vocab_size": vocab, **FAMILY_CONFIGS[kind], **overrides}
+        config = AutoConfig.for_model(kind, **settings)
+        model = AutoModelForCausalLM.from_config(config)
+        _randomize_norms_and_biases(model, seed)
     else:
         raise ValueError(kind)
     model.save_pretrained(folder)
     return folder
+
+
+def _randomize_norms_and_biases(model, seed: int) -> None:
+    gen = torch.Generator().manual_seed(seed + 1)
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if "norm" in name or name.endswith(".bias"):
+                param.add_(torch.randn(param.shape, generator=gen) * 0.3)
 
 
 def build_scripted_model(folder: Path, chain: list[int]) -> Path:
@@ -181,4 +275,65 @@ def random_prompts(count: int, lengths: list[int], vocab: int, seed: int = 0) ->
     return [torch.randint(1, vocab, (lengths[i % len(lengths)],), generator=gen).tolist() for i in range(count)]
 
 
-__all__ = ["build_model", "build_tokenizer", "hf_greedy", "hf_greedy_choices", "random_prompts"]
+__all__ = [
+    "FAMILY_CONFIGS",
+    "build_gguf",
+    "build_model",
+    "build_tokenizer",
+    "hf_greedy",
+    "hf_greedy_choices",
+    "random_prompts",
+]
+
+
+def build_gguf(folder: Path, path: Path) -> Path:
+    """Write `folder`'s model (a tiny qwen3 or qwen3_moe from build_model) as a float32 GGUF file the way
+    llama.cpp lays one out: its metadata keys, its tensor names (experts stacked per layer), the byte-level
+    BPE as a "gpt2" tokenizer."""
+    import re
+
+    import gguf
+    from safetensors.torch import load_file
+
+    config = json.loads((folder / "config.json").read_text())
+    tokenizer = json.loads((folder / "tokenizer.json").read_text())
+    arch = {"qwen3": "qwen3", "qwen3_moe": "qwen3moe"}[config["model_type"]]
+    writer = gguf.GGUFWriter(str(path), arch)
+    writer.add_context_length(config["max_position_embeddings"])
+    writer.add_embedding_length(config["hidden_size"])
+    writer.add_block_count(config["num_hidden_layers"])
+    writer.add_feed_forward_length(config["intermediate_size"])
+    writer.add_head_count(config["num_attention_heads"])
+    writer.add_head_count_kv(config["num_key_value_heads"])
+    writer.add_key_length(config["head_dim"])
+    writer.add_value_length(config["head_dim"])
+    writer.add_rope_freq_base(config["rope_parameters"]["rope_theta"])
+    writer.add_layer_norm_rms_eps(config["rms_norm_eps"])
+    if arch == "qwen3moe":
+        writer.add_expert_count(config.get("num_experts") or config["num_local_experts"])
+        writer.add_expert_used_count(config["num_experts_per_tok"])
+        writer.add_expert_feed_forward_length(config["moe_intermediate_size"])
+    vocab = sorted(tokenizer["model"]["vocab"], key=tokenizer["model"]["vocab"].get)
+    special = {t["content"] for t in tokenizer["added_tokens"]}
+    writer.add_tokenizer_model("gpt2")
+    writer.add_tokenizer_pre("qwen2")
+    writer.add_token_list(vocab)
+    writer.add_token_types([gguf.TokenType.CONTROL if t in special else gguf.TokenType.NORMAL for t in vocab])
+    writer.add_token_merges([m if isinstance(m, str) else " ".join(m) for m in tokenizer["model"]["merges"]])
+    writer.add_bos_token_id(0)
+    writer.add_eos_token_id(0)
+    tensors = load_file(folder / "model.safetensors")
+    experts: dict[str, dict[int, torch.Tensor]] = {}
+    for name in list(tensors):
+        if match := re.fullmatch(r"(.*\.mlp\.experts)\.(\d+)\.(\w+)\.weight", name):
+            experts.setdefault(f"{match[1]}.{match[3]}", {})[int(match[2])] = tensors.pop(name)
+    for name, by_index in experts.items():
+        tensors[name] = torch.stack([by_index[i] for i in sorted(by_index)])
+    names = gguf.get_tensor_name_map(gguf.MODEL_ARCH.QWEN3 if arch == "qwen3" else gguf.MODEL_ARCH.QWEN3MOE, 99)
+    for name, tensor in tensors.items():
+        writer.add_tensor(names.get_name(name, try_suffixes=(".weight", ".bias")), tensor.numpy())
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path

@@ -122,5 +122,12 @@ class AttentionBackend(ABC):
         v_cache: torch.Tensor,
         metadata: Any,
         scale: float,
+        *,
+        sliding_window: int | None = None,
+        softcap: float | None = None,
     ) -> torch.Tensor:
-        """q: [T, Hq, D]; k, v: [T, Hkv, D]; caches: [num_blocks, block_size, Hkv, D]. Returns [T, Hq, D]."""
+        """q: [T, Hq, D]; k, v: [T, Hkv, D]; caches: [num_blocks, block_size, Hkv, D]. Returns [T, Hq, D].
+
+        The layer's options: sliding_window, each query sees only itself and the sliding_window - 1 positions
+        before it (transformers' rule: key > query - window); softcap, scores scale * q.k become
+        softcap * tanh(score / softcap) before the mask and softmax (Gemma 2). None: neither."""

@@ -3,12 +3,14 @@
 The model runs on the flat [T, ...] token batch; only inside attention are queries placed into a
 [sequences, longest query] grid so that one scaled_dot_product_attention call covers every prefill
 chunk (and one more call every decode). Keys and values are gathered from the paged store through
-the block tables, so prefix-cached context and the new tokens are read the same way.
+the block tables, so prefix-cached context and the new tokens are read the same way. A layer with logit
+soft-capping (Gemma 2) runs the same steps written out (SDPA cannot cap scores), as transformers' eager
+attention does.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
@@ -25,8 +27,20 @@ class _Group:
     token_end: int
     grid_cells: torch.Tensor | None  # [num tokens]: token -> grid cell (prefill only)
     kv_slots: torch.Tensor  # [S, max_kv]: flat KV-store slot of each context position
-    mask: torch.Tensor  # [S, 1, max_q, max_kv]: True where attention is allowed
+    mask: torch.Tensor  # [S, 1, max_q, max_kv]: True where attention is allowed (causal)
+    query_pos: torch.Tensor  # [S, 1, max_q, 1]: each query's context position (grid padding rows: 0)
     max_q: int
+    windowed: dict[int, torch.Tensor] = field(default_factory=dict)  # sliding window -> mask, made once a forward
+
+    def mask_for(self, sliding_window: int | None) -> torch.Tensor:
+        """The causal mask, less the keys `sliding_window` or more positions before each query."""
+        if not sliding_window:
+            return self.mask
+        mask = self.windowed.get(sliding_window)
+        if mask is None:
+            key_pos = torch.arange(self.mask.shape[-1], device=self.mask.device)
+            mask = self.windowed[sliding_window] = self.mask & (self.query_pos - key_pos < sliding_window)
+        return mask
 
 
 @dataclass(slots=True)
@@ -58,12 +72,14 @@ class TorchAttention(AttentionBackend):
         table = torch.from_numpy(layout.block_table[first:last]).long()
         pos = torch.arange(max_kv)
         kv_slots = table[:, pos // bs] * bs + pos % bs
-        # Query i of a sequence sits at context position (ctx_len - q_len + i): it sees keys up to there.
+        # Query i of a sequence sits at context position (ctx_len - q_len + i): it sees keys up to there. Grid
+        # padding rows (i >= q_len) stand at position 0, so that they see key 0 in any window (softmax of
+        # nothing is NaN); their outputs are dropped.
         qi = torch.arange(max_q)
         last_visible = (ctx_lens - q_lens)[:, None] + qi[None, :]  # [S, max_q]
+        last_visible.masked_fill_(qi[None, :] >= q_lens[:, None], 0)
         mask = pos[None, None, :] <= last_visible[:, :, None]
         mask &= pos[None, None, :] < ctx_lens[:, None, None]
-        mask[:, :, 0] = True  # grid padding rows must see something, or softmax gives NaN; they are dropped
         grid_cells = None
         num_tokens = int(q_lens.sum())
         if max_q > 1:
@@ -72,10 +88,28 @@ class TorchAttention(AttentionBackend):
             offset_in_seq = torch.arange(num_tokens) - starts[seq_of_token]
             grid_cells = (seq_of_token * max_q + offset_in_seq).to(device)
         return _Group(
-            token_start, token_start + num_tokens, grid_cells, kv_slots.to(device), mask[:, None].to(device), max_q
+            token_start,
+            token_start + num_tokens,
+            grid_cells,
+            kv_slots.to(device),
+            mask[:, None].to(device),
+            last_visible[:, None, :, None].to(device),
+            max_q,
         )
 
-    def forward(self, q, k, v, k_cache, v_cache, metadata: TorchAttentionMetadata, scale: float):
+    def forward(
+        self,
+        q,
+        k,
+        v,
+        k_cache,
+        v_cache,
+        metadata: TorchAttentionMetadata,
+        scale: float,
+        *,
+        sliding_window: int | None = None,
+        softcap: float | None = None,
+    ):
         k_flat = k_cache.view(-1, *k_cache.shape[2:])
         v_flat = v_cache.view(-1, *v_cache.shape[2:])
         k_flat.index_copy_(0, metadata.slot_mapping, k)
@@ -84,12 +118,20 @@ class TorchAttention(AttentionBackend):
         for group in (metadata.prefill, metadata.decode):
             if group is not None:
                 out[group.token_start : group.token_end] = self._attend(
-                    q[group.token_start : group.token_end], k_flat, v_flat, group, scale
+                    q[group.token_start : group.token_end], k_flat, v_flat, group, scale, sliding_window, softcap
                 )
         return out
 
     @staticmethod
-    def _attend(q: torch.Tensor, k_flat: torch.Tensor, v_flat: torch.Tensor, group: _Group, scale: float):
+    def _attend(
+        q: torch.Tensor,
+        k_flat: torch.Tensor,
+        v_flat: torch.Tensor,
+        group: _Group,
+        scale: float,
+        sliding_window: int | None,
+        softcap: float | None,
+    ):
         num_seqs = group.kv_slots.shape[0]
         heads, dim = q.shape[1], q.shape[2]
         if group.grid_cells is not None:
@@ -98,17 +140,29 @@ class TorchAttention(AttentionBackend):
             qg = grid.view(num_seqs, group.max_q, heads, dim)
         else:
             qg = q.view(num_seqs, 1, heads, dim)
-        keys = k_flat[group.kv_slots]  # [S, max_kv, Hkv, D]
-        values = v_flat[group.kv_slots]
-        out = F.scaled_dot_product_attention(
-            qg.transpose(1, 2),
-            keys.transpose(1, 2),
-            values.transpose(1, 2),
-            attn_mask=group.mask,
-            scale=scale,
-            enable_gqa=keys.shape[2] != heads,
-        )
+        keys = k_flat[group.kv_slots].transpose(1, 2)  # [S, Hkv, max_kv, D]
+        values = v_flat[group.kv_slots].transpose(1, 2)
+        mask = group.mask_for(sliding_window)
+        if softcap:
+            out = _capped_attention(qg.transpose(1, 2), keys, values, mask, scale, softcap)
+        else:
+            out = F.scaled_dot_product_attention(
+                qg.transpose(1, 2), keys, values, attn_mask=mask, scale=scale, enable_gqa=keys.shape[1] != heads
+            )
         out = out.transpose(1, 2)  # [S, max_q, H, D]
         if group.grid_cells is not None:
             return out.reshape(num_seqs * group.max_q, heads, dim)[group.grid_cells]
         return out.reshape(num_seqs, heads, dim)
+
+
+def _capped_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, scale: float, softcap: float
+) -> torch.Tensor:
+    """q [S, H, M, D], k and v [S, Hkv, N, D], mask [S, 1, M, N]: softmax(cap * tanh(q k^T * scale / cap)) v,
+    in transformers' eager order (softmax in float32, cast back before the product with v)."""
+    group = q.shape[1] // k.shape[1]
+    k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
+    scores = torch.matmul(q, k.transpose(2, 3)) * scale
+    scores = torch.tanh(scores / softcap) * softcap
+    probs = torch.softmax(scores.masked_fill(~mask, float("-inf")), dim=-1, dtype=torch.float32).to(q.dtype)
+    return torch.matmul(probs, v)

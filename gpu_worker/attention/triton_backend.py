@@ -141,6 +141,9 @@ class TritonAttention(AttentionBackend):
         v_cache: torch.Tensor,
         metadata: TritonAttentionMetadata,
         scale: float,
+        *,
+        sliding_window: int | None = None,
+        softcap: float | None = None,
     ) -> torch.Tensor:
         kernels.store_kv(k, v, k_cache, v_cache, metadata.slot_mapping)
         new = torch.zeros if metadata.zero_padding else torch.empty
@@ -163,6 +166,8 @@ class TritonAttention(AttentionBackend):
                 scale,
                 prefill_splits,
                 metadata.decode_span,
+                sliding_window,
+                softcap,
             )
         if metadata.decode_programs:
             kernels.decode_attention(
@@ -177,6 +182,8 @@ class TritonAttention(AttentionBackend):
                 metadata.decode_slice_seqs,
                 metadata.decode_slice_starts,
                 metadata.decode_programs,
+                sliding_window,
+                softcap,
             )
         return out
 

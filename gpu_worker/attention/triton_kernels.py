@@ -13,6 +13,11 @@ the block, position % block_size the slot in it), so a K/V tile may span several
 size works. Softmax is online (running max and sum, rescaled per tile) in float32, in base 2: scores are
 scaled by scale * log2(e) so exp2 can be used.
 
+Per layer, two options (constexpr flags, so a layer without them compiles without their code):
+a sliding window (each query sees itself and the window - 1 keys before it: keys before the window are
+never loaded, so blocks every layer has slid past could be freed without harm) and tanh soft-capping of the
+scores (Gemma 2: cap * tanh(score / cap), taken before the mask, as the reference does).
+
 Head dims that are not a power of two (and group sizes, head counts) are padded to one with masked
 loads; tl.dot wants every side at least 16, hence the floors of 16 below.
 """
@@ -25,6 +30,8 @@ import numpy as np
 import torch
 import triton
 import triton.language as tl
+
+from gpu_worker.triton_math import tanh
 
 LOG2_E = 1.4426950408889634
 PREFILL_BLOCK_M = 64  # queries per prefill program; the host splits sequences into tiles of this size
@@ -121,6 +128,7 @@ def _load_kv_tile(
     table_ptr,
     kv_head,
     start,
+    begin,
     end,
     stride_cb,
     stride_cs,
@@ -130,9 +138,9 @@ def _load_kv_tile(
     HEAD_DIM_PAD: tl.constexpr,
     BLOCK_N: tl.constexpr,
 ):
-    """K and V [BLOCK_N, HEAD_DIM_PAD] of context positions start.., zero at positions >= end."""
+    """K and V [BLOCK_N, HEAD_DIM_PAD] of context positions start.., zero outside [begin, end) (never read)."""
     pos = start + tl.arange(0, BLOCK_N)
-    in_context = pos < end
+    in_context = (pos >= begin) & (pos < end)
     block = tl.load(table_ptr + pos // BLOCK_SIZE, mask=in_context, other=0).to(tl.int64)
     rows = block * stride_cb + (pos % BLOCK_SIZE) * stride_cs + kv_head * stride_ch
     dims = tl.arange(0, HEAD_DIM_PAD)
@@ -162,9 +170,19 @@ def _store_slice(part_out_ptr, part_lse_ptr, part, acc, m_i, l_i, dims, rows, HE
 
 
 @triton.jit
-def _scores(q, k, qk_scale):
-    """q [M, D] . k [N, D]^T in float32, in log2 units. ieee: float32 inputs must not drop to tf32."""
-    return tl.dot(q, tl.trans(k), input_precision="ieee") * qk_scale
+def _scores(q, k, qk_scale, softcap, SOFTCAP: tl.constexpr):
+    """q [M, D] . k [N, D]^T in float32, in log2 units. ieee: float32 inputs must not drop to tf32.
+    SOFTCAP: softcap * tanh(s / softcap), softcap in log2 units too (cap * log2(e): the same capping)."""
+    s = tl.dot(q, tl.trans(k), input_precision="ieee") * qk_scale
+    if SOFTCAP:
+        s = softcap * tanh(s / softcap)
+    return s
+
+
+@triton.jit
+def _in_window(k_pos, q_pos, window):
+    """[M, N]: whether each key is one of the `window` latest positions up to each query's own."""
+    return k_pos[None, :] > q_pos[:, None] - window
 
 
 @triton.jit
@@ -201,6 +219,8 @@ def _prefill_kernel(
     tiles_ptr,
     tiles_stride,
     qk_scale,
+    window,
+    softcap,
     stride_qt,
     stride_qh,
     stride_ot,
@@ -216,6 +236,8 @@ def _prefill_kernel(
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     SPLIT: tl.constexpr,
+    SLIDING: tl.constexpr,
+    SOFTCAP: tl.constexpr,
 ):
     tile = tl.program_id(0)
     head = tl.program_id(1)
@@ -236,30 +258,37 @@ def _prefill_kernel(
     tokens = (q_start + rows).to(tl.int64)
     q = tl.load(q_ptr + tokens[:, None] * stride_qt + head * stride_qh + dims[None, :], mask=io_mask, other=0.0)
 
-    # Query i sits at context position ctx - q_len + i and sees keys up to it:
-    #   keys [0, shared_end)         visible to every query of the tile: no mask
+    # Query i sits at context position ctx - q_len + i and sees keys up to it (SLIDING: from window - 1 before it):
+    #   keys [kv_begin, shared_end)  visible to every query of the tile: no causal mask
     #   keys [shared_end, kv_end)    the causal diagonal: masked per (query, key)
+    # kv_begin: 0, or where the tile's first query's window starts (keys before it are never loaded), whose
+    # BLOCK_N tile the walk starts from so that tiles stay aligned with shared_end.
     q_pos = ctx - q_len + rows
     first_pos = ctx - q_len + first
     kv_end = tl.minimum(first_pos + BLOCK_M, ctx)
     shared_end = (first_pos + 1) // BLOCK_N * BLOCK_N
+    kv_begin = 0
+    if SLIDING:
+        kv_begin = tl.maximum(first_pos - window + 1, 0)
+    walk_start = kv_begin // BLOCK_N * BLOCK_N
 
-    # Split-KV: this program takes one slice of [0, kv_end), whole BLOCK_N tiles; a later pass merges them.
+    # Split-KV: this program takes one slice of [walk_start, kv_end), whole BLOCK_N tiles; a later pass merges them.
     num_splits = tl.num_programs(2)
-    slice_len = tl.cdiv(tl.cdiv(kv_end, BLOCK_N), num_splits) * BLOCK_N
-    lo = split * slice_len
+    slice_len = tl.cdiv(tl.cdiv(kv_end - walk_start, BLOCK_N), num_splits) * BLOCK_N
+    lo = walk_start + split * slice_len
     hi = tl.minimum(lo + slice_len, kv_end)
 
     acc = tl.zeros([BLOCK_M, HEAD_DIM_PAD], dtype=tl.float32)
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     for start in range(lo, tl.minimum(hi, shared_end), BLOCK_N):
-        _, k, v = _load_kv_tile(
+        k_pos, k, v = _load_kv_tile(
             k_cache_ptr,
             v_cache_ptr,
             table_ptr,
             kv_head,
             start,
+            kv_begin,
             kv_end,
             stride_cb,
             stride_cs,
@@ -269,7 +298,10 @@ def _prefill_kernel(
             HEAD_DIM_PAD,
             BLOCK_N,
         )
-        acc, m_i, l_i = _online_softmax_step(acc, m_i, l_i, _scores(q, k, qk_scale), v)
+        s = _scores(q, k, qk_scale, softcap, SOFTCAP)
+        if SLIDING:
+            s = tl.where(_in_window(k_pos, q_pos, window), s, float("-inf"))
+        acc, m_i, l_i = _online_softmax_step(acc, m_i, l_i, s, v)
     for start in range(tl.maximum(lo, shared_end), hi, BLOCK_N):
         k_pos, k, v = _load_kv_tile(
             k_cache_ptr,
@@ -277,6 +309,7 @@ def _prefill_kernel(
             table_ptr,
             kv_head,
             start,
+            kv_begin,
             kv_end,
             stride_cb,
             stride_cs,
@@ -286,13 +319,18 @@ def _prefill_kernel(
             HEAD_DIM_PAD,
             BLOCK_N,
         )
-        s = tl.where(k_pos[None, :] <= q_pos[:, None], _scores(q, k, qk_scale), float("-inf"))
+        visible = k_pos[None, :] <= q_pos[:, None]
+        if SLIDING:
+            visible = visible & _in_window(k_pos, q_pos, window)
+        s = tl.where(visible, _scores(q, k, qk_scale, softcap, SOFTCAP), float("-inf"))
         acc, m_i, l_i = _online_softmax_step(acc, m_i, l_i, s, v)
 
     if SPLIT:  # partials [tokens, Hq, splits, HEAD_DIM_PAD]
         part = (tokens * tl.num_programs(1) + head) * num_splits + split
         _store_slice(part_out_ptr, part_lse_ptr, part, acc, m_i, l_i, dims, rows < q_len, HEAD_DIM_PAD)
     else:
+        if SLIDING:  # padding rows (past q_len, never stored) may see no key in the window: no 0 / 0
+            l_i = tl.where(l_i > 0, l_i, 1.0)
         out = acc / l_i[:, None]
         tl.store(
             out_ptr + tokens[:, None] * stride_ot + head * stride_oh + dims[None, :],
@@ -341,7 +379,7 @@ def _merge_slices_kernel(
         part = (row.to(tl.int64) * tl.num_programs(1) + head) * num_splits + splits  # [tokens, Hq, splits, ...]
     dims = tl.arange(0, HEAD_DIM_PAD)
     lse = tl.load(part_lse_ptr + part, mask=splits < count, other=float("-inf"))
-    # Finite max: the slice holding a query's own position (a decode's first slice) saw a key.
+    # Finite max: the slice holding a query's own position saw a key (it is inside every window).
     weights = tl.exp2(lse - tl.max(lse, 0))
     parts = tl.load(
         part_out_ptr + part[:, None] * HEAD_DIM_PAD + dims[None, :], mask=(splits < count)[:, None], other=0.0
@@ -416,6 +454,8 @@ def prefill_attention(
     scale: float,
     num_splits: int = 1,
     decode_span: torch.Tensor | None = None,
+    sliding_window: int | None = None,
+    softcap: float | None = None,
 ) -> None:
     """Causal attention of the multi-token sequences, whose tokens come first in q, out [T, Hq, D].
 
@@ -423,7 +463,8 @@ def prefill_attention(
     query) of each PREFILL_BLOCK_M-query tile, a sequence of -1 for a tile that does nothing (a CUDA graph's
     padding); block_tables [>= P, W] and context_lens [>= P] by sequence. num_splits > 1 cuts each tile's
     keys into that many slices (prefill_num_splits), merged by a second pass over the prefill tokens, whose
-    count the decode span holds (its second entry; None: every token of q)."""
+    count the decode span holds (its second entry; None: every token of q). sliding_window, softcap: the
+    layer's (None: none)."""
     num_tokens, num_heads, head_dim = q.shape
     num_tiles = tiles.shape[1]
     head_dim_pad = _pow2(head_dim)
@@ -442,6 +483,8 @@ def prefill_attention(
         tiles,
         tiles.stride(0),
         scale * LOG2_E,
+        sliding_window or 0,
+        (softcap or 0.0) * LOG2_E,
         q.stride(0),
         q.stride(1),
         out.stride(0),
@@ -455,6 +498,8 @@ def prefill_attention(
         BLOCK_M=PREFILL_BLOCK_M,
         BLOCK_N=PREFILL_BLOCK_N,
         SPLIT=split,
+        SLIDING=bool(sliding_window),
+        SOFTCAP=bool(softcap),
         num_warps=4,
         num_stages=2,
     )
@@ -481,6 +526,8 @@ def _decode_kernel(
     slice_seqs_ptr,
     slice_starts_ptr,
     qk_scale,
+    window,
+    softcap,
     stride_qt,
     stride_qh,
     stride_ot,
@@ -495,6 +542,8 @@ def _decode_kernel(
     HEAD_DIM: tl.constexpr,
     HEAD_DIM_PAD: tl.constexpr,
     BLOCK_N: tl.constexpr,
+    SLIDING: tl.constexpr,
+    SOFTCAP: tl.constexpr,
 ):
     item = tl.program_id(0)
     kv_head = tl.program_id(1)
@@ -508,6 +557,8 @@ def _decode_kernel(
     ctx = tl.load(context_lens_ptr + first_seq + seq)
     lo = (item - first_slice) * split_len
     hi = tl.minimum(lo + split_len, ctx)
+    if SLIDING:  # the query (position ctx - 1) sees the last `window` keys; a slice before them, nothing
+        lo = tl.maximum(lo, ctx - window)
     table_ptr = block_tables_ptr + (first_seq + seq).to(tl.int64) * stride_bt
     token = (first_token + seq).to(tl.int64)  # its query's row in q and out
 
@@ -528,6 +579,7 @@ def _decode_kernel(
             table_ptr,
             kv_head,
             start,
+            lo,
             hi,
             stride_cb,
             stride_cs,
@@ -537,7 +589,7 @@ def _decode_kernel(
             HEAD_DIM_PAD,
             BLOCK_N,
         )
-        s = tl.where(k_pos[None, :] < hi, _scores(q, k, qk_scale), float("-inf"))
+        s = tl.where(k_pos[None, :] < hi, _scores(q, k, qk_scale, softcap, SOFTCAP), float("-inf"))
         acc, m_i, l_i = _online_softmax_step(acc, m_i, l_i, s, v)
 
     if num_slices > 1:  # partials [slices, Hq, HEAD_DIM_PAD]
@@ -606,6 +658,8 @@ def decode_attention(
     slice_seqs: torch.Tensor,
     slice_starts: torch.Tensor,
     num_programs: int | None = None,
+    sliding_window: int | None = None,
+    softcap: float | None = None,
 ) -> None:
     """One query per sequence, for the decode sequences of block_tables [S, W] and context_lens [S]:
     decode_span, int32 on the device, holds (first decode sequence, the token row of its query in q and
@@ -613,7 +667,8 @@ def decode_attention(
     rows. slice_seqs [slices launched] and slice_starts [>= decodes + 1], int32 on the device: a
     DecodeSlices' seqs (-1 past the step's own: programs that return at once) and starts. num_programs: how
     many decodes the merge covers (at least the number of decodes; default every sequence): a CUDA graph's
-    launches are sized for its largest step.
+    launches are sized for its largest step. sliding_window, softcap: the layer's (None: none); a slice that
+    lies wholly before the window sees nothing and weighs nothing in the merge.
 
     Offsets on the device rather than sliced tensors: Triton compiles a variant per pointer alignment, a
     slice's start moves with the prefill sequences and tokens in front of it, and a graph's replay can change
@@ -641,6 +696,8 @@ def decode_attention(
         slice_seqs,
         slice_starts,
         scale * LOG2_E,
+        sliding_window or 0,
+        (softcap or 0.0) * LOG2_E,
         q.stride(0),
         q.stride(1),
         out.stride(0),
@@ -653,6 +710,8 @@ def decode_attention(
         HEAD_DIM=head_dim,
         HEAD_DIM_PAD=head_dim_pad,
         BLOCK_N=DECODE_BLOCK_N,
+        SLIDING=bool(sliding_window),
+        SOFTCAP=bool(softcap),
         num_warps=4,
         num_stages=2,
     )

@@ -35,6 +35,9 @@ class ColumnParallelLinear(nn.Linear):
     def full_shape(self, name: str) -> tuple[int, ...]:
         return (sum(self.parts), self.in_features) if name == "weight" else (sum(self.parts),)
 
+    def part_count(self, name: str) -> int:
+        return len(self.parts)
+
     def load(self, name: str, full: torch.Tensor, part: int | None = None) -> None:
         """Copy this rank's rows of part `part` of the whole tensor (all parts, stacked, when None)."""
         param = getattr(self, name)

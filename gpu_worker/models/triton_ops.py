@@ -1,16 +1,17 @@
-"""Fused kernels for the Llama family's elementwise steps on CUDA, one launch each where torch needs many.
+"""Fused kernels for the decoder families' elementwise steps on CUDA, one launch each where torch needs many.
 
 Fewer kernels make a forward cheaper to launch eagerly (--enforce-eager, steps with prompt logprobs) and its
 CUDA graph shorter: RMSNorm written in torch ops is seven launches and the rotary embedding about fourteen, in
 every layer. Here:
 
-    add_rms_norm   grid (tokens,)   residual + x, then RMSNorm of the sum   (or RMSNorm of x alone)
-    rotary         grid (tokens,)   rotates q and k in place, every head of both
-    silu_and_mul   grid (tokens,)   silu(gate) * up from the fused gate/up projection
+    add_rms_norm   grid (rows,)     residual + x, then RMSNorm of the sum   (or RMSNorm of x alone), in each
+                                    family's style (models/norms.py)
+    rotary         grid (tokens,)   rotates q and k in place, every head of both (the first rotary dims of each)
+    act_and_mul    grid (tokens,)   act(gate) * up from the fused gate/up projection, act silu or tanh-GELU
 
-Each rounds to the model dtype wherever the torch reference (models/llama.py) does, in the same order,
-and contracts no multiply-add (enable_fp_fusion=False): float32 results are the reference's, except for
-the last bit of a sum taken in another order (RMSNorm's mean square) or of the exponential in silu.
+Each rounds to the model dtype wherever the torch reference (models/norms.py, rotary.py, mlp.py) does, in the
+same order, and contracts no multiply-add (enable_fp_fusion=False): float32 results are the reference's,
+except for the last bit of a sum taken in another order (RMSNorm's mean square) or of an exponential.
 """
 
 from __future__ import annotations
@@ -18,6 +19,8 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
+
+from gpu_worker.triton_math import tanh
 
 
 @triton.jit
@@ -33,6 +36,8 @@ def _add_rms_norm_kernel(
     N: tl.constexpr,
     N_PAD: tl.constexpr,
     HAS_RESIDUAL: tl.constexpr,
+    OFFSET: tl.constexpr,
+    SCALE_IN_FP32: tl.constexpr,
 ):
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, N_PAD)
@@ -45,14 +50,24 @@ def _add_rms_norm_kernel(
         tl.store(residual_ptr + row * stride_r + cols, x, mask=mask)
     h = x.to(tl.float32)
     h = h * tl.rsqrt(tl.sum(h * h, 0) / N + eps)
-    w = tl.load(weight_ptr + cols, mask=mask, other=0.0)
-    tl.store(out_ptr + row * stride_o + cols, (w.to(tl.float32) * h.to(x.dtype).to(tl.float32)).to(x.dtype), mask=mask)
+    w = tl.load(weight_ptr + cols, mask=mask, other=0.0).to(tl.float32)
+    if SCALE_IN_FP32:  # gemma, olmo: (OFFSET + w) * h in float32, one rounding
+        out = (h * (OFFSET + w)).to(x.dtype)
+    else:  # llama: h rounded first
+        out = (w * h.to(x.dtype).to(tl.float32)).to(x.dtype)
+    tl.store(out_ptr + row * stride_o + cols, out, mask=mask)
 
 
 def add_rms_norm(
-    x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor | None = None
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    eps: float,
+    residual: torch.Tensor | None = None,
+    offset: float = 0.0,
+    scale_in_float32: bool = False,
 ) -> torch.Tensor:
-    """RMSNorm of x [T, N]; with a residual, of residual + x, which is also written into residual."""
+    """RMSNorm of x [T, N]; with a residual, of residual + x, which is also written into residual.
+    offset, scale_in_float32: the family's style (models/norms.py)."""
     out = torch.empty_like(x)
     n = x.shape[-1]
     _add_rms_norm_kernel[(x.shape[0],)](
@@ -67,6 +82,8 @@ def add_rms_norm(
         N=n,
         N_PAD=triton.next_power_of_2(n),
         HAS_RESIDUAL=residual is not None,
+        OFFSET=offset,
+        SCALE_IN_FP32=scale_in_float32,
         enable_fp_fusion=False,
     )
     return out
@@ -135,8 +152,9 @@ def _rotary_kernel(
 
 
 def rotary(positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> None:
-    """Rotate q [T, Hq, D] and k [T, Hk, D] (strided views are fine) in place; cos, sin [positions, D]."""
-    half = q.shape[-1] // 2
+    """Rotate q [T, Hq, D] and k [T, Hk, D] (strided views are fine) in place; cos, sin [positions, R]: the first
+    R dims of each head turn (R < D: partial rotary), the rest stay."""
+    half = cos.shape[-1] // 2
     _rotary_kernel[(q.shape[0],)](
         q,
         k,
@@ -158,7 +176,7 @@ def rotary(positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, cos: torch
 
 
 @triton.jit
-def _silu_and_mul_kernel(x_ptr, out_ptr, stride_x, stride_o, N: tl.constexpr, BLOCK: tl.constexpr):
+def _act_and_mul_kernel(x_ptr, out_ptr, stride_x, stride_o, N: tl.constexpr, BLOCK: tl.constexpr, GELU: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
     for start in range(0, N, BLOCK):
         cols = start + tl.arange(0, BLOCK)
@@ -166,21 +184,26 @@ def _silu_and_mul_kernel(x_ptr, out_ptr, stride_x, stride_o, N: tl.constexpr, BL
         gate = tl.load(x_ptr + row * stride_x + cols, mask=mask, other=0.0)
         up = tl.load(x_ptr + row * stride_x + N + cols, mask=mask, other=0.0).to(tl.float32)
         g = gate.to(tl.float32)
-        silu = (g / (1.0 + tl.exp(-g))).to(gate.dtype).to(tl.float32)
-        tl.store(out_ptr + row * stride_o + cols, (silu * up).to(gate.dtype), mask=mask)
+        if GELU:  # torch's tanh approximation: 0.5 x (1 + tanh(sqrt(2 / pi) (x + 0.044715 x^3)))
+            inner = 0.7978845608028654 * (g + 0.044715 * (g * g * g))
+            act = 0.5 * g * (1.0 + tanh(inner))
+        else:
+            act = g / (1.0 + tl.exp(-g))
+        tl.store(out_ptr + row * stride_o + cols, (act.to(gate.dtype).to(tl.float32) * up).to(gate.dtype), mask=mask)
 
 
-def silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor:
-    """[T, 2I] (gate then up) -> silu(gate) * up [T, I]."""
+def act_and_mul(gate_up: torch.Tensor, activation: str = "silu") -> torch.Tensor:
+    """[T, 2I] (gate then up) -> act(gate) * up [T, I]; activation "silu" or "gelu_tanh"."""
     n = gate_up.shape[-1] // 2
     out = torch.empty(gate_up.shape[0], n, dtype=gate_up.dtype, device=gate_up.device)
-    _silu_and_mul_kernel[(gate_up.shape[0],)](
+    _act_and_mul_kernel[(gate_up.shape[0],)](
         gate_up,
         out,
         gate_up.stride(0),
         out.stride(0),
         N=n,
         BLOCK=min(1024, triton.next_power_of_2(n)),
+        GELU=activation == "gelu_tanh",
         enable_fp_fusion=False,
     )
     return out

@@ -2,8 +2,14 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable
+from typing import Any
+
 import torch
 from torch import nn
+
+# Where a checkpoint tensor goes: our parameter's name and which part of it (None: all of it), or None to skip.
+Placement = tuple[str, Any] | None
 
 
 def copy_param(params: dict[str, nn.Parameter], name: str, tensor: torch.Tensor) -> None:
@@ -29,6 +35,34 @@ def load_tensor(model: nn.Module, params: dict[str, nn.Parameter], name: str, te
             raise ValueError(f"{name}: {exc}") from None
     else:
         copy_param(params, name, tensor)
+
+
+def load_checkpoint(
+    model: nn.Module, weights: Iterable[tuple[str, torch.Tensor]], place: Callable[[str], Placement]
+) -> None:
+    """Copy every checkpoint tensor where `place` puts it, then check that nothing is missing: a parameter
+    loaded in parts (q|k|v, gate|up, one expert at a time) must have received every part its layer has
+    (`part_count`: the fused linear layers' and the experts')."""
+    params = dict(model.named_parameters())
+    loaded: set[str] = set()
+    parts: dict[str, set] = {}
+    for checkpoint_name, tensor in weights:
+        placement = place(checkpoint_name)
+        if placement is None:
+            continue
+        name, part = placement
+        load_tensor(model, params, name, tensor, part)
+        if part is None:
+            loaded.add(name)
+        else:
+            parts.setdefault(name, set()).add(part)
+    for name, seen in parts.items():
+        owner, _, attr = name.rpartition(".")
+        if len(seen) == model.get_submodule(owner).part_count(attr):
+            loaded.add(name)
+        elif name not in loaded:
+            raise ValueError(f"checkpoint lacks parts of fused tensor {name}: has {sorted(seen, key=str)}")
+    check_all_loaded(params, loaded)
 
 
 def check_all_loaded(params: dict[str, nn.Parameter], loaded: set[str]) -> None:

@@ -1,0 +1,144 @@
+"""Mixture-of-experts MLP (Mixtral, Qwen3-MoE): a router picks each token's top-k experts, whose gated MLPs'
+outputs are summed, weighted by the router's probabilities.
+
+    router     softmax over all experts' logits (float32), top-k, renormalized over the k (Mixtral always,
+               Qwen3-MoE when norm_topk_prob), then kept in float32 (Mixtral) or cast to the model dtype
+               (Qwen3-MoE), as transformers does each
+    experts    MoEExperts: every expert's gate|up [E, 2I, H] and down [E, H, I] stacked; forward(x, ids,
+               weights) is the one interface a fused kernel replaces
+
+Tensor parallelism splits every expert's intermediate width (gate|up by rows, down by columns, like the
+dense MLP): the router runs whole on every rank, each rank sums its share of every expert, and one
+all-reduce adds the shares.
+
+How the experts run:
+- a loop over the experts, each on the tokens routed to it (exact work; on the host it finds which tokens
+  those are, so it is not for CUDA graphs): CPU, and eager steps on CUDA;
+- inside a CUDA graph (capture needs fixed shapes and no host reads), every expert on every token, weighted
+  by a [T, E] matrix that is zero where the expert was not picked: E/k times the work, the same sum (a zero
+  weight adds exactly nothing). Until a fused MoE kernel replaces it, that is what a captured MoE step costs.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from gpu_worker.models.mlp import act_and_mul, activation_of
+from gpu_worker.parallel import TensorParallel
+
+
+class MoEExperts(nn.Module):
+    """Parameter names are transformers 5's (experts.gate_up_proj, experts.down_proj); checkpoints that
+    store one tensor per expert load into their rows (`load` with part (expert, 0 gate | 1 up | None))."""
+
+    def __init__(self, num_experts: int, hidden: int, intermediate: int, tp: TensorParallel, hidden_act: str):
+        super().__init__()
+        self.tp = tp
+        self.num_experts = num_experts
+        self.hidden = hidden
+        self.intermediate = intermediate  # whole, before the split
+        self.local = tp.shard(intermediate, "expert MLP features (moe_intermediate_size)")
+        self.activation = activation_of(hidden_act)
+        self.gate_up_proj = nn.Parameter(torch.empty(num_experts, 2 * self.local, hidden))
+        self.down_proj = nn.Parameter(torch.empty(num_experts, hidden, self.local))
+
+    def full_shape(self, name: str) -> tuple[int, ...]:
+        e, h, i = self.num_experts, self.hidden, self.intermediate
+        return (e, 2 * i, h) if name == "gate_up_proj" else (e, h, i)
+
+    def part_count(self, name: str) -> int:
+        return self.num_experts * (2 if name == "gate_up_proj" else 1)
+
+    def load(self, name: str, full: torch.Tensor, part: tuple[int, int | None] | None = None) -> None:
+        """Whole stacked tensors (part None), or one expert's gate (part (e, 0)), up ((e, 1)) or down ((e, None))."""
+        param = getattr(self, name)
+        if part is None:
+            _check(full.shape, self.full_shape(name))
+            for expert in range(self.num_experts):
+                if name == "gate_up_proj":
+                    gate, up = full[expert].chunk(2)
+                    self.load(name, gate, (expert, 0))
+                    self.load(name, up, (expert, 1))
+                else:
+                    self.load(name, full[expert], (expert, None))
+            return
+        expert, which = part
+        r, n = self.tp.rank, self.local
+        if name == "gate_up_proj":
+            _check(full.shape, (self.intermediate, self.hidden))
+            param.data[expert, which * n : (which + 1) * n].copy_(full[r * n : (r + 1) * n])
+        else:
+            _check(full.shape, (self.hidden, self.intermediate))
+            param.data[expert].copy_(full[:, r * n : (r + 1) * n])
+
+    def forward(self, x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+        """x [T, H]; ids, weights [T, k]: each token's experts and their weights. Returns this rank's share of
+        sum_j weights[t, j] * expert_{ids[t, j]}(x[t]), in x's dtype (before the all-reduce)."""
+        if x.is_cuda and torch.cuda.is_current_stream_capturing():
+            return self._every_expert(x, ids, weights)
+        return self._routed_tokens(x, ids, weights)
+
+    def _expert(self, e: int, x: torch.Tensor) -> torch.Tensor:
+        return F.linear(act_and_mul(F.linear(x, self.gate_up_proj[e]), self.activation, False), self.down_proj[e])
+
+    def _routed_tokens(self, x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+        out = torch.zeros_like(x)
+        for e in range(self.num_experts):
+            tokens, slot = torch.where(ids == e)
+            if tokens.numel():
+                y = self._expert(e, x[tokens]) * weights[tokens, slot, None]
+                out.index_add_(0, tokens, y.to(out.dtype))
+        return out
+
+    def _every_expert(self, x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+        dense = torch.zeros(x.shape[0], self.num_experts, dtype=weights.dtype, device=x.device)
+        dense.scatter_(1, ids, weights)
+        out = torch.zeros_like(x)
+        for e in range(self.num_experts):
+            out += (self._expert(e, x) * dense[:, e, None]).to(out.dtype)
+        return out
+
+
+class SparseMoE(nn.Module):
+    def __init__(
+        self,
+        hidden: int,
+        intermediate: int,
+        num_experts: int,
+        top_k: int,
+        tp: TensorParallel,
+        hidden_act: str,
+        *,
+        renormalize: bool,
+        weights_in_model_dtype: bool,
+    ):
+        super().__init__()
+        self.tp = tp
+        self.top_k = top_k
+        self.renormalize = renormalize
+        self.weights_in_model_dtype = weights_in_model_dtype
+        self.gate = nn.Linear(hidden, num_experts, bias=False)  # the router, whole on every rank
+        self.experts = MoEExperts(num_experts, hidden, intermediate, tp, hidden_act)
+
+    def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """[T, k] expert ids and weights."""
+        logits = self.gate(x)
+        probs = torch.softmax(logits.float(), dim=-1)
+        weights, ids = torch.topk(probs, self.top_k, dim=-1)
+        if self.renormalize:
+            weights = weights / weights.sum(dim=-1, keepdim=True)
+        if self.weights_in_model_dtype:
+            weights = weights.to(logits.dtype)
+        return ids, weights
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        ids, weights = self.route(x)
+        out = self.experts(x, ids, weights)
+        return out if self.tp.size == 1 else self.tp.all_reduce(out)
+
+
+def _check(got: torch.Size, want: tuple[int, ...]) -> None:
+    if tuple(got) != tuple(want):
+        raise ValueError(f"checkpoint shape {tuple(got)} != model shape {tuple(want)}")
