@@ -1,6 +1,7 @@
 """What one client may ask of a frontend: bounds checked before any work is spent on a request.
 
     body bytes        Content-Length and the bytes actually read         413 (request_too_large)
+    JSON values       array elements and object members, before parsing  400 naming the top-level field
     prompt chars      each prompt or chat message text, before tokenizing 400 naming the field
     stop strings      how many, and how long each                         400 naming `stop`
     connections       open per frontend (http_protocol.ConnectionCap)     503 beyond it
@@ -10,7 +11,9 @@
 
 A tokenizer worker serves every request routed to it in turn, so a prompt of 48 MB (or 200,000 stop
 strings, matched on every token) would stall everyone else on that worker: those bounds must hold before
-the request leaves the frontend. Flags: launch.py (`add_http_limit_args`).
+the request leaves the frontend. Likewise a frontend parses each body in one call that holds the GIL, about a
+microsecond per JSON value: their count bounds how long one body can hold up every other client of that
+frontend (frontend/body_parse.py). Flags: launch.py (`add_http_limit_args`).
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ PROMPT_CHARS_PER_TOKEN = 32  # the default prompt bound: no tokenizer's tokens a
 @dataclass(frozen=True, slots=True)
 class HttpLimits:
     max_request_body_bytes: int = 16 * 2**20
+    max_request_json_values: int = 32768
     max_prompt_chars: int | None = None  # None: PROMPT_CHARS_PER_TOKEN per token of context
     max_stop_strings: int = 16
     max_stop_string_chars: int = 256
@@ -46,6 +50,14 @@ def add_http_limit_args(parser: argparse.ArgumentParser) -> None:
     g = parser.add_argument_group("limits (per request and per connection)")
     g.add_argument(
         "--max-request-body-bytes", type=int, default=d.max_request_body_bytes, help="larger bodies get a 413"
+    )
+    g.add_argument(
+        "--max-request-json-values",
+        type=int,
+        default=d.max_request_json_values,
+        help="JSON values (array elements, object members) per request body, counted before it is parsed: a body "
+        "costs the frontend about a microsecond of parsing per value, during which it serves nobody else; a "
+        "prompt of token ids has one value per token",
     )
     g.add_argument(
         "--max-prompt-chars",

@@ -16,6 +16,7 @@ from fastapi.responses import JSONResponse
 
 from common.messages import DetokenizeRequest, GenerateRequest, Logprobs, RequestOutput, RequestRejected
 from common.sampling_params import SamplingParams
+from frontend.body_parse import parse_body
 from frontend.chat_output import ChatOutputReader
 from frontend.choices import Choices
 from frontend.engine_client import EngineClient
@@ -23,7 +24,7 @@ from frontend.errors import ApiError, error_body
 from frontend.limits import HttpLimits
 from frontend.metrics import FrontendMetrics
 from frontend.openai_format import ChatFormat, CompletionFormat, ResponseFormat
-from frontend.protocol import ChatCompletionRequest, CompletionRequest, OpenAIFields, check_prompt_chars, parse_body
+from frontend.protocol import ChatCompletionRequest, CompletionRequest, OpenAIFields, check_prompt_chars
 from frontend.reasoning import ReasoningStream
 from frontend.streaming import SSE_DONE, StreamingEvents, sse_event
 from frontend.tool_calls import ToolCallStream
@@ -44,7 +45,7 @@ def openai_router(
     @router.post("/v1/completions")
     async def completions(request: Request) -> Response:
         arrival = time.time()
-        body = await parse_body(request, CompletionRequest)
+        body = await parse_body(request, CompletionRequest, limits)
         body.check_common(client.limits)
         body.check_unsupported()
         body.check_stop_strings(limits)
@@ -75,7 +76,7 @@ def openai_router(
     @router.post("/v1/chat/completions")
     async def chat_completions(request: Request) -> Response:
         arrival = time.time()
-        body = await parse_body(request, ChatCompletionRequest)
+        body = await parse_body(request, ChatCompletionRequest, limits)
         body.check_common(client.limits)
         body.check_unsupported()
         body.check_stop_strings(limits)

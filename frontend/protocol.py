@@ -10,10 +10,9 @@ from __future__ import annotations
 
 import json
 from functools import cached_property
-from typing import Annotated, Any, Literal, TypeVar
+from typing import Annotated, Any, Literal
 
-from fastapi import Request
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field
 
 from common.messages import CHAT_TEMPLATE_RESERVED, ChatTemplateOptions
 from common.sampling_params import MAX_LOGPROBS, InvalidParameter, SamplingParams, StructuredOutput
@@ -21,8 +20,6 @@ from frontend.engine_client import EngineLimits
 from frontend.errors import ApiError
 from frontend.limits import HttpLimits
 from frontend.tool_calls import ToolPlan, plan_tools, template_message_tool_calls
-
-Body = TypeVar("Body", bound=BaseModel)
 
 
 class RequestBody(BaseModel):
@@ -34,27 +31,6 @@ class RequestBody(BaseModel):
 # not an OverflowError after the request was half submitted.
 Int = Annotated[int, Field(ge=-(2**63), lt=2**63)]
 GREEDY_BELOW = 1e-5  # vLLM's: a temperature this small is greedy (dividing logits by 1e-40 overflows them)
-
-
-async def parse_body(request: Request, model: type[Body]) -> Body:
-    try:
-        return model.model_validate_json(await request.body())
-    except ValidationError as exc:
-        raise _invalid_body(exc) from None
-
-
-def _invalid_body(exc: ValidationError) -> ApiError:
-    first = exc.errors()[0]
-    if first["type"] == "json_invalid":
-        return ApiError(400, f"the request body is not valid JSON ({first.get('ctx', {}).get('error', '')})")
-    if not first["loc"]:
-        return ApiError(400, f"the request body must be a JSON object: {first['msg']}")
-    # `param` is the top-level field: nested locations carry pydantic's union tags ("prompt.list[int].0").
-    param = str(first["loc"][0])
-    if first["type"] == "extra_forbidden" and len(first["loc"]) == 1:
-        return ApiError(400, f"unrecognized request argument supplied: '{param}'", param=param)
-    where = f" (at {'.'.join(map(str, first['loc']))})" if len(first["loc"]) > 1 else ""
-    return ApiError(400, f"invalid '{param}'{where}: {first['msg']}", param=param)
 
 
 def check_prompt_chars(texts: list[str], max_chars: int, field: str) -> None:
@@ -172,6 +148,7 @@ class StreamOptions(RequestBody):
 
 
 MAX_N = 128  # choices per request (n times the prompts of a completion)
+MAX_TOOLS = 128  # OpenAI's bound
 
 
 def _structured(
@@ -428,7 +405,8 @@ class ChatTemplateFields(RequestBody):
     add_generation_prompt: bool = True
     continue_final_message: bool = False
     chat_template_kwargs: dict | None = None
-    tools: list[ToolDefinition] | None = None  # described to the model by templates that know tools
+    # Described to the model by templates that know tools.
+    tools: Annotated[list[ToolDefinition], Field(max_length=MAX_TOOLS)] | None = None
 
     @cached_property
     def tool_definitions(self) -> list[dict] | None:
