@@ -5,10 +5,12 @@ posted at once, the frontend's peak RSS meanwhile, and a small request's latency
     python -m benchmarks.body_stall --shape token_ids --bodies 4
     python -m benchmarks.body_stall --url http://127.0.0.1:8000 --shape all
 
-Shapes (each just under 16 MiB, the default --max-request-body-bytes):
+Shapes (the first four just under 16 MiB, the default --max-request-body-bytes):
     chat_parts   {"messages": [{"role": "user", "content": [{"type": "text", "text": "a"}] * 500,000}]}
     messages     {"messages": [{"role": "user", "content": "a"}] * 400,000}
     token_ids    {"prompt": [1] * 5,000,000}
+    prompts_at_bound, messages_at_bound: 32,760 prompts of "a", 10,920 messages: the costliest bodies (per JSON
+                 value) within --max-request-json-values' default, which reach the parser (a few hundred KiB)
     schema       {"prompt": "a", "response_format": {"type": "json_schema",
                                                      "json_schema": {"schema": {"x": [{}] * 3,000,000}}}}
 
@@ -39,6 +41,9 @@ SHAPES = {
     ),
     "messages": ("/v1/chat/completions", {"messages": [{"role": "user", "content": "a"}] * 400_000}),
     "token_ids": ("/v1/completions", {"prompt": [1] * 5_000_000}),
+    # The costliest bodies per value that --max-request-json-values' default (32,768) lets through to the parser.
+    "prompts_at_bound": ("/v1/completions", {"prompt": ["a"] * 32_760, "max_tokens": 1}),
+    "messages_at_bound": ("/v1/chat/completions", {"messages": [{"role": "user", "content": "a"}] * 10_920}),
     "schema": (
         "/v1/completions",
         {"prompt": "a", "response_format": {"type": "json_schema", "json_schema": {"schema": {"x": [{}] * 3_000_000}}}},
@@ -118,8 +123,9 @@ def stall(url: str, shape: str, bodies: int, poll_s: float) -> dict:
 
         poller = threading.Thread(target=poll)
         poller.start()
-        time.sleep(5 * poll_s)  # a few polls at rest first
-        at_rest = max(health) if health else 0.0
+        while len(health) < 5:  # a few polls at rest first
+            time.sleep(poll_s)
+        at_rest = max(health)
         with ThreadPoolExecutor(bodies) as pool:
             results = list(pool.map(post, range(bodies)))
         done.set()

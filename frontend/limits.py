@@ -4,6 +4,7 @@
     JSON values       array elements and object members, before parsing  400 naming the top-level field
     prompt chars      each prompt or chat message text, before tokenizing 400 naming the field
     stop strings      how many, and how long each                         400 naming `stop`
+    logprobs          top logprobs per token (vLLM's --max-logprobs)      400 naming `logprobs`/`top_logprobs`
     connections       open per frontend (http_protocol.ConnectionCap)     503 beyond it
     header timeout    a connection must send a request's headers within   closed
     body timeout      ... and then its body within                        closed
@@ -21,6 +22,8 @@ from __future__ import annotations
 import argparse
 from dataclasses import dataclass, fields
 
+from common.sampling_params import MAX_LOGPROBS
+
 PROMPT_CHARS_PER_TOKEN = 32  # the default prompt bound: no tokenizer's tokens average more characters
 
 
@@ -31,6 +34,7 @@ class HttpLimits:
     max_prompt_chars: int | None = None  # None: PROMPT_CHARS_PER_TOKEN per token of context
     max_stop_strings: int = 16
     max_stop_string_chars: int = 256
+    max_logprobs: int = MAX_LOGPROBS
     max_connections: int = 1024
     timeout_headers_s: float = 10.0
     timeout_body_s: float = 30.0  # 16 MiB (the default body bound) at 4.5 Mbit/s
@@ -71,6 +75,13 @@ def add_http_limit_args(parser: argparse.ArgumentParser) -> None:
         "--max-stop-string-chars", type=int, default=d.max_stop_string_chars, help="characters per stop string"
     )
     g.add_argument(
+        "--max-logprobs",
+        type=_at_least_zero,
+        default=d.max_logprobs,
+        help="most log probabilities per token a request may ask for: completions' logprobs (with echo, the "
+        "prompt's too), chat's top_logprobs (vLLM's flag; -1, vLLM's 'no cap', is not taken)",
+    )
+    g.add_argument(
         "--max-connections",
         type=int,
         default=d.max_connections,
@@ -104,3 +115,10 @@ def add_http_limit_args(parser: argparse.ArgumentParser) -> None:
         default=d.request_timeout_s,
         help="seconds a generation may run before it is ended with an error (none: no limit)",
     )
+
+
+def _at_least_zero(text: str) -> int:
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be at least 0, got {value}")
+    return value

@@ -38,7 +38,7 @@ def native_router(client: EngineClient, metrics: FrontendMetrics, limits: HttpLi
         check_prompt_chars([prompt] if prompt is not None else [], max_chars, "prompt")
         fields = body.sampling_params
         fields.check_stop_strings(limits)
-        sampling = fields.sampling_params(fields.max_tokens, "max_tokens", client.limits)
+        sampling = fields.sampling_params(fields.max_tokens, "max_tokens", client.limits, limits.max_logprobs)
         engine_request = GenerateRequest(0, sampling, arrival, prompt=prompt, prompt_token_ids=prompt_ids)
         generation = await Generation.start(client, engine_request, metrics, request.receive)
         if body.stream:

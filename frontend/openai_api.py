@@ -52,7 +52,7 @@ def openai_router(
         prompts = body.engine_prompts()
         kept = body.prompt_tokens_kept(client.limits)
         check_prompt_chars([text for text, _ in prompts if text is not None], max_chars, "prompt")
-        sampling = body.sampling_params(body.max_tokens, "max_tokens", client.limits)
+        sampling = body.sampling_params(body.max_tokens, "max_tokens", client.limits, limits.max_logprobs)
         requests = [
             GenerateRequest(
                 0,
@@ -85,7 +85,7 @@ def openai_router(
         tool_plan = body.tool_plan(tool_call_parser)
         kept = body.prompt_tokens_kept(client.limits)
         check_prompt_chars([body.rendered_text(messages)], max_chars, "messages")
-        sampling = body.tool_sampling_params(client.limits, tool_plan)
+        sampling = body.tool_sampling_params(client.limits, tool_plan, limits.max_logprobs)
         requests = [
             GenerateRequest(
                 0,

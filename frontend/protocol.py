@@ -15,7 +15,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from common.messages import CHAT_TEMPLATE_RESERVED, ChatTemplateOptions
-from common.sampling_params import MAX_LOGPROBS, InvalidParameter, SamplingParams, StructuredOutput
+from common.sampling_params import InvalidParameter, SamplingParams, StructuredOutput
 from frontend.engine_client import EngineLimits
 from frontend.errors import ApiError
 from frontend.limits import HttpLimits
@@ -92,14 +92,17 @@ class SamplingFields(RequestBody):
                 raise ApiError(400, f"logit_bias keys must be token ids, got {key!r}", param="logit_bias") from None
         return bias
 
-    def _logprobs(self) -> tuple[int | None, int | None]:
-        """(logprobs, prompt_logprobs) as the engine takes them; none on the native endpoint."""
+    def _logprobs(self, max_logprobs: int) -> tuple[int | None, int | None]:
+        """(logprobs, prompt_logprobs) as the engine takes them, each at most max_logprobs (--max-logprobs);
+        none on the native endpoint."""
         return None, None
 
     def _structured_output(self) -> StructuredOutput | None:
         return None
 
-    def sampling_params(self, max_tokens: int | None, max_tokens_field: str, limits: EngineLimits) -> SamplingParams:
+    def sampling_params(
+        self, max_tokens: int | None, max_tokens_field: str, limits: EngineLimits, max_logprobs: int
+    ) -> SamplingParams:
         defaults = SamplingParams(**limits.sampling_defaults)  # for the fields the request leaves out
         params = SamplingParams(
             max_tokens=max_tokens,
@@ -122,10 +125,10 @@ class SamplingFields(RequestBody):
             skip_special_tokens=self.skip_special_tokens,
             spaces_between_special_tokens=self.spaces_between_special_tokens,
         )
-        params.logprobs, params.prompt_logprobs = self._logprobs()
+        params.logprobs, params.prompt_logprobs = self._logprobs(max_logprobs)
         params.structured = self._structured_output()
         try:
-            params.validate()
+            params.validate(max_logprobs)
         except InvalidParameter as exc:
             field = max_tokens_field if exc.field == "max_tokens" else exc.field
             raise ApiError(400, str(exc), param=field) from None
@@ -312,9 +315,12 @@ class CompletionRequest(OpenAIFields):
                 out.append((None, list(one)))
         return out
 
-    def _logprobs(self) -> tuple[int | None, int | None]:
-        if self.logprobs is not None and not 0 <= self.logprobs <= MAX_LOGPROBS:
-            raise ApiError(400, f"logprobs must be in [0, {MAX_LOGPROBS}], got {self.logprobs}", param="logprobs")
+    def _logprobs(self, max_logprobs: int) -> tuple[int | None, int | None]:
+        # With echo, the prompt's logprobs too, as many per token: the same bound.
+        if self.logprobs is not None and not 0 <= self.logprobs <= max_logprobs:
+            raise ApiError(
+                400, f"logprobs must be in [0, {max_logprobs}] (--max-logprobs), got {self.logprobs}", param="logprobs"
+            )
         return self.logprobs, self.logprobs if self.echo else None
 
     def check_unsupported(self) -> None:
@@ -478,10 +484,10 @@ class ChatCompletionRequest(OpenAIFields, ChatTemplateFields):
         choice = self.tool_choice.model_dump() if isinstance(self.tool_choice, NamedToolChoice) else self.tool_choice
         return plan_tools(self.tool_definitions, choice, self.parallel_tool_calls, parser)
 
-    def tool_sampling_params(self, limits: EngineLimits, plan: ToolPlan | None) -> SamplingParams:
+    def tool_sampling_params(self, limits: EngineLimits, plan: ToolPlan | None, max_logprobs: int) -> SamplingParams:
         """sampling_params, with the grammar a forced tool call follows; for calls the parser reads, special
         tokens kept in the text (some models mark their call tags special, as vLLM's hermes parser knows)."""
-        params = self.sampling_params(self.requested_max_tokens(), self.max_tokens_field(), limits)
+        params = self.sampling_params(self.requested_max_tokens(), self.max_tokens_field(), limits, max_logprobs)
         if plan is not None and plan.mode == "auto":
             params.skip_special_tokens = False
         if plan is not None and plan.structured is not None:
@@ -492,12 +498,14 @@ class ChatCompletionRequest(OpenAIFields, ChatTemplateFields):
             params.structured = plan.structured
         return params
 
-    def _logprobs(self) -> tuple[int | None, int | None]:
+    def _logprobs(self, max_logprobs: int) -> tuple[int | None, int | None]:
         if self.top_logprobs is not None and not self.logprobs:
             raise ApiError(400, "top_logprobs needs logprobs set to true", param="top_logprobs")
-        if self.top_logprobs is not None and not 0 <= self.top_logprobs <= MAX_LOGPROBS:
+        if self.top_logprobs is not None and not 0 <= self.top_logprobs <= max_logprobs:
             raise ApiError(
-                400, f"top_logprobs must be in [0, {MAX_LOGPROBS}], got {self.top_logprobs}", param="top_logprobs"
+                400,
+                f"top_logprobs must be in [0, {max_logprobs}] (--max-logprobs), got {self.top_logprobs}",
+                param="top_logprobs",
             )
         return (self.top_logprobs or 0) if self.logprobs else None, None
 
