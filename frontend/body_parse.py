@@ -34,6 +34,8 @@ INLINE_PARSE_BYTES = 64 * 1024
 SCAN_WINDOW = 1 << 20  # bytes one C call of the value count covers: ~1 ms
 BACKSLASH = ord("\\")
 SHORT_GAP = 16  # bytes between two strings whose structure is remembered
+OBJECT_ERRORS = ("model_type", "model_attributes_type", "dict_type", "dataclass_type")
+_JSON_NAME = re.compile(r"(?!(?:str|int|float|bool|none)$)[a-z_][a-z0-9_]*")  # a field, not a union member
 _KEY_FOLLOWS = re.compile(rb"[ \t\r\n]*:")
 
 # One thread: large bodies wait for each other rather than share the GIL with the loop several at once.
@@ -140,14 +142,21 @@ def _without_escapes(body: bytes) -> bytes:
 
 
 def invalid_body(exc: ValidationError) -> ApiError:
-    first = exc.errors(include_url=False)[0]
+    errors = exc.errors(include_url=False)
+    first = errors[0]
     if first["type"] == "json_invalid":
         return ApiError(400, f"the request body is not valid JSON ({first.get('ctx', {}).get('error', '')})")
     if not first["loc"]:
         return ApiError(400, f"the request body must be a JSON object: {first['msg']}")
-    # `param` is the top-level field: nested locations carry pydantic's union tags ("prompt.list[int].0").
     param = str(first["loc"][0])
     if first["type"] == "extra_forbidden" and len(first["loc"]) == 1:
         return ApiError(400, f"unrecognized request argument supplied: '{param}'", param=param)
-    where = f" (at {'.'.join(map(str, first['loc']))})" if len(first["loc"]) > 1 else ""
-    return ApiError(400, f"invalid '{param}'{where}: {first['msg']}", param=param)
+    # A union reports one error per member it tried: the deepest in the field is the member that got furthest
+    # ("content": [5] is a list whose part is not an object, more than it is not a string).
+    error = max((e for e in errors if e["loc"][:1] == first["loc"][:1]), key=lambda e: len(e["loc"]))
+    # Locations carry pydantic's names for union members ("prompt.list[int].0"): the client's JSON has none.
+    path = [str(part) for part in error["loc"] if isinstance(part, int) or _JSON_NAME.fullmatch(part)]
+    where = f" (at {'.'.join(path)})" if len(path) > 1 else ""
+    # pydantic names the model class it wanted ("a valid dictionary or instance of TextPart"): not the client's word.
+    message = "Input should be a JSON object" if error["type"] in OBJECT_ERRORS else error["msg"]
+    return ApiError(400, f"invalid '{param}'{where}: {message}", param=param)

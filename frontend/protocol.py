@@ -374,8 +374,16 @@ class ChatMessage(RequestBody):
             raise ApiError(
                 400, "messages with a legacy function_call, audio or a refusal are not supported", param="messages"
             )
-        if self.content is None or isinstance(self.content, str):
-            return self.content or ""
+        if self.content is None:  # as OpenAI: only an assistant turn that called tools may say nothing
+            if self.role == "assistant" and self.tool_calls:
+                return ""
+            raise ApiError(
+                400,
+                f"a {self.role} message needs content (null only in an assistant message with tool_calls)",
+                param="messages",
+            )
+        if isinstance(self.content, str):
+            return self.content
         if any(part.type != "text" or part.text is None for part in self.content):
             raise ApiError(
                 400, 'only text content parts ({"type": "text", "text": ...}) are supported', param="messages"

@@ -127,6 +127,40 @@ def test_bad_input_gets_400_naming_the_field_and_the_server_keeps_serving(server
         assert c.post("/v1/completions", json={"prompt": "still here", "max_tokens": 2}).status_code == 200
 
 
+LIBRARY_INTERNALS = re.compile(r"\.(cc|cpp|h|py|so)\b|/project/|Check failed|Traceback| object at 0x")
+BAD_TOOL = {"type": "function", "function": {"name": "f", "parameters": {"type": 5}}}
+
+
+@pytest.mark.parametrize(
+    "path, body, param",
+    [
+        ("/v1/chat/completions", {"tools": [BAD_TOOL], "tool_choice": "required"}, "tools"),
+        (
+            "/v1/chat/completions",
+            {"tools": [BAD_TOOL], "tool_choice": {"type": "function", "function": {"name": "f"}}},
+            "tools",
+        ),
+        (
+            "/v1/completions",
+            {"response_format": {"type": "json_schema", "json_schema": {"schema": {"type": 5}}}},
+            "response_format",
+        ),
+        ("/v1/completions", {"guided_regex": "(unclosed"}, "guided_regex"),
+        ("/v1/completions", {"structured_outputs": {"grammar": "root ::= foo"}}, "structured_outputs"),
+    ],
+    ids=["required-tool", "named-tool", "json-schema", "regex", "grammar"],
+)
+def test_a_library_refusal_names_the_field_in_the_librarys_words_without_its_internals(server, path, body, param):
+    """xgrammar's message, without its C++ source file and line, or its checks."""
+    base = {"messages": [{"role": "user", "content": "hi"}]} if path.endswith("chat/completions") else {"prompt": "hi"}
+    with server.client() as c:
+        response = c.post(path, json={**base, **body, "max_tokens": 2})
+    assert response.status_code == 400, response.text
+    error = response.json()["error"]
+    assert error["param"] == param
+    assert not LIBRARY_INTERNALS.search(error["message"]), error["message"]
+
+
 def test_invalid_json_gets_400(server):
     with server.client() as c:
         response = c.post("/v1/completions", content=b"{not json", headers={"content-type": "application/json"})
