@@ -18,15 +18,20 @@ from __future__ import annotations
 import asyncio
 import re
 from concurrent.futures import ThreadPoolExecutor
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from fastapi import Request
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel, RootModel, ValidationError
 
 from frontend.errors import ApiError
 from frontend.limits import HttpLimits
 
 Body = TypeVar("Body", bound=BaseModel)
+
+
+class JsonObject(RootModel[dict[str, Any]]):
+    """Any JSON object: the free-form arguments of the profiling endpoints."""
+
 
 # The most costly 64 KiB of JSON for the models here (about 7,000 chat content parts) validates in ~10 ms;
 # requests' usual bodies are far smaller and never leave the loop.

@@ -131,3 +131,12 @@ def test_more_tools_than_openai_takes_is_400_naming_tools(http, engine):
     body = {"messages": [{"role": "user", "content": "hi"}], "tools": [tool] * (MAX_TOOLS + 1), "tool_choice": "none"}
     assert_error(http.post("/v1/chat/completions", json=body), 400, "tools")
     assert engine.submitted == []
+
+
+@pytest.mark.parametrize(
+    "body, param, says",
+    [([1, 2], None, "must be a JSON object"), ({"x": [1] * 1001}, "x", "--max-request-json-values")],
+)
+def test_the_profiling_endpoints_arguments_are_read_the_same_bounded_way(http, body, param, says):
+    error = assert_error(http.post("/start_profile", json=body), 400, param)
+    assert says in error["message"]
