@@ -97,7 +97,7 @@ class ReadDeadlines:
         if cycle is None or cycle.response_complete or cycle.more_body:
             return None
         cycle.keep_alive = False
-        if cycle.scope["http_version"] == "1.1":  # an HTTP/1.0 client must not be sent a 1xx
+        if self._peer_probe is None and cycle.scope["http_version"] == "1.1":  # not a 1xx to an HTTP/1.0 client
             self._peer_probe = self.loop.call_later(PEER_PROBE_S, self._probe_peer)
         return True
 
