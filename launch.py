@@ -551,8 +551,9 @@ class Launcher:
 
     def shutdown(self) -> None:
         """SIGKILL every child the watchdog declared stuck (it cannot run its SIGTERM handler: as dead as one
-        that exited, and not waited for), SIGTERM every other child still running (frontends first: they stop
-        taking requests), wait a little, then SIGKILL; remove the socket directory."""
+        that exited, and not waited for), SIGTERM every other child still running (frontends first: they answer
+        new requests with 503s, then stop taking them), wait a little, then SIGKILL; remove the socket
+        directory."""
         for role in sorted(self.stuck):
             process = self.children[role]
             if process.exitcode is None:
@@ -562,6 +563,10 @@ class Launcher:
         for _, process in frontends_first:
             if process.exitcode is None:
                 process.terminate()
+        # The frontends answer 503s for a moment before they close their copies (frontend/stopping.py): the
+        # listening socket closes with the last of them, not later with this one, when waiting clients would
+        # be reset.
+        self.listener.close()
         # A process writing its profile trace finishes it first (common/process.py: sigterm_deferred): seconds
         # for a large one.
         deadline = time.monotonic() + (PROFILE_WRITE_GRACE_S if self.profile.dir else STOP_GRACE_S)
@@ -572,7 +577,6 @@ class Launcher:
                 log.warning("process %s did not stop on SIGTERM: killing it", role)
                 process.kill()
                 process.join()
-        self.listener.close()
         shutil.rmtree(self.run_dir, ignore_errors=True)
 
 

@@ -5,11 +5,11 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-# OpenAI's limits: top_logprobs at most 20, penalties in [-2, 2], logit_bias values in [-100, 100] (for at
-# most MAX_LOGIT_BIAS tokens: their entries travel in the worker's fixed per-step staging buffer).
+# OpenAI's limits: penalties in [-2, 2], logit_bias values in [-100, 100] (for at most MAX_LOGIT_BIAS tokens:
+# their entries travel in the worker's fixed per-step staging buffer).
 MAX_LOGIT_BIAS = 300
 MAX_STOP_TOKEN_IDS = 64  # likewise: masked (as -inf biases) until min_tokens
-MAX_LOGPROBS = 20
+MAX_LOGPROBS = 20  # vLLM's --max-logprobs default (OpenAI's top_logprobs bound); the server's is the frontend's flag
 MAX_ABS_PENALTY = 2.0
 MAX_ABS_LOGIT_BIAS = 100.0
 
@@ -72,7 +72,7 @@ class SamplingParams:
         of stop_token_ids, else None (EOS, or a structured output complete)."""
         return token if token in self.stop_token_ids else None
 
-    def validate(self) -> None:
+    def validate(self, max_logprobs: int = MAX_LOGPROBS) -> None:
         for name in ("temperature", "top_p", "min_p", "presence_penalty", "frequency_penalty", "repetition_penalty"):
             if not math.isfinite(getattr(self, name)):
                 raise InvalidParameter(name, f"{name} must be a finite number, got {getattr(self, name)}")
@@ -114,8 +114,8 @@ class SamplingParams:
             raise InvalidParameter(self.structured.field, f"unknown structured output kind {self.structured.kind!r}")
         for name in ("logprobs", "prompt_logprobs"):
             value = getattr(self, name)
-            if value is not None and not 0 <= value <= MAX_LOGPROBS:
-                raise InvalidParameter(name, f"{name} must be in [0, {MAX_LOGPROBS}], got {value}")
+            if value is not None and not 0 <= value <= max_logprobs:
+                raise InvalidParameter(name, f"{name} must be in [0, {max_logprobs}], got {value}")
 
     def check_token_ids(self, vocab_size: int) -> None:
         """The checks that need the vocabulary (made by the tokenizer worker, which knows it)."""
@@ -123,3 +123,7 @@ class SamplingParams:
             bad = [t for t in ids if t >= vocab_size]
             if bad:
                 raise InvalidParameter(name, f"{name} names token ids outside the vocabulary [0, {vocab_size}): {bad}")
+        for name in ("logprobs", "prompt_logprobs"):  # the worker's top-k: a --max-logprobs over the vocabulary
+            value = getattr(self, name)
+            if value is not None and value > vocab_size:
+                raise InvalidParameter(name, f"{name} must be at most the vocabulary's {vocab_size} tokens")

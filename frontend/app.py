@@ -27,6 +27,7 @@ from common.messages import ControlReply
 from common.profiling import NOT_ENABLED, ProcessProfiler, merged_trace_path
 from frontend.auth import api_key_check
 from frontend.body_guard import RequestBodyGuard
+from frontend.body_parse import JsonObject, parse_body
 from frontend.engine_client import EngineClient
 from frontend.errors import ApiError, install_error_handlers
 from frontend.hot_routes import HotRoutes, hot_endpoints
@@ -126,14 +127,14 @@ def build_app(
     # state answers for the server's (every process is told the same commands): 409 when already / not profiling.
     @app.post("/start_profile", dependencies=keyed)
     async def start_profile(request: Request) -> dict:
-        args = await _json_args(request)
+        args = await _json_args(request, limits)
         own = _profile_answer(_enabled(profiler).start())
         body = _by_role(client, await client.control("start_profile", args, PROFILE_TIMEOUT_S))
         return _refused_by_any(_with_own(client, body, own))
 
     @app.post("/stop_profile", dependencies=keyed)
     async def stop_profile(request: Request) -> dict:
-        args = await _json_args(request)
+        args = await _json_args(request, limits)
         own = _enabled(profiler)
         if not own.profiler.active:
             raise ApiError(409, f"{own.role} is not profiling")
@@ -232,17 +233,10 @@ def _refused_by_any(body: dict) -> dict:
     return body
 
 
-async def _json_args(request: Request) -> dict:
-    body = await request.body()
-    if not body:
+async def _json_args(request: Request, limits: HttpLimits) -> dict:
+    if not await request.body():
         return {}
-    try:
-        args = await request.json()
-    except ValueError:
-        raise ApiError(400, "the request body is not valid JSON") from None
-    if not isinstance(args, dict):
-        raise ApiError(400, "the request body must be a JSON object")
-    return args
+    return (await parse_body(request, JsonObject, limits)).root  # bounded, and off the loop when large
 
 
 async def _client_gone(_: Request, __: ClientDisconnected | ClientDisconnect) -> Response:

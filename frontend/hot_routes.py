@@ -5,7 +5,7 @@
 
 A request that FastAPI routes passes through its middleware stack (error wrapping, its body limit, an exit
 stack per request), the router's matching and dependency solving before it reaches the endpoint, which
-reads its body and validates it itself (frontend/protocol.py: parse_body). Those layers were about a third of
+reads its body and validates it itself (frontend/body_parse.py: parse_body). Those layers were about a third of
 a frontend's CPU per request (a py-spy profile, null engine). The endpoint functions here are FastAPI's own
 (taken from their routes, so the OpenAPI schema and the app's tests see the same ones), and what FastAPI did
 for them is done here the same way: the API key check, the request body guard (frontend/body_guard.py), and

@@ -15,6 +15,13 @@ Deadlines, both parsers alike:
 A deadline missed closes the connection (an app waiting on the body sees the client leave). Idle keep-alive
 connections are uvicorn's own timeout_keep_alive. Headers (request line included) over MAX_HEADER_BYTES: 400
 and the connection closed. Connections past --max-connections: ConnectionCap's 503.
+
+A client that closes its side once its request is sent (a half-close, which HTTP/1.1 allows: `nc -N`,
+`shutdown(SHUT_WR)`) gets its whole response, streamed or not, and the connection is closed after it; uvicorn
+would read the end of its input as the client leaving. A client that closed its socket whole looks the same
+(a FIN) until something is written to it, which it answers with a reset: until the response starts, an
+interim "100 Continue" every PEER_PROBE_S is that write, so a client that left is still noticed (the
+request aborted) within about two of them.
 """
 
 from __future__ import annotations
@@ -28,6 +35,9 @@ from uvicorn.protocols.http.h11_impl import H11Protocol
 from frontend.errors import ApiError, error_response
 
 MAX_HEADER_BYTES = 64 * 1024
+PEER_PROBE_S = 1.0
+# HTTP/1.1 clients must read any number of 1xx responses before the final one (RFC 9110, 15.2).
+INTERIM_RESPONSE = b"HTTP/1.1 100 Continue\r\n\r\n"
 
 
 class HeaderTooLarge(ValueError):
@@ -52,6 +62,7 @@ class ReadDeadlines:
     open_connections: set = set()
     _read_deadline: asyncio.TimerHandle | None = None
     _body_clock_of: object = None  # the request cycle whose body the deadline is timing
+    _peer_probe: asyncio.TimerHandle | None = None
 
     def connection_made(self, transport) -> None:
         super().connection_made(transport)  # type: ignore[misc]
@@ -75,7 +86,28 @@ class ReadDeadlines:
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._disarm_read_deadline()
+        if self._peer_probe is not None:
+            self._peer_probe.cancel()
         super().connection_lost(exc)  # type: ignore[misc]
+
+    def eof_received(self) -> bool | None:
+        """True keeps the connection open for writing: a request read whole is answered, then the connection
+        closes. Anything else (a request cut short, an idle connection) ends it, as before."""
+        cycle = self.cycle
+        if cycle is None or cycle.response_complete or cycle.more_body:
+            return None
+        cycle.keep_alive = False
+        if self._peer_probe is None and cycle.scope["http_version"] == "1.1":  # not a 1xx to an HTTP/1.0 client
+            self._peer_probe = self.loop.call_later(PEER_PROBE_S, self._probe_peer)
+        return True
+
+    def _probe_peer(self) -> None:
+        cycle = self.cycle
+        if cycle is None or cycle.response_started or self.transport.is_closing():
+            self._peer_probe = None
+            return
+        self.transport.write(INTERIM_RESPONSE)  # a reset answers it where the client is gone; the next write fails
+        self._peer_probe = self.loop.call_later(PEER_PROBE_S, self._probe_peer)
 
     def _waiting_for_headers(self) -> bool:
         return self.cycle is None or self.cycle.response_complete

@@ -16,12 +16,13 @@ from fastapi import APIRouter, Request, Response
 from fastapi.responses import JSONResponse
 
 from common.messages import GenerateRequest, RequestOutput
+from frontend.body_parse import parse_body
 from frontend.engine_client import EngineClient
 from frontend.errors import ApiError, error_body
 from frontend.generation import Generation
 from frontend.limits import HttpLimits
 from frontend.metrics import FrontendMetrics
-from frontend.protocol import GenerateBody, check_prompt_chars, parse_body
+from frontend.protocol import GenerateBody, check_prompt_chars
 from frontend.streaming import StreamingEvents, json_string, ndjson_line
 
 
@@ -32,12 +33,12 @@ def native_router(client: EngineClient, metrics: FrontendMetrics, limits: HttpLi
     @router.post("/generate")
     async def generate(request: Request) -> Response:
         arrival = time.time()
-        body = await parse_body(request, GenerateBody)
+        body = await parse_body(request, GenerateBody, limits)
         prompt, prompt_ids = body.engine_prompt()
         check_prompt_chars([prompt] if prompt is not None else [], max_chars, "prompt")
         fields = body.sampling_params
         fields.check_stop_strings(limits)
-        sampling = fields.sampling_params(fields.max_tokens, "max_tokens", client.limits)
+        sampling = fields.sampling_params(fields.max_tokens, "max_tokens", client.limits, limits.max_logprobs)
         engine_request = GenerateRequest(0, sampling, arrival, prompt=prompt, prompt_token_ids=prompt_ids)
         generation = await Generation.start(client, engine_request, metrics, request.receive)
         if body.stream:

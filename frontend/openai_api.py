@@ -17,6 +17,7 @@ from fastapi.responses import JSONResponse
 
 from common.messages import DetokenizeRequest, GenerateRequest, Logprobs, RequestOutput, RequestRejected
 from common.sampling_params import SamplingParams
+from frontend.body_parse import parse_body
 from frontend.chat_output import ChatOutputReader
 from frontend.choices import Choices
 from frontend.engine_client import EngineClient
@@ -24,7 +25,7 @@ from frontend.errors import ApiError, error_body
 from frontend.limits import HttpLimits
 from frontend.metrics import FrontendMetrics
 from frontend.openai_format import ChatFormat, CompletionFormat, ResponseFormat
-from frontend.protocol import ChatCompletionRequest, CompletionRequest, OpenAIFields, check_prompt_chars, parse_body
+from frontend.protocol import ChatCompletionRequest, CompletionRequest, OpenAIFields, check_prompt_chars
 from frontend.reasoning import ReasoningStream
 from frontend.streaming import SSE_DONE, StreamingEvents, sse_event
 from frontend.tool_calls import ToolCallStream
@@ -47,7 +48,7 @@ def openai_router(
 
     async def checked_body(request: Request, model: type[OpenAIBody]) -> OpenAIBody:
         """Either endpoint's body, with the checks both make first, in this order (the first failing one answers)."""
-        body = await parse_body(request, model)
+        body = await parse_body(request, model, limits)
         body.check_common(client.limits)
         body.check_unsupported()
         body.check_stop_strings(limits)
@@ -60,7 +61,7 @@ def openai_router(
         prompts = body.engine_prompts()
         kept = body.prompt_tokens_kept(client.limits)
         check_prompt_chars([text for text, _ in prompts if text is not None], max_chars, "prompt")
-        sampling = body.sampling_params(body.max_tokens, "max_tokens", client.limits)
+        sampling = body.sampling_params(body.max_tokens, "max_tokens", client.limits, limits.max_logprobs)
         prompt_fields = [
             {"prompt": text, "prompt_token_ids": ids, "add_special_tokens": body.add_special_tokens}
             for text, ids in prompts
@@ -81,7 +82,7 @@ def openai_router(
         tool_plan = body.tool_plan(tool_call_parser)
         kept = body.prompt_tokens_kept(client.limits)
         check_prompt_chars([body.rendered_text(messages)], max_chars, "messages")
-        sampling = body.tool_sampling_params(client.limits, tool_plan)
+        sampling = body.tool_sampling_params(client.limits, tool_plan, limits.max_logprobs)
         prompt_fields = [{"chat_messages": messages, "chat_options": chat_options}]
         requests = choice_requests(body, sampling, arrival, kept, prompt_fields)
         readers = None

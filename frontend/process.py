@@ -18,6 +18,7 @@ import logging
 import resource
 import signal
 import socket
+import threading
 from dataclasses import dataclass, field
 
 import uvicorn
@@ -30,10 +31,10 @@ from common.transport import Endpoints
 from frontend.engine_client import EngineClient, EngineLimits
 from frontend.http_protocol import MAX_HEADER_BYTES, ConnectionCap, protocol_class
 from frontend.limits import HttpLimits
+from frontend.stopping import STOPPING, STOPPING_ANSWERED_S, StoppingGate
 
 log = logging.getLogger(__name__)
 GRACEFUL_SHUTDOWN_S = 3  # responses get this long to end; the launcher kills what is left after 5 s
-STOPPING = "the server is stopping"
 GARBAGE_COLLECTION_PERIOD_S = 10.0
 
 
@@ -102,8 +103,9 @@ async def serve(spec: FrontendSpec, sock: socket.socket, run_dir: str, profile: 
     protocol.timeout_headers_s = spec.http.timeout_headers_s
     protocol.timeout_body_s = spec.http.timeout_body_s
     client.http_parser = protocol.parser_name
+    gate = StoppingGate(ConnectionCap(app, spec.http.max_connections))
     config = uvicorn.Config(
-        ConnectionCap(app, spec.http.max_connections),
+        gate,
         http=protocol,
         log_level=spec.log_level,
         access_log=spec.log_level == "debug",
@@ -111,7 +113,7 @@ async def serve(spec: FrontendSpec, sock: socket.socket, run_dir: str, profile: 
         timeout_keep_alive=spec.http.timeout_keep_alive_s,  # type: ignore[arg-type]
         h11_max_incomplete_event_size=MAX_HEADER_BYTES,  # h11's own bound; http_protocol.py counts for httptools
     )
-    server = AnnouncingServer(config, lambda: announce_ready(run_dir, role), client)
+    server = AnnouncingServer(config, lambda: announce_ready(run_dir, role), client, gate)
     collector = asyncio.create_task(collect_request_garbage())
     try:
         await server.serve(sockets=[sock])
@@ -143,19 +145,36 @@ async def collect_request_garbage(period_s: float = GARBAGE_COLLECTION_PERIOD_S)
 
 
 class AnnouncingServer(uvicorn.Server):
-    """uvicorn's server, calling `on_listening` once it accepts connections; on shutdown, it ends every
-    open stream with an error event first, so the graceful wait ends as soon as those are written."""
+    """uvicorn's server, calling `on_listening` once it accepts connections. Told to stop, it ends every open
+    stream with an error event and answers every request with a 503 for STOPPING_ANSWERED_S before uvicorn's
+    shutdown closes the listening socket (frontend/stopping.py); the graceful wait then ends as soon as the
+    responses under way are written."""
 
-    def __init__(self, config: uvicorn.Config, on_listening, client: EngineClient):
+    def __init__(self, config: uvicorn.Config, on_listening, client: EngineClient, gate: StoppingGate):
         super().__init__(config)
         self.on_listening = on_listening
         self.client = client
+        self.gate = gate
+        self._loop: asyncio.AbstractEventLoop | None = None
 
     async def startup(self, sockets=None) -> None:
         await super().startup(sockets)
         if self.started:
+            self._loop = asyncio.get_running_loop()
             freeze_startup_objects()
             self.on_listening()
+
+    def handle_exit(self, sig, frame) -> None:
+        if self._loop is None or self.gate.stopping:  # not serving yet, or told twice: uvicorn's own way
+            super().handle_exit(sig, frame)
+            return
+        self.gate.stopping = True
+        # A signal handler may run between any two steps of the loop: the rest runs on the loop itself.
+        self._loop.call_soon_threadsafe(self._stop_answering_later)
+
+    def _stop_answering_later(self) -> None:
+        self.client.fail_open_streams(STOPPING)
+        self._loop.call_later(STOPPING_ANSWERED_S, setattr, self, "should_exit", True)
 
     async def shutdown(self, sockets=None) -> None:
         self.client.fail_open_streams(STOPPING)
@@ -165,6 +184,9 @@ class AnnouncingServer(uvicorn.Server):
     def capture_signals(self):
         # SIGTERM, from the launcher, stops a frontend gracefully; Ctrl-C is the launcher's alone (ignored here
         # since init_child_process), so that no frontend exits before the launcher knows it is stopping.
+        if threading.current_thread() is not threading.main_thread():  # a test's server: stopped by its caller
+            yield
+            return
         previous = signal.signal(signal.SIGTERM, self.handle_exit)
         try:
             yield

@@ -10,19 +10,16 @@ from __future__ import annotations
 
 import json
 from functools import cached_property
-from typing import Annotated, Any, Literal, TypeVar
+from typing import Annotated, Any, Literal
 
-from fastapi import Request
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field
 
 from common.messages import CHAT_TEMPLATE_RESERVED, ChatTemplateOptions, check_cache_salt
-from common.sampling_params import MAX_LOGPROBS, InvalidParameter, SamplingParams, StructuredOutput
+from common.sampling_params import InvalidParameter, SamplingParams, StructuredOutput
 from frontend.engine_client import EngineLimits
 from frontend.errors import ApiError
 from frontend.limits import HttpLimits
 from frontend.tool_calls import ToolPlan, plan_tools, template_message_tool_calls
-
-Body = TypeVar("Body", bound=BaseModel)
 
 
 class RequestBody(BaseModel):
@@ -34,27 +31,6 @@ class RequestBody(BaseModel):
 # not an OverflowError after the request was half submitted.
 Int = Annotated[int, Field(ge=-(2**63), lt=2**63)]
 GREEDY_BELOW = 1e-5  # vLLM's: a temperature this small is greedy (dividing logits by 1e-40 overflows them)
-
-
-async def parse_body(request: Request, model: type[Body]) -> Body:
-    try:
-        return model.model_validate_json(await request.body())
-    except ValidationError as exc:
-        raise _invalid_body(exc) from None
-
-
-def _invalid_body(exc: ValidationError) -> ApiError:
-    first = exc.errors()[0]
-    if first["type"] == "json_invalid":
-        return ApiError(400, f"the request body is not valid JSON ({first.get('ctx', {}).get('error', '')})")
-    if not first["loc"]:
-        return ApiError(400, f"the request body must be a JSON object: {first['msg']}")
-    # `param` is the top-level field: nested locations carry pydantic's union tags ("prompt.list[int].0").
-    param = str(first["loc"][0])
-    if first["type"] == "extra_forbidden" and len(first["loc"]) == 1:
-        return ApiError(400, f"unrecognized request argument supplied: '{param}'", param=param)
-    where = f" (at {'.'.join(map(str, first['loc']))})" if len(first["loc"]) > 1 else ""
-    return ApiError(400, f"invalid '{param}'{where}: {first['msg']}", param=param)
 
 
 def check_prompt_chars(texts: list[str], max_chars: int, field: str) -> None:
@@ -116,14 +92,17 @@ class SamplingFields(RequestBody):
                 raise ApiError(400, f"logit_bias keys must be token ids, got {key!r}", param="logit_bias") from None
         return bias
 
-    def _logprobs(self) -> tuple[int | None, int | None]:
-        """(logprobs, prompt_logprobs) as the engine takes them; none on the native endpoint."""
+    def _logprobs(self, max_logprobs: int) -> tuple[int | None, int | None]:
+        """(logprobs, prompt_logprobs) as the engine takes them, each at most max_logprobs (--max-logprobs);
+        none on the native endpoint."""
         return None, None
 
     def _structured_output(self) -> StructuredOutput | None:
         return None
 
-    def sampling_params(self, max_tokens: int | None, max_tokens_field: str, limits: EngineLimits) -> SamplingParams:
+    def sampling_params(
+        self, max_tokens: int | None, max_tokens_field: str, limits: EngineLimits, max_logprobs: int
+    ) -> SamplingParams:
         defaults = SamplingParams(**limits.sampling_defaults)  # for the fields the request leaves out
         params = SamplingParams(
             max_tokens=max_tokens,
@@ -146,10 +125,10 @@ class SamplingFields(RequestBody):
             skip_special_tokens=self.skip_special_tokens,
             spaces_between_special_tokens=self.spaces_between_special_tokens,
         )
-        params.logprobs, params.prompt_logprobs = self._logprobs()
+        params.logprobs, params.prompt_logprobs = self._logprobs(max_logprobs)
         params.structured = self._structured_output()
         try:
-            params.validate()
+            params.validate(max_logprobs)
         except InvalidParameter as exc:
             field = max_tokens_field if exc.field == "max_tokens" else exc.field
             raise ApiError(400, str(exc), param=field) from None
@@ -172,6 +151,7 @@ class StreamOptions(RequestBody):
 
 
 MAX_N = 128  # choices per request (n times the prompts of a completion)
+MAX_TOOLS = 128  # OpenAI's bound
 
 
 def _structured(
@@ -342,9 +322,12 @@ class CompletionRequest(OpenAIFields):
                 out.append((None, list(one)))
         return out
 
-    def _logprobs(self) -> tuple[int | None, int | None]:
-        if self.logprobs is not None and not 0 <= self.logprobs <= MAX_LOGPROBS:
-            raise ApiError(400, f"logprobs must be in [0, {MAX_LOGPROBS}], got {self.logprobs}", param="logprobs")
+    def _logprobs(self, max_logprobs: int) -> tuple[int | None, int | None]:
+        # With echo, the prompt's logprobs too, as many per token: the same bound.
+        if self.logprobs is not None and not 0 <= self.logprobs <= max_logprobs:
+            raise ApiError(
+                400, f"logprobs must be in [0, {max_logprobs}] (--max-logprobs), got {self.logprobs}", param="logprobs"
+            )
         return self.logprobs, self.logprobs if self.echo else None
 
     def check_unsupported(self) -> None:
@@ -398,8 +381,16 @@ class ChatMessage(RequestBody):
             raise ApiError(
                 400, "messages with a legacy function_call, audio or a refusal are not supported", param="messages"
             )
-        if self.content is None or isinstance(self.content, str):
-            return self.content or ""
+        if self.content is None:  # as OpenAI: only an assistant turn that called tools may say nothing
+            if self.role == "assistant" and self.tool_calls:
+                return ""
+            raise ApiError(
+                400,
+                f"a {self.role} message needs content (null only in an assistant message with tool_calls)",
+                param="messages",
+            )
+        if isinstance(self.content, str):
+            return self.content
         if any(part.type != "text" or part.text is None for part in self.content):
             raise ApiError(
                 400, 'only text content parts ({"type": "text", "text": ...}) are supported', param="messages"
@@ -435,7 +426,8 @@ class ChatTemplateFields(RequestBody):
     add_generation_prompt: bool = True
     continue_final_message: bool = False
     chat_template_kwargs: dict | None = None
-    tools: list[ToolDefinition] | None = None  # described to the model by templates that know tools
+    # Described to the model by templates that know tools.
+    tools: Annotated[list[ToolDefinition], Field(max_length=MAX_TOOLS)] | None = None
 
     @cached_property
     def tool_definitions(self) -> list[dict] | None:
@@ -507,10 +499,10 @@ class ChatCompletionRequest(OpenAIFields, ChatTemplateFields):
         choice = self.tool_choice.model_dump() if isinstance(self.tool_choice, NamedToolChoice) else self.tool_choice
         return plan_tools(self.tool_definitions, choice, self.parallel_tool_calls, parser)
 
-    def tool_sampling_params(self, limits: EngineLimits, plan: ToolPlan | None) -> SamplingParams:
+    def tool_sampling_params(self, limits: EngineLimits, plan: ToolPlan | None, max_logprobs: int) -> SamplingParams:
         """sampling_params, with the grammar a forced tool call follows; for calls the parser reads, special
         tokens kept in the text (some models mark their call tags special, as vLLM's hermes parser knows)."""
-        params = self.sampling_params(self.requested_max_tokens(), self.max_tokens_field(), limits)
+        params = self.sampling_params(self.requested_max_tokens(), self.max_tokens_field(), limits, max_logprobs)
         if plan is not None and plan.mode == "auto":
             params.skip_special_tokens = False
         if plan is not None and plan.structured is not None:
@@ -521,12 +513,14 @@ class ChatCompletionRequest(OpenAIFields, ChatTemplateFields):
             params.structured = plan.structured
         return params
 
-    def _logprobs(self) -> tuple[int | None, int | None]:
+    def _logprobs(self, max_logprobs: int) -> tuple[int | None, int | None]:
         if self.top_logprobs is not None and not self.logprobs:
             raise ApiError(400, "top_logprobs needs logprobs set to true", param="top_logprobs")
-        if self.top_logprobs is not None and not 0 <= self.top_logprobs <= MAX_LOGPROBS:
+        if self.top_logprobs is not None and not 0 <= self.top_logprobs <= max_logprobs:
             raise ApiError(
-                400, f"top_logprobs must be in [0, {MAX_LOGPROBS}], got {self.top_logprobs}", param="top_logprobs"
+                400,
+                f"top_logprobs must be in [0, {max_logprobs}] (--max-logprobs), got {self.top_logprobs}",
+                param="top_logprobs",
             )
         return (self.top_logprobs or 0) if self.logprobs else None, None
 

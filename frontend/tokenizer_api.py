@@ -18,6 +18,7 @@ from importlib.metadata import PackageNotFoundError, version
 from fastapi import APIRouter, Request
 
 from common.messages import DetokenizeRequest, RequestRejected, TextReply, TokenizeRequest
+from frontend.body_parse import parse_body
 from frontend.engine_client import EngineClient
 from frontend.errors import ApiError
 from frontend.limits import HttpLimits
@@ -27,7 +28,6 @@ from frontend.protocol import (
     Int,
     RequestBody,
     check_prompt_chars,
-    parse_body,
     refuse_unless,
 )
 
@@ -63,7 +63,7 @@ def tokenizer_router(client: EngineClient, limits: HttpLimits) -> APIRouter:
 
     @router.post("/tokenize")
     async def tokenize(request: Request) -> dict:
-        body = await parse_body(request, TokenizeBody)
+        body = await parse_body(request, TokenizeBody, limits)
         _check_model(body.model, client)
         refuse_unless(body.return_token_strs, (None, False), "return_token_strs", "token strings are not returned")
         if (body.prompt is None) == (body.messages is None):
@@ -86,7 +86,7 @@ def tokenizer_router(client: EngineClient, limits: HttpLimits) -> APIRouter:
 
     @router.post("/detokenize")
     async def detokenize(request: Request) -> dict:
-        body = await parse_body(request, DetokenizeBody)
+        body = await parse_body(request, DetokenizeBody, limits)
         _check_model(body.model, client)
         if any(t < 0 for t in body.tokens):
             raise ApiError(400, "token ids must be non-negative", param="tokens")

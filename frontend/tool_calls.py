@@ -67,7 +67,7 @@ def plan_tools(
         if name not in functions:
             raise ApiError(400, f"tool_choice names '{name}', which is not among the tools", param="tool_choice")
         schema = json.dumps(_parameters(functions[name]))
-        return ToolPlan("named", name, StructuredOutput("json", schema, "tool_choice"))
+        return ToolPlan("named", name, StructuredOutput("json", schema, "tools"))  # a schema that fails is in tools
     if tool_choice == "required":
         calls: dict[str, Any] = {
             "type": "array",
@@ -86,7 +86,7 @@ def plan_tools(
         }
         if parallel_tool_calls is False:
             calls["maxItems"] = 1
-        return ToolPlan("required", structured=StructuredOutput("json", json.dumps(calls), "tool_choice"))
+        return ToolPlan("required", structured=StructuredOutput("json", json.dumps(calls), "tools"))
     if parser is None:  # "auto", given or by default
         raise ApiError(
             400,

@@ -22,6 +22,7 @@ from typing import Any
 
 import numpy as np
 
+from common.library_errors import library_message
 from common.sampling_params import InvalidParameter, StructuredOutput
 
 # Compiled grammars are cached by the compiler, keyed by their source; bounded, so that many distinct
@@ -87,5 +88,7 @@ class GrammarCompiler:
         except (RuntimeError, ValueError) as exc:
             if isinstance(exc, InvalidParameter):
                 raise
-            raise InvalidParameter(spec.field, f"the {spec.kind} grammar does not compile: {exc}") from exc
+            raise InvalidParameter(
+                spec.field, f"the {spec.kind} grammar does not compile: {library_message(exc)}"
+            ) from exc
         return RequestGrammar(xgrammar.GrammarMatcher(compiled), self.vocab_size)

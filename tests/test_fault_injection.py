@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import time
 
 import httpx
@@ -31,6 +32,7 @@ from tests.server_process import (
     stream_endings,
     wait_until,
 )
+from tests.test_frontend_connection import final_response, read_until_closed
 
 WATCHDOG_S = 3
 STREAMS = 3
@@ -217,6 +219,41 @@ def test_with_exit_on_replica_failure_a_dead_replica_stops_the_server(null_gpt2,
         assert srv.proc.wait(timeout=LAUNCHER_EXITS_WITHIN_S) == 1
         assert f"process gpu_worker-1 (pid {pids['gpu_worker-1']}) died with exit code -9" in srv.log()
         assert "is out" not in srv.log()
+        assert_nothing_left(srv, pids)
+    finally:
+        srv.stop(signal.SIGKILL)
+
+
+def answer_of_a_new_connection(port: int) -> str:
+    """A GET /v1/models on a new connection: its status ("503" only with Retry-After), "refused" (nothing
+    listens), or "reset" (connected, then cut without an answer)."""
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+            sock.sendall(b"GET /v1/models HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+            status, headers, _ = final_response(read_until_closed(sock))
+    except ConnectionRefusedError:
+        return "refused"
+    except (ConnectionResetError, IndexError):  # IndexError: closed before a status line
+        return "reset"
+    return str(status) if status != 503 or "retry-after" in headers else "503 without Retry-After"
+
+
+def test_after_a_fault_new_requests_get_a_503_until_the_listener_closes_not_a_reset(null_gpt2, tmp_path):
+    srv = start_server(null_gpt2, tmp_path)
+    try:
+        pids = srv.child_pids()
+        os.kill(pids["scheduler"], signal.SIGKILL)
+        answers = [answer_of_a_new_connection(srv.port)]
+        deadline = time.monotonic() + LAUNCHER_EXITS_WITHIN_S
+        while answers[-1] != "refused":
+            assert time.monotonic() < deadline, answers[-5:]
+            answers.append(answer_of_a_new_connection(srv.port))
+        assert "503" in answers, answers
+        assert set(answers) <= {"200", "503", "reset", "refused"}, answers
+        # A connection that reached the backlog just as the last frontend closed it is reset: the one before
+        # the refusals, if any; never one while the server still answers.
+        assert "reset" not in answers[:-2], answers
+        assert srv.proc.wait(timeout=LAUNCHER_EXITS_WITHIN_S) == 1
         assert_nothing_left(srv, pids)
     finally:
         srv.stop(signal.SIGKILL)

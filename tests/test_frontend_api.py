@@ -388,6 +388,11 @@ BAD_CHATS = [
     ({"messages": USER, "prediction": {"type": "content", "content": "x"}}, "prediction"),
     ({"messages": USER, "audio": {"voice": "x"}}, "audio"),
     ({"messages": USER, "model": "other"}, "model"),
+    # content may be null only in an assistant message that called tools, as OpenAI takes it
+    ({"messages": [{"role": "user", "content": None}]}, "messages"),
+    ({"messages": [{"role": "user"}]}, "messages"),
+    ({"messages": [*USER, {"role": "assistant", "content": None}]}, "messages"),
+    ({"messages": [{"role": "system", "content": None}, *USER]}, "messages"),
 ]
 
 BAD_GENERATES = [
@@ -415,6 +420,12 @@ def test_bad_input_is_a_400_naming_the_field(http, engine, path, body, param):
 @pytest.mark.parametrize("raw", [b"{not json", b"", b"[1, 2]", b'"prompt"'])
 def test_a_body_that_is_not_a_json_object_is_a_400(http, path, raw):
     assert_error(http.post(path, content=raw, headers={"content-type": "application/json"}), 400, None)
+
+
+def test_a_message_of_the_wrong_shape_is_named_in_the_clients_words_not_the_servers_classes(http):
+    body = {"messages": [{"role": "user", "content": [5]}]}
+    error = assert_error(http.post("/v1/chat/completions", json=body), 400, "messages")
+    assert "JSON object" in error["message"] and "TextPart" not in error["message"]
 
 
 def test_n_error_names_n(http):

@@ -98,6 +98,45 @@ def test_integers_beyond_64_bits_are_400_and_leave_no_stream(http, engine, field
     assert_still_serving(http)
 
 
+@pytest.mark.parametrize(
+    "path, body, field",
+    [
+        ("/v1/completions", {"prompt": "hi", "logprobs": 3}, "logprobs"),
+        ("/v1/completions", {"prompt": "hi", "logprobs": 3, "echo": True}, "logprobs"),
+        (
+            "/v1/chat/completions",
+            {"messages": [{"role": "user", "content": "hi"}], "logprobs": True, "top_logprobs": 3},
+            "top_logprobs",
+        ),
+    ],
+)
+def test_logprobs_past_max_logprobs_are_400_naming_the_field(engine, path, body, field):
+    http = TestClient(build_app(engine, limits=HttpLimits(max_logprobs=2)))
+    error = assert_error(http.post(path, json=body), 400, field)
+    assert "--max-logprobs" in error["message"]
+    assert engine.submitted == []
+
+
+def test_max_logprobs_raised_lets_requests_ask_for_more_prompt_logprobs_included(engine):
+    http = TestClient(build_app(engine, limits=HttpLimits(max_logprobs=50)))
+    assert http.post("/v1/completions", json={"prompt": "hi", "logprobs": 30, "echo": True}).status_code == 200
+    chat = {"messages": [{"role": "user", "content": "hi"}], "logprobs": True, "top_logprobs": 50}
+    assert http.post("/v1/chat/completions", json=chat).status_code == 200
+    completion, chat_request = engine.submitted
+    assert (completion.sampling.logprobs, completion.sampling.prompt_logprobs) == (30, 30)
+    assert chat_request.sampling.logprobs == 50
+
+
+def test_max_logprobs_is_a_launch_flag_of_vllms_name_and_default(capsys):
+    from launch import parse_args
+
+    assert HttpLimits.from_args(parse_args([])).max_logprobs == 20
+    assert HttpLimits.from_args(parse_args(["--max-logprobs", "5"])).max_logprobs == 5
+    with pytest.raises(SystemExit):
+        parse_args(["--max-logprobs", "-1"])
+    assert "at least 0" in capsys.readouterr().err
+
+
 def test_a_logit_bias_key_beyond_64_bits_is_400(http):
     response = http.post("/v1/completions", json={"prompt": "hi", "logit_bias": {str(2**64): 1}})
     assert_error(response, 400, "logit_bias")

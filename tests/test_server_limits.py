@@ -6,6 +6,7 @@ are the frontend's, so the engine behind runs no model."""
 
 from __future__ import annotations
 
+import json
 import socket
 import time
 
@@ -14,6 +15,7 @@ import pytest
 
 from frontend.errors import RETRY_AFTER_S
 from tests.server_process import GUARDED_LIMITS, ServerProcess, wait_until
+from tests.test_frontend_connection import final_response, request_bytes
 
 HEADER_TIMEOUT_S = GUARDED_LIMITS["--timeout-headers"]
 BODY_TIMEOUT_S = GUARDED_LIMITS["--timeout-body"]
@@ -231,3 +233,17 @@ def test_huge_headers_are_refused(server):
         status = 400
     assert status == 400
     assert_serving(server)
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])
+def test_a_client_that_half_closes_after_its_request_gets_the_whole_response(server, stream):
+    """`printf 'POST ...' | nc -N`: the client closes its side once the request is sent, as HTTP/1.1 allows."""
+    with socket.create_connection(("127.0.0.1", server.port)) as sock:
+        sock.sendall(request_bytes("/v1/completions", {"prompt": "hi", "max_tokens": 4, "stream": stream}))
+        sock.shutdown(socket.SHUT_WR)
+        status, _, body = final_response(read_until_closed(sock))
+    assert status == 200
+    if stream:
+        assert body.decode().rstrip().endswith("data: [DONE]")
+    else:
+        assert json.loads(body)["usage"]["completion_tokens"] == 4

@@ -429,6 +429,13 @@ def test_logit_bias_outside_the_vocabulary_is_refused(worker, rid):
     assert isinstance(refused, RequestRejected) and refused.param == "logit_bias"
 
 
+def test_more_logprobs_than_the_vocabulary_holds_are_refused(worker, rid):
+    """Only a --max-logprobs above the vocabulary lets one through the frontend; the worker's top-k could not."""
+    send(worker.requests, GenerateRequest(rid, SamplingParams(logprobs=10**6), 100.0, prompt="hi"))
+    refused = receive(worker.to_frontend)
+    assert isinstance(refused, RequestRejected) and refused.param == "logprobs"
+
+
 def test_requests_are_spread_over_engine_replicas_and_each_abort_reaches_its_requests_replica(model_folder):
     with running_worker(model_folder, num_replicas=2) as harness:
         replicas = [harness.to_scheduler, *harness.other_replicas]

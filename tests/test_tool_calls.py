@@ -258,7 +258,7 @@ def test_a_named_tool_choice_answers_one_call_whose_arguments_the_grammar_wrote(
     [call] = choice["message"]["tool_calls"]
     assert call["function"] == {"name": "get_weather", "arguments": '{"city": "Paris"}'}
     request = engine.submitted[0]
-    assert request.sampling.structured.kind == "json" and request.sampling.structured.field == "tool_choice"
+    assert request.sampling.structured.kind == "json" and request.sampling.structured.field == "tools"
     assert request.chat_options.tools == [WEATHER]  # the template is told of the tools
     content, calls, finish = chat_stream(http, tools=[WEATHER], tool_choice=named)
     assert (content, without_ids(calls), finish) == ("", without_ids([call]), "stop")

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 from jinja2 import TemplateError
 
+from common.library_errors import library_message
 from common.messages import ChatTemplateOptions, GenerateRequest
 from common.sampling_params import InvalidParameter
 
@@ -131,7 +132,9 @@ class Tokenizer:
             )
         except (TemplateError, TypeError, KeyError, ValueError) as exc:
             # Templates reject what they cannot render (an unknown role, alternation broken) by raising.
-            raise InvalidParameter("messages", f"the chat template cannot render these messages: {exc}") from exc
+            raise InvalidParameter(
+                "messages", f"the chat template cannot render these messages: {library_message(exc)}"
+            ) from exc
         return list(rendered) if tokenize else rendered
 
     def token_texts(self, ids: list[int]) -> list[str]:

@@ -17,6 +17,7 @@ import logging
 import time
 from dataclasses import dataclass
 
+from common.library_errors import library_message
 from common.messages import (
     AbortRequest,
     DetokenizeRequest,
@@ -80,7 +81,7 @@ class TokenizerWorker:
         if request is None:
             return None
         if isinstance(ids, Exception):
-            return RequestRejected(rid, 400, f"the prompt cannot be tokenized: {ids}", "prompt")
+            return RequestRejected(rid, 400, f"the prompt cannot be tokenized: {library_message(ids)}", "prompt")
         return self._track(request, ids)
 
     def _track(self, request: GenerateRequest, ids: list[int]) -> TokenizedRequest:

@@ -1,0 +1,170 @@
+"""How long large request bodies hold up everyone else on a frontend: /health's latency while big bodies are
+posted at once, the frontend's peak RSS meanwhile, and a small request's latency at rest.
+
+    python -m benchmarks.body_stall                       # 8 × the 500,000-part chat body, a null-engine server
+    python -m benchmarks.body_stall --shape token_ids --bodies 4
+    python -m benchmarks.body_stall --url http://127.0.0.1:8000 --shape all
+
+Shapes (the first four just under 16 MiB, the default --max-request-body-bytes):
+    chat_parts   {"messages": [{"role": "user", "content": [{"type": "text", "text": "a"}] * 500,000}]}
+    messages     {"messages": [{"role": "user", "content": "a"}] * 400,000}
+    token_ids    {"prompt": [1] * 5,000,000}
+    prompts_at_bound, messages_at_bound: 32,760 prompts of "a", 10,920 messages: the costliest bodies (per JSON
+                 value) within --max-request-json-values' default, which reach the parser (a few hundred KiB)
+    schema       {"prompt": "a", "response_format": {"type": "json_schema",
+                                                     "json_schema": {"schema": {"x": [{}] * 3,000,000}}}}
+
+/health is polled on its own connection every --poll-ms from just before the bodies are sent until every one
+is answered; the reported stall is the slowest /health in that window. RSS is the frontend process's VmRSS
+(its pid from /stats), sampled as often.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import httpx
+
+from benchmarks.serve import LaunchedServer
+
+DEFAULT_LAUNCH = "--model ../shared/models/gpt2 --load-format null --device cpu --tokenizer-workers 1"
+
+SHAPES = {
+    "chat_parts": (
+        "/v1/chat/completions",
+        {"messages": [{"role": "user", "content": [{"type": "text", "text": "a"}] * 500_000}]},
+    ),
+    "messages": ("/v1/chat/completions", {"messages": [{"role": "user", "content": "a"}] * 400_000}),
+    "token_ids": ("/v1/completions", {"prompt": [1] * 5_000_000}),
+    # The costliest bodies per value that --max-request-json-values' default (32,768) lets through to the parser.
+    "prompts_at_bound": ("/v1/completions", {"prompt": ["a"] * 32_760, "max_tokens": 1}),
+    "messages_at_bound": ("/v1/chat/completions", {"messages": [{"role": "user", "content": "a"}] * 10_920}),
+    "schema": (
+        "/v1/completions",
+        {"prompt": "a", "response_format": {"type": "json_schema", "json_schema": {"schema": {"x": [{}] * 3_000_000}}}},
+    ),
+}
+SMALL_BODY = {"prompt": "hi", "max_tokens": 1}
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--launch", default=DEFAULT_LAUNCH, help="launch.py arguments (ignored with --url)")
+    p.add_argument("--url", default=None, help="a running server instead of launching one")
+    p.add_argument("--shape", default="chat_parts", choices=[*SHAPES, "all"])
+    p.add_argument("--bodies", type=int, default=8, help="big bodies posted at once")
+    p.add_argument("--poll-ms", type=float, default=20.0)
+    p.add_argument("--small-requests", type=int, default=300, help="sequential small completions timed at rest")
+    p.add_argument("--output-json", default=None)
+    return p.parse_args(argv)
+
+
+def frontend_pid(client: httpx.Client) -> int | None:
+    replies = client.get("/stats").json()["replies"]
+    pids = [reply["pid"] for role, reply in replies.items() if role.startswith("frontend")]
+    return pids[0] if len(pids) == 1 else None  # with several frontends, which one a body reaches is the kernel's
+
+
+def rss_mib(pid: int) -> float:
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    return 0.0
+
+
+def small_request_latency_ms(client: httpx.Client, count: int) -> dict:
+    for _ in range(20):  # warm the connection and the server's paths
+        client.post("/v1/completions", json=SMALL_BODY)
+    times = []
+    for _ in range(count):
+        started = time.perf_counter()
+        response = client.post("/v1/completions", json=SMALL_BODY)
+        times.append((time.perf_counter() - started) * 1000)
+        assert response.status_code == 200, response.text
+    times.sort()
+    return {"p50": statistics.median(times), "p90": times[int(0.9 * len(times))], "count": count}
+
+
+def stall(url: str, shape: str, bodies: int, poll_s: float) -> dict:
+    path, body = SHAPES[shape]
+    payload = json.dumps(body).encode()
+    with httpx.Client(base_url=url, timeout=120) as client:
+        pid = frontend_pid(client)
+        rss_before = rss_mib(pid) if pid else None
+        done = threading.Event()
+        health: list[float] = []
+        rss: list[float] = []
+
+        def poll() -> None:
+            with httpx.Client(base_url=url, timeout=120) as poller:
+                while not done.is_set():
+                    started = time.perf_counter()
+                    poller.get("/health")
+                    health.append(time.perf_counter() - started)
+                    if pid:
+                        rss.append(rss_mib(pid))
+                    time.sleep(poll_s)  # the polling period itself
+
+        def post(_: int) -> tuple[int | str, float, str]:
+            started = time.perf_counter()
+            try:
+                with httpx.Client(base_url=url, timeout=120) as poster:
+                    response = poster.post(path, content=payload, headers={"Content-Type": "application/json"})
+            except httpx.TransportError as exc:  # the connection cut (a body read past --timeout-body, say)
+                return type(exc).__name__, time.perf_counter() - started, ""
+            error = response.json().get("error", {}) if response.status_code != 200 else {}
+            return response.status_code, time.perf_counter() - started, str(error.get("param"))
+
+        poller = threading.Thread(target=poll)
+        poller.start()
+        while len(health) < 5:  # a few polls at rest first
+            time.sleep(poll_s)
+        at_rest = max(health)
+        with ThreadPoolExecutor(bodies) as pool:
+            results = list(pool.map(post, range(bodies)))
+        done.set()
+        poller.join()
+    return {
+        "shape": shape,
+        "body_mib": round(len(payload) / 2**20, 2),
+        "bodies": bodies,
+        "statuses": sorted({str(status) for status, _, _ in results}),
+        "params": sorted({param for _, _, param in results}),
+        "body_seconds_max": round(max(seconds for _, seconds, _ in results), 3),
+        "health_ms_at_rest_max": round(at_rest * 1000, 1),
+        "health_ms_max": round(max(health) * 1000, 1),
+        "health_polls": len(health),
+        "frontend_rss_mib_before": rss_before and round(rss_before, 1),
+        "frontend_rss_mib_peak": rss and round(max(rss), 1),
+    }
+
+
+def run(url: str, args: argparse.Namespace) -> dict:
+    with httpx.Client(base_url=url, timeout=60) as client:
+        small = small_request_latency_ms(client, args.small_requests)
+    shapes = list(SHAPES) if args.shape == "all" else [args.shape]
+    return {"small_request_ms": small, "stalls": [stall(url, s, args.bodies, args.poll_ms / 1000) for s in shapes]}
+
+
+def main(argv: list[str] | None = None) -> dict:
+    args = parse_args(argv)
+    if args.url is not None:
+        result = run(args.url, args)
+    else:
+        with LaunchedServer(args.launch) as server:
+            result = run(server.url, args)
+    print(json.dumps(result, indent=2))
+    if args.output_json:
+        with open(args.output_json, "w") as f:
+            json.dump(result, f, indent=2)
+    return result
+
+
+if __name__ == "__main__":
+    main()
