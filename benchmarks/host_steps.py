@@ -34,6 +34,7 @@ class HostStepTimes:
     finish_s: float  # worker: tokens read back into the mirrors, the result built (ModelRunner.finish)
     process_s: float  # the result through the codec, Scheduler.process_result, outputs collected
     total_s: float  # the whole pass: these and what falls between them
+    wall_s: float  # the whole pass with its waits for the device: in a steady decode, one step's time
 
 
 class HostStepLog(GenerateObserver):
@@ -69,6 +70,7 @@ class HostStepLog(GenerateObserver):
                 sum(t.sample_s - t.wait_s for t in timings),
                 ended - self._ran,
                 ended - self._started - waited,
+                ended - self._started,
             )
         )
 
@@ -85,4 +87,5 @@ class HostStepLog(GenerateObserver):
         batch = max(t.planned_rids for t in decodes)
         full = [t for t in decodes if t.planned_rids == batch]
         parts = {name: 1000 * statistics.median(getattr(t, f"{name}_s") for t in full) for name in HOST_PARTS}
-        return {"batch": batch, "passes": len(full), **parts}
+        step_ms = 1000 * statistics.median(t.wall_s for t in full)
+        return {"batch": batch, "passes": len(full), **parts, "step_wall": step_ms}

@@ -18,11 +18,13 @@ import json
 import sys
 import time
 from dataclasses import replace
+from pathlib import Path
 
 import torch
 from tqdm import tqdm
 
 from benchmarks.host_steps import HOST_PARTS, HostStepLog
+from benchmarks.roofline import ModelCost, gpu_peak, run_floor
 from benchmarks.workloads import parse_range, random_token_prompts
 from common.config import EngineConfig, add_engine_args
 from common.garbage import freeze_startup_objects
@@ -70,6 +72,7 @@ def run_ours(
     generated = sum(len(o.token_ids) for o in outs)
     ttfts = sorted(o.first_token_time - wall_start for o in outs)
     gpu_busy = gpu_busy_fraction(llm, profile_prompts, params, profile_steps) if profile_steps else None
+    decode = host_steps.full_decode_host_ms()
     result = {
         "name": "ours",
         "seconds": elapsed,
@@ -78,7 +81,8 @@ def run_ours(
         "tokens_per_s": generated / elapsed,
         "warmup_requests": len(warmup),
         "host_ms_per_step": host_steps.host_ms_per_step(),
-        "decode_step_host_ms": host_steps.full_decode_host_ms(),
+        "decode_step_host_ms": decode,
+        "roofline": roofline(llm, folder, prompts, output_len, elapsed, decode),
         "gpu_busy": gpu_busy,
         "ttft_p50_s": ttfts[len(ttfts) // 2],
         "ttft_p99_s": ttfts[min(len(ttfts) - 1, int(0.99 * len(ttfts)))],
@@ -88,6 +92,31 @@ def run_ours(
     del llm
     _free()
     return result
+
+
+def roofline(llm, folder: str, prompts: list[list[int]], output_len: int, elapsed: float, decode: dict | None):
+    """The run's floor on this GPU (benchmarks/roofline.py) and the share of it reached, for the whole run and
+    for the fullest decode steps (their median wall time, pipelined as the engine runs them). None on a CPU or a
+    GPU without figures in the table."""
+    peak = gpu_peak(torch.cuda.get_device_name()) if torch.cuda.is_available() else None
+    if peak is None:
+        return None
+    config = json.loads((Path(folder) / "config.json").read_text())
+    cost = ModelCost.of(llm.runner.model, config.get("num_attention_heads") or config["n_head"])
+    fp8 = llm.config.quantization == "fp8"
+    floor = run_floor(cost, [len(p) for p in prompts], output_len, llm.runner.limits.max_num_seqs, peak, fp8)
+    out = {
+        "gpu": peak.name,
+        "floor_s": floor["seconds"],
+        "run_share": floor["seconds"] / elapsed,
+        "decode_step_floor_ms": 1000 * floor["middle_step_s"],
+        "decode_step_ms": None,
+        "decode_share": None,
+    }
+    if decode is not None and decode["batch"] == min(len(prompts), llm.runner.limits.max_num_seqs):
+        out["decode_step_ms"] = decode["step_wall"]
+        out["decode_share"] = out["decode_step_floor_ms"] / decode["step_wall"]
+    return out
 
 
 PROFILE_AFTER_STEPS = 20  # the window opens after the prefill-heavy start of the run
@@ -306,6 +335,16 @@ def main(argv: list[str] | None = None) -> None:
             f"ours: host per {d['batch']}-request decode step (median of {d['passes']}): {d['total']:.2f} ms "
             f"({parts}; ms)"
         )
+    if first["roofline"] is not None:
+        r = first["roofline"]
+        share = 100 * r["run_share"]
+        line = f"roofline ({r['gpu']} datasheet): the run's floor {r['floor_s']:.2f} s, reached {share:.0f}%"
+        if r["decode_step_ms"] is not None:
+            line += (
+                f"; a full decode step {r['decode_step_ms']:.2f} ms against its floor "
+                f"{r['decode_step_floor_ms']:.2f} ms ({100 * r['decode_share']:.0f}%)"
+            )
+        print(line)
     if first["gpu_busy"] is not None:
         g = first["gpu_busy"]
         print(f"ours: GPU busy {100 * g['fraction']:.0f}% of a {g['window_ms']:.0f} ms window of {g['steps']} steps")

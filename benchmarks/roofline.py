@@ -48,9 +48,10 @@ class ModelCost:
     attention_flops_per_context_token: int  # 4 * layers * query heads * head_dim
 
     @classmethod
-    def of(cls, model, kv_bytes_per_token: int, layers: int, heads: int, head_dim: int) -> ModelCost:
-        """`model`: a torch module; its embedding tables (any parameter named *embed*, or wte/wpe) are looked
-        up, not multiplied, unless the lm-head shares them (tied): then they are read once, as the head."""
+    def of(cls, model, num_heads: int) -> ModelCost:
+        """`model`: one of ours (gpu_worker/models/), as loaded; `num_heads`: its query heads. Its embedding tables
+        (any parameter named *embed*, or wte/wpe) are looked up, not multiplied, unless the lm-head shares them
+        (tied): then they are read once, as the head. The KV cache is in the weights' dtype."""
         weight_bytes = matmul = 0
         tied = _tied_head(model)
         for name, param in model.named_parameters():
@@ -60,7 +61,13 @@ class ModelCost:
             weight_bytes += param.numel() * param.element_size()
             if param.dim() >= 2:
                 matmul += param.numel()
-        return cls(weight_bytes, matmul, kv_bytes_per_token, 4 * layers * heads * head_dim)
+        layers, kv_heads, head_dim = model.kv_shape
+        kv_itemsize = next(
+            p for p in model.parameters() if p.is_floating_point() and p.element_size() > 1
+        ).element_size()
+        return cls(
+            weight_bytes, matmul, layers * 2 * kv_heads * head_dim * kv_itemsize, 4 * layers * num_heads * head_dim
+        )
 
 
 def _tied_head(model):
