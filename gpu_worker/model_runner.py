@@ -139,6 +139,7 @@ class ModelRunner:
             progress=phases is not None,
             fused_kernels=backend == "triton",
             tp=tp,
+            quantization=config.quantization,
         )
         if phases is not None:
             params = sum(p.numel() for p in self.model.parameters())
