@@ -118,6 +118,18 @@ def test_two_ranks_with_fp8_each_quantize_their_shard_and_agree_with_one(tiny_ll
 
 
 @needs_hopper
+def test_the_triton_quantization_gives_torchs_bits():
+    """The CUDA path quantizes activations in one kernel: the same values and scales as quantize_rows."""
+    from gpu_worker.models import fp8_triton
+
+    x = (randn(37, 1000, device="cuda") * torch.logspace(-3, 2, 37, device="cuda")[:, None]).bfloat16()
+    x[3] = 0
+    q, scale = fp8_triton.quantize_rows(x, fp8.FP8_MAX, fp8.MIN_SCALE)
+    want_q, want_scale = fp8.quantize_rows(x)
+    assert torch.equal(scale, want_scale) and torch.equal(q.view(torch.uint8), want_q.view(torch.uint8))
+
+
+@needs_hopper
 def test_scaled_mm_gives_the_cpu_emulations_product():
     """The same quantized operands: _scaled_mm (float32 accumulation, bfloat16 out) against the CPU's float32
     matmul of them, within bfloat16's rounding of the output."""

@@ -6,7 +6,8 @@ quantized once, after loading, with one scale per output channel; each activatio
     x      [M, K]:  x_scale[m] = max_k |x[m, k]| / 448    x_q = e4m3(x / x_scale)    (every matmul)
     y[m, n] = x_scale[m] * w_scale[n] * sum_k x_q[m, k] * w_q[n, k]  (+ bias)
 
-CUDA (Hopper) runs the product as torch._scaled_mm with row-wise scales (fp8 tensor cores, float32
+CUDA (Hopper) quantizes the activations in one Triton kernel (models/fp8_triton.py, the same bits as
+quantize_rows) and runs the product as torch._scaled_mm with row-wise scales (fp8 tensor cores, float32
 accumulation); the CPU runs the same quantization and multiplies the rounded values in float32, so quality
 measured on a CPU is that of the same numbers. Both stay on the device: no host sync, CUDA graphs hold them.
 
@@ -33,7 +34,9 @@ def quantize_rows(t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """t [R, K] -> (float8 [R, K], float32 scales [R, 1]) with t ~= q * scale, each row scaled so that its
     largest magnitude becomes 448."""
     t = t.float()
-    scale = t.abs().amax(dim=-1, keepdim=True).div_(FP8_MAX).clamp_(min=MIN_SCALE)
+    # Times the reciprocal, not divided by 448: torch divides by a scalar that way on CUDA, and the Triton kernel
+    # (fp8_triton.py) must round the same.
+    scale = t.abs().amax(dim=-1, keepdim=True).mul_(1.0 / FP8_MAX).clamp_(min=MIN_SCALE)
     return (t / scale).clamp_(-FP8_MAX, FP8_MAX).to(FP8), scale
 
 
@@ -42,12 +45,16 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, wei
     the activations quantized per token and the product scaled back."""
     if weight_scale is None:
         return F.linear(x, weight, bias)
-    x_q, x_scale = quantize_rows(x.reshape(-1, x.shape[-1]))
+    rows = x.reshape(-1, x.shape[-1])
     if x.is_cuda:
+        from gpu_worker.models import fp8_triton
+
+        x_q, x_scale = fp8_triton.quantize_rows(rows, FP8_MAX, MIN_SCALE)
         # weight.t() is [K, N] column-major, the layout _scaled_mm wants for its second operand. Row-wise scales
         # give a bfloat16 product; other model dtypes are converted from it.
         y = torch._scaled_mm(x_q, weight.t(), scale_a=x_scale, scale_b=weight_scale, out_dtype=torch.bfloat16)
     else:
+        x_q, x_scale = quantize_rows(rows)
         y = (x_q.float() @ weight.float().t()) * x_scale * weight_scale
     y = y.to(x.dtype).reshape(*x.shape[:-1], -1)
     return y if bias is None else y + bias
