@@ -123,6 +123,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--max-tokens", type=int, default=64, help="greedy tokens per prompt (fewer at EOS)")
     parser.add_argument("--out", help="write the report here as JSON")
     args = parser.parse_args(argv)
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
     model = str(resolve_model(args.model))
     base = run_engine(model, args.device, ENGINES[BASE], args.max_tokens, None)
     compared = {
@@ -138,7 +139,6 @@ def main(argv: list[str] | None = None) -> dict:
             f"| {name} | {c['greedy_agreement']:.1%} | {c['exact_outputs']:.1%} | "
             f"{c['mean_abs_delta_logprob']:.4f} | {c['max_abs_delta_logprob']:.3f} |"
         )
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
     report = {
         "model": model,
         "device": args.device,

@@ -65,6 +65,12 @@ def quantize_weights(model: nn.Module, method: str) -> None:
     weight becomes float8 rows, its weight_scale their scales as one row [1, N]."""
     if method not in QUANTIZATION_METHODS:
         raise ValueError(f"quantization {method!r} is not supported (choose from {', '.join(QUANTIZATION_METHODS)})")
+    device = next(model.parameters()).device
+    if device.type == "cuda" and torch.cuda.get_device_capability(device) < (8, 9):
+        major, minor = torch.cuda.get_device_capability(device)
+        raise ValueError(
+            f"--quantization fp8 needs FP8 matmuls: a GPU of compute capability 8.9 or more, not {major}.{minor}"
+        )
     for name, module in model.named_modules():
         if not hasattr(module, "weight_scale") or module.weight_scale is not None:
             continue
