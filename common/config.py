@@ -13,6 +13,9 @@ class EngineConfig:
     # returns placeholder tokens at once (the serving path's own ceiling: gpu_worker/null_runner.py)
     load_format: str = "auto"
     dtype: str = "auto"  # "auto": bfloat16 on CUDA, float32 on CPU
+    # "fp8": the decoder layers' projections quantized at load to float8 e4m3, activations per token at each
+    # matmul (gpu_worker/models/fp8.py); None: every weight in `dtype`
+    quantization: str | None = None
     device: str = "auto"  # "auto": cuda when available, else cpu
     seed: int = 0  # dummy weights and the seeds of unseeded requests
     block_size: int = 16
@@ -80,6 +83,15 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
         default=d.dtype,
         help="weights and activations ('half' and 'float', vLLM's spellings, mean float16 and float32; "
         "auto: bfloat16 on CUDA, float32 on CPU)",
+    )
+    g.add_argument(
+        "--quantization",
+        "-q",
+        choices=["fp8"],
+        default=d.quantization,
+        help="fp8: the decoder layers' linear weights quantized at load to float8 e4m3 with one scale per output "
+        "channel, activations per token at each matmul (Hopper's FP8 matmul on CUDA, emulated on a CPU); "
+        "embeddings and the head stay in --dtype",
     )
     g.add_argument("--device", choices=["auto", "cpu", "cuda"], default=d.device, help="auto: cuda when available")
     g.add_argument("--seed", type=int, default=d.seed, help="random weights and unseeded requests")

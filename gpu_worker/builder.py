@@ -59,6 +59,7 @@ def build_worker(
         progress=phases is not None,
         fused_kernels=backend == "triton",
         tp=tp,
+        quantization=config.quantization,
     )
     if phases is not None:
         params = sum(p.numel() for p in model.parameters())

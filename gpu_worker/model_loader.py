@@ -10,7 +10,7 @@ from tqdm import tqdm
 from transformers import AutoConfig
 
 from common.model_source import checkpoint_files
-from gpu_worker.models import model_class_for
+from gpu_worker.models import fp8, model_class_for
 from gpu_worker.models.weights import load_tensor
 from gpu_worker.parallel import SINGLE, TensorParallel
 
@@ -30,9 +30,11 @@ def load_model(
     progress: bool = False,
     fused_kernels: bool = False,
     tp: TensorParallel = SINGLE,
+    quantization: str | None = None,
 ) -> torch.nn.Module:
     """fused_kernels: the model's Triton kernels for elementwise steps (CUDA) instead of torch ops.
-    tp: this rank's share of the model (each layer takes its share of the whole tensors it is given)."""
+    tp: this rank's share of the model (each layer takes its share of the whole tensors it is given).
+    quantization: "fp8" quantizes the projections' loaded (or random) weights, each rank its own shard."""
     hf_config = AutoConfig.from_pretrained(folder)
     cls = model_class_for(hf_config)
     with _default_dtype(dtype), device:
@@ -50,6 +52,8 @@ def load_model(
                 total=_count_tensors(files),
             )
         )
+    if quantization is not None:
+        fp8.quantize_weights(model, quantization)
     return model.eval().requires_grad_(False)
 
 

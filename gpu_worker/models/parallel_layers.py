@@ -3,7 +3,8 @@
 Each layer loads the checkpoint's whole tensor (`load`) and keeps its rank's part; `full_shape` is that
 tensor's shape, so that random (dummy) weights are drawn whole and split the same way: every
 tensor-parallel size then holds the same model. Each is the torch layer it replaces (nn.Linear, nn.Embedding)
-with this rank's sizes, so code that looks for those finds them; with one rank it is exactly that layer.
+with this rank's sizes, so code that looks for those finds them; with one rank it is exactly that layer. The
+projections take FP8 weights when the engine quantizes them (models/fp8.py: their `weight_scale`).
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from gpu_worker.models import fp8
 from gpu_worker.models.weights import padded_vocab_size
 from gpu_worker.parallel import TensorParallel
 
@@ -31,6 +33,10 @@ class ColumnParallelLinear(nn.Linear):
         self.tp = tp
         self.parts = parts
         self.local_parts = local_parts
+        self.register_buffer("weight_scale", None)  # per output channel, once the weight is FP8
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return fp8.linear(x, self.weight, self.bias, self.weight_scale)
 
     def full_shape(self, name: str) -> tuple[int, ...]:
         return (sum(self.parts), self.in_features) if name == "weight" else (sum(self.parts),)
@@ -61,11 +67,12 @@ class RowParallelLinear(nn.Linear):
         super().__init__(tp.shard(in_features, what), out_features, bias=bias)
         self.tp = tp
         self.full_in_features = in_features
+        self.register_buffer("weight_scale", None)  # per output channel (of this rank's inputs), once FP8
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.tp.size == 1:
-            return F.linear(x, self.weight, self.bias)
-        y = self.tp.all_reduce(F.linear(x, self.weight))
+            return fp8.linear(x, self.weight, self.bias, self.weight_scale)
+        y = self.tp.all_reduce(fp8.linear(x, self.weight, None, self.weight_scale))
         return y if self.bias is None else y + self.bias
 
     def full_shape(self, name: str) -> tuple[int, ...]:

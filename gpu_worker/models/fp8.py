@@ -1,0 +1,83 @@
+"""FP8 (float8_e4m3fn) projections, as vLLM's `--quantization fp8` on an unquantized checkpoint: each weight
+quantized once, after loading, with one scale per output channel; each activation per token at every matmul
+(dynamic: no calibration); embeddings and the head stay in the model's dtype.
+
+    weight [N, K]:  w_scale[n] = max_k |w[n, k]| / 448    w_q = e4m3(w / w_scale)    (once, at load)
+    x      [M, K]:  x_scale[m] = max_k |x[m, k]| / 448    x_q = e4m3(x / x_scale)    (every matmul)
+    y[m, n] = x_scale[m] * w_scale[n] * sum_k x_q[m, k] * w_q[n, k]  (+ bias)
+
+CUDA (Hopper) quantizes the activations in one Triton kernel (models/fp8_triton.py, the same bits as
+quantize_rows) and runs the product as torch._scaled_mm with row-wise scales (fp8 tensor cores, float32
+accumulation); the CPU runs the same quantization and multiplies the rounded values in float32, so quality
+measured on a CPU is that of the same numbers. Both stay on the device: no host sync, CUDA graphs hold them.
+
+A layer takes FP8 weights by declaring a `weight_scale` buffer (None until quantized) and computing through
+`linear` (models/parallel_layers.py does, so every family built on its projections gets FP8). A tensor-parallel
+rank quantizes its own shard: a column shard's channels are whole; a row shard's scales are over the rank's
+slice of the inputs, and its partial sums are scaled before the all-reduce adds them.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+FP8 = torch.float8_e4m3fn
+FP8_MAX = torch.finfo(FP8).max  # 448
+# vLLM's floor: an all-zero row gets a tiny scale instead of 0 (whose division would give NaN).
+MIN_SCALE = 1.0 / (FP8_MAX * 512.0)
+QUANTIZATION_METHODS = ("fp8",)
+
+
+def quantize_rows(t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """t [R, K] -> (float8 [R, K], float32 scales [R, 1]) with t ~= q * scale, each row scaled so that its
+    largest magnitude becomes 448."""
+    t = t.float()
+    # Times the reciprocal, not divided by 448: torch divides by a scalar that way on CUDA, and the Triton kernel
+    # (fp8_triton.py) must round the same.
+    scale = t.abs().amax(dim=-1, keepdim=True).mul_(1.0 / FP8_MAX).clamp_(min=MIN_SCALE)
+    return (t / scale).clamp_(-FP8_MAX, FP8_MAX).to(FP8), scale
+
+
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, weight_scale: torch.Tensor | None):
+    """x @ weight.T + bias in x's dtype: F.linear, or with an FP8 weight ([N, K], weight_scale [1, N] float32)
+    the activations quantized per token and the product scaled back."""
+    if weight_scale is None:
+        return F.linear(x, weight, bias)
+    rows = x.reshape(-1, x.shape[-1])
+    if x.is_cuda:
+        from gpu_worker.models import fp8_triton
+
+        x_q, x_scale = fp8_triton.quantize_rows(rows, FP8_MAX, MIN_SCALE)
+        # weight.t() is [K, N] column-major, the layout _scaled_mm wants for its second operand. Row-wise scales
+        # give a bfloat16 product; other model dtypes are converted from it.
+        y = torch._scaled_mm(x_q, weight.t(), scale_a=x_scale, scale_b=weight_scale, out_dtype=torch.bfloat16)
+    else:
+        x_q, x_scale = quantize_rows(rows)
+        y = (x_q.float() @ weight.float().t()) * x_scale * weight_scale
+    y = y.to(x.dtype).reshape(*x.shape[:-1], -1)
+    return y if bias is None else y + bias
+
+
+def quantize_weights(model: nn.Module, method: str) -> None:
+    """Quantize in place every layer that declares a `weight_scale` (the decoder layers' projections): its
+    weight becomes float8 rows, its weight_scale their scales as one row [1, N]."""
+    if method not in QUANTIZATION_METHODS:
+        raise ValueError(f"quantization {method!r} is not supported (choose from {', '.join(QUANTIZATION_METHODS)})")
+    device = next(model.parameters()).device
+    if device.type == "cuda" and torch.cuda.get_device_capability(device) < (8, 9):
+        major, minor = torch.cuda.get_device_capability(device)
+        raise ValueError(
+            f"--quantization fp8 needs FP8 matmuls: a GPU of compute capability 8.9 or more, not {major}.{minor}"
+        )
+    for name, module in model.named_modules():
+        if not hasattr(module, "weight_scale") or module.weight_scale is not None:
+            continue
+        weight = module.weight
+        n, k = weight.shape
+        if weight.is_cuda and (n % 16 or k % 16):
+            raise ValueError(f"{name}: FP8 on CUDA needs both sides of a weight to be multiples of 16, not {n} x {k}")
+        q, scale = quantize_rows(weight.data)
+        module.weight = nn.Parameter(q, requires_grad=False)
+        module.weight_scale = scale.t().contiguous()
