@@ -256,7 +256,9 @@ def prefill_rows(peak_flops: float, have_flashinfer: bool) -> list[dict]:
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--json", help="write the rows here")
+    parser.add_argument("--parts", default="decode,prefill", help="which comparisons to run: decode, prefill")
     args = parser.parse_args(argv)
+    parts = set(args.parts.split(","))
     name = torch.cuda.get_device_name()
     peak = gpu_peak(name)
     if peak is None:
@@ -268,8 +270,8 @@ def main(argv: list[str] | None = None) -> None:
     except Exception as exc:  # not installed, or its import fails on this machine
         have_flashinfer, version = False, f"unavailable ({type(exc).__name__}: {exc})"
     print(f"{name}; flashinfer {version}")
-    decode = decode_rows(peak.hbm_bytes_per_s, have_flashinfer)
-    prefill = prefill_rows(peak.bf16_flops_per_s, have_flashinfer)
+    decode = decode_rows(peak.hbm_bytes_per_s, have_flashinfer) if "decode" in parts else []
+    prefill = prefill_rows(peak.bf16_flops_per_s, have_flashinfer) if "prefill" in parts else []
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"device": name, "flashinfer": version, "decode": decode, "prefill": prefill}, f, indent=2)

@@ -95,16 +95,18 @@ def _init_dummy(model: torch.nn.Module, hf_config, seed: int) -> None:
     """Random weights with the checkpoint's scale, so activations stay in a realistic range. A tensor-parallel
     layer's are drawn whole and split (load_tensor), so every tensor-parallel size gets the same model."""
     std = getattr(hf_config, "initializer_range", 0.02)
-    gen = torch.Generator(device="cpu").manual_seed(seed)
     params = dict(model.named_parameters())
+    # Drawn where the model lives: an 8B model's weights take seconds on a GPU, a minute on the CPU's generator.
+    device = next(iter(params.values())).device
+    gen = torch.Generator(device=device).manual_seed(seed)
     for name, param in params.items():
         owner, _, attr = name.rpartition(".")
         module = model.get_submodule(owner)
         shape = module.full_shape(attr) if hasattr(module, "full_shape") else param.shape
         if "norm" in name or "ln_" in name:
-            values = torch.ones(shape) if name.endswith("weight") else torch.zeros(shape)
+            values = torch.ones(shape, device=device) if name.endswith("weight") else torch.zeros(shape, device=device)
         elif name.endswith("bias"):
-            values = torch.zeros(shape)
+            values = torch.zeros(shape, device=device)
         else:
-            values = torch.randn(shape, generator=gen) * std
+            values = torch.randn(shape, generator=gen, device=device) * std
         load_tensor(model, params, name, values.to(param.dtype))
