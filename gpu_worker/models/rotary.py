@@ -56,12 +56,13 @@ class RotaryEmbedding(nn.Module):
             from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
             init = ROPE_INIT_FUNCTIONS[rope_type]
+            # transformers' tables are made on the CPU; the positions on the device the model is built on.
             inv_freq, scaling = init(config, torch.device("cpu"), **by_type)
-            freqs = positions[:, None] * inv_freq[None, :]
+            freqs = positions[:, None] * inv_freq.to(positions.device)[None, :]
             if rope_type == "longrope":
                 original = params["original_max_position_embeddings"]
                 long_inv_freq, _ = init(config, torch.device("cpu"), seq_len=original + 1, **by_type)
-                freqs[original:] = positions[original:, None] * long_inv_freq[None, :]
+                freqs[original:] = positions[original:, None] * long_inv_freq.to(positions.device)[None, :]
         emb = torch.cat((freqs, freqs), dim=-1)
         self.register_buffer("cos", emb.cos() * scaling, persistent=False)
         self.register_buffer("sin", emb.sin() * scaling, persistent=False)
