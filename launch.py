@@ -326,6 +326,7 @@ class Launcher:
             block_size=config.block_size,
             max_num_seqs=min(engine.max_num_seqs for engine in engines.values()),
             sampling_defaults=sampling_defaults,
+            model_root=str(folder),
         )
         frontends = [frontend_role(k) for k in range(num_frontends)]
         roles = sorted(self.children) + frontends

@@ -194,6 +194,8 @@ def _model_card(client: EngineClient, created: int) -> dict:
         "object": "model",
         "created": created,
         "owned_by": "clearserve",
+        "root": limits.model_root,
+        "parent": None,
         "max_model_len": limits.max_model_len,
     }
 

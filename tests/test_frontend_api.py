@@ -521,6 +521,14 @@ def test_models_lists_the_served_model_with_its_context(http):
     assert_error(http.get("/v1/models/other"), 404, "model")
 
 
+def test_a_model_card_names_its_local_folder_as_root_and_no_parent():
+    limits = EngineLimits("fake-model", 128, 64, 16, 32, model_root="/models/fake")
+    http = TestClient(build_app(FakeEngineClient(limits)))
+    card = http.get("/v1/models").json()["data"][0]
+    assert (card["root"], card["parent"]) == ("/models/fake", None)
+    assert http.get("/v1/models/fake-model").json() == card
+
+
 def test_health_is_200_when_every_role_answers_a_ping(http, engine):
     response = http.get("/health")
     assert response.status_code == 200
