@@ -28,7 +28,7 @@ from common.profiling import NOT_ENABLED, ProcessProfiler, merged_trace_path
 from frontend.auth import api_key_check
 from frontend.body_guard import RequestBodyGuard
 from frontend.engine_client import EngineClient
-from frontend.errors import ApiError, install_error_handlers
+from frontend.errors import ApiError, install_error_handlers, model_not_found
 from frontend.hot_routes import HotRoutes, hot_endpoints
 from frontend.limits import HttpLimits
 from frontend.metrics import REQUEST_METRICS, FrontendMetrics
@@ -97,7 +97,7 @@ def build_app(
     @app.get("/v1/models/{model:path}", dependencies=keyed)
     async def get_model(model: str) -> dict:
         if model != client.limits.served_model_name:
-            raise ApiError(404, f"model '{model}' is not served here", param="model", code="model_not_found")
+            raise model_not_found(model)
         return _model_card(client, created)
 
     @app.get("/health")

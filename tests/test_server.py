@@ -115,7 +115,6 @@ def test_client_disconnect_frees_the_requests_blocks(server):
         ({"prompt": "hello", "max_tokens": 0}, "max_tokens"),
         ({"prompt": "hello", "temperature": -1}, "temperature"),
         ({"prompt": "hello", "top_p": 1.5}, "top_p"),
-        ({"prompt": "hello", "model": "no-such-model"}, "model"),
         ({"prompt": 3}, "prompt"),
     ],
 )
@@ -125,6 +124,11 @@ def test_bad_input_gets_400_naming_the_field_and_the_server_keeps_serving(server
         assert response.status_code == 400, response.text
         assert response.json()["error"]["param"] == param
         assert c.post("/v1/completions", json={"prompt": "still here", "max_tokens": 2}).status_code == 200
+
+
+def test_a_model_not_served_raises_the_openai_clients_not_found_error(server):
+    with pytest.raises(openai.NotFoundError, match="The model `no-such-model` does not exist"):
+        openai_client(server).completions.create(model="no-such-model", prompt="hello", max_tokens=2)
 
 
 def test_invalid_json_gets_400(server):
