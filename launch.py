@@ -39,13 +39,14 @@ PROFILE_WRITE_GRACE_S = 60.0  # the same where profiling is on: a GPU worker's t
 WATCHDOG_TICK_S = 1.0  # how often every process is pinged
 
 
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+def parse_args(argv: list[str] | None = None, prog: str | None = None) -> argparse.Namespace:
     from common.config import add_engine_args
     from frontend.limits import add_http_limit_args
     from frontend.parser_names import REASONING_PARSERS, TOOL_CALL_PARSERS
 
     # No prefix matching: `--tokenizer` must never be read as `--tokenizer-workers`.
     parser = argparse.ArgumentParser(
+        prog=prog,
         description="clearserve: an OpenAI-compatible LLM server",
         allow_abbrev=False,
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
@@ -615,8 +616,8 @@ def _interrupt(signum, frame) -> None:
     raise KeyboardInterrupt
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
+def main(argv: list[str] | None = None, prog: str | None = None) -> int:
+    args = parse_args(argv, prog)
     from common.process import configure_logging
 
     configure_logging("launcher", args.log_level)
@@ -651,6 +652,33 @@ def main(argv: list[str] | None = None) -> int:
             launcher.print_summary()
         launcher.shutdown()
     return launcher.exit_code
+
+
+def cli(argv: list[str] | None = None) -> int:
+    """The `clearserve` command (pyproject.toml's [project.scripts]), vLLM's `vllm serve` shape:
+    `clearserve serve [MODEL] [flags]` is `python launch.py [MODEL] [flags]` (the same parser);
+    `clearserve bench NAME [args]` is `python -m benchmarks.NAME [args]`."""
+    import pkgutil
+    import runpy
+
+    import benchmarks
+
+    argv = sys.argv[1:] if argv is None else argv
+    names = sorted(module.name for module in pkgutil.iter_modules(benchmarks.__path__))
+    parser = argparse.ArgumentParser(prog="clearserve", description="clearserve: an OpenAI-compatible LLM server")
+    commands = parser.add_subparsers(dest="command", required=True, metavar="{serve,bench}")
+    commands.add_parser("serve", add_help=False, help="start the server: clearserve serve --help lists its flags")
+    bench = commands.add_parser(
+        "bench", help="run a benchmark, python -m benchmarks.NAME: clearserve bench NAME --help lists its flags"
+    )
+    bench.add_argument("name", choices=names, metavar="NAME", help=f"one of {', '.join(names)}")
+    # Only the command (and the benchmark's name) is read here; its own flags go to its own parser.
+    command = parser.parse_args(argv[:1] if argv[:1] != ["bench"] else argv[:2])
+    if command.command == "serve":
+        return main(argv[1:], prog="clearserve serve")
+    sys.argv[1:] = argv[2:]  # runpy sets argv[0], the module's file
+    runpy.run_module(f"benchmarks.{command.name}", run_name="__main__", alter_sys=True)
+    return 0
 
 
 if __name__ == "__main__":

@@ -7,6 +7,7 @@ import json
 
 import pytest
 
+import launch
 from launch import parse_args
 
 
@@ -155,3 +156,46 @@ def test_generation_config_auto_takes_the_models_sampling_defaults_and_vllm_none
     with pytest.raises(SystemExit):
         parse_args(["--generation-config", str(tmp_path)])
     assert "no generation_config.json there" in capsys.readouterr().err
+
+
+def test_the_clearserve_command_is_launch_cli():
+    tomllib = pytest.importorskip("tomllib", reason="the standard library reads TOML from Python 3.11")
+    with open("pyproject.toml", "rb") as f:
+        assert tomllib.load(f)["project"]["scripts"] == {"clearserve": "launch:cli"}
+
+
+def test_clearserve_help_lists_serve_and_bench(capsys):
+    with pytest.raises(SystemExit) as exit:
+        launch.cli(["--help"])
+    assert exit.value.code == 0
+    out = capsys.readouterr().out
+    assert out.startswith("usage: clearserve") and "serve" in out and "bench" in out
+
+
+def test_clearserve_serve_is_launch_py_with_the_same_arguments(monkeypatch):
+    started = []
+    monkeypatch.setattr(launch, "Launcher", lambda args: started.append(args) or pytest.fail("stop here"))
+    with pytest.raises(pytest.fail.Exception):
+        launch.cli(["serve", "--model", "some/folder", "--port", "8123", "-dp", "2"])
+    assert started == [parse_args(["--model", "some/folder", "--port", "8123", "--data-parallel-size", "2"])]
+
+
+def test_clearserve_serve_help_names_the_command(capsys):
+    with pytest.raises(SystemExit) as exit:
+        launch.cli(["serve", "--help"])
+    assert exit.value.code == 0
+    assert capsys.readouterr().out.startswith("usage: clearserve serve [-h]")
+
+
+def test_clearserve_bench_runs_the_named_benchmark_with_its_own_arguments(capsys):
+    with pytest.raises(SystemExit) as exit:
+        launch.cli(["bench", "shapes", "--help"])
+    assert exit.value.code == 0
+    assert "--tokenizer-from" in capsys.readouterr().out
+
+
+def test_clearserve_bench_refuses_a_benchmark_that_is_not_there(capsys):
+    with pytest.raises(SystemExit):
+        launch.cli(["bench", "nonesuch"])
+    err = capsys.readouterr().err
+    assert "invalid choice: 'nonesuch'" in err and "serve" in err
