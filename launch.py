@@ -130,6 +130,14 @@ def parse_args(argv: list[str] | None = None, prog: str | None = None) -> argpar
         "third less CPU) or h11 (pure Python); auto: httptools where installed",
     )
     parser.add_argument(
+        "--cpu-threads",
+        type=int,
+        default=None,
+        help="cores the server's compute threads share: each GPU worker on a CPU device gets its part of them, "
+        "every other process 1 (default: the cores this process may use; $OMP_NUM_THREADS, when set, gives "
+        "every process that many instead)",
+    )
+    parser.add_argument(
         "--api-key",
         default=None,  # not the environment's value: --help must not print a key
         help="require 'Authorization: Bearer KEY' (none: $CLEARSERVE_API_KEY when set, which keeps the key "
@@ -196,6 +204,8 @@ def parse_args(argv: list[str] | None = None, prog: str | None = None) -> argpar
         parser.error("--api-server-count must be at least 1")
     if args.watchdog_timeout < 0 or args.engine_iteration_timeout < 0:
         parser.error("--watchdog-timeout and --engine-iteration-timeout must be 0 (off) or more")
+    if args.cpu_threads is not None and args.cpu_threads < 1:
+        parser.error("--cpu-threads must be at least 1")
     if args.tensor_parallel_size < 1:
         parser.error("--tensor-parallel-size must be at least 1")
     if args.profile_steps is not None and (args.profile_steps < 1 or args.profile_dir is None):
@@ -258,6 +268,7 @@ class Engine:
 
 class Launcher:
     def __init__(self, args: argparse.Namespace):
+        from common.cpu_threads import gpu_worker_threads, machine_cores
         from common.transport import Endpoints, make_run_dir
 
         self.args = args
@@ -273,6 +284,9 @@ class Launcher:
         self.stuck: set[str] = set()  # roles the watchdog declared dead: killed at shutdown, never waited for
         self.replica_roles: dict[int, list[str]] = {}  # each engine replica's processes
         self.failed_replicas: set[int] = set()  # taken out (fail_replica): their processes are stopped
+        self.gpu_worker_threads = gpu_worker_threads(
+            args.cpu_threads or machine_cores(), args.data_parallel_size * args.tensor_parallel_size
+        )
 
     # ------------------------------------------------------------------ start
 
@@ -413,13 +427,17 @@ class Launcher:
         roles = set()
         for rank in range(ranks):
             role = replica.gpu_worker_rank_role(rank)
-            self._start(role, target, (*args, replica, rank))
+            self._start(role, target, (*args, replica, rank), self.gpu_worker_threads)
             roles.add(role)
         return roles
 
-    def _start(self, role: str, target, args: tuple) -> None:
+    def _start(self, role: str, target, args: tuple, threads: int | None = None) -> None:
+        """Spawn `role` with `threads` compute threads (None: a host process's; common/cpu_threads.py)."""
+        from common.cpu_threads import HOST_PROCESS_THREADS, spawned_with_threads
+
         process = self.spawn.Process(target=target, args=args, name=role, daemon=False)
-        process.start()
+        with spawned_with_threads(threads or HOST_PROCESS_THREADS):
+            process.start()
         self.children[role] = process
 
     def _wait_ready(self, ready_socket, roles: set[str]) -> dict:
