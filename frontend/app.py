@@ -29,7 +29,7 @@ from frontend.auth import api_key_check
 from frontend.body_guard import RequestBodyGuard
 from frontend.body_parse import JsonObject, parse_body
 from frontend.engine_client import EngineClient
-from frontend.errors import ApiError, install_error_handlers
+from frontend.errors import ApiError, install_error_handlers, model_not_found
 from frontend.hot_routes import HotRoutes, hot_endpoints
 from frontend.limits import HttpLimits
 from frontend.metrics import REQUEST_METRICS, FrontendMetrics
@@ -98,7 +98,7 @@ def build_app(
     @app.get("/v1/models/{model:path}", dependencies=keyed)
     async def get_model(model: str) -> dict:
         if model != client.limits.served_model_name:
-            raise ApiError(404, f"model '{model}' is not served here", param="model", code="model_not_found")
+            raise model_not_found(model)
         return _model_card(client, created)
 
     @app.get("/health")
@@ -195,6 +195,8 @@ def _model_card(client: EngineClient, created: int) -> dict:
         "object": "model",
         "created": created,
         "owned_by": "clearserve",
+        "root": limits.model_root,
+        "parent": None,
         "max_model_len": limits.max_model_len,
     }
 

@@ -71,6 +71,9 @@ class EngineLimits:
     # What a request that leaves a sampling field out gets instead of the API's default: the model's
     # generation_config.json values (common/model_info.py: generation_defaults; --generation-config).
     sampling_defaults: dict[str, float] = field(default_factory=dict)
+    # The local folder holding the model's config and tokenizer (GET /v1/models' `root`, as vLLM's: clients such
+    # as lm-eval load the tokenizer from it); for the embedded default model, its converted cache folder.
+    model_root: str = ""
 
 
 REQUEST_TIMED_OUT = 504

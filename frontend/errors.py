@@ -40,6 +40,14 @@ def error_type(status: int) -> str:
     return "server_error"
 
 
+def model_not_found(model: str) -> ApiError:
+    """A request for a model this server does not serve: vLLM's 404 (its message, type and param), with OpenAI's
+    code (this body's codes are strings)."""
+    return ApiError(
+        404, f"The model `{model}` does not exist.", param="model", code="model_not_found", type="NotFoundError"
+    )
+
+
 # A 503 (the waiting queue is full, the server is stopping) says when to come back: clients and proxies back
 # off instead of retrying at once.
 RETRY_AFTER_S = 1

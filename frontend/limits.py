@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 from dataclasses import dataclass, fields
 
+from common.flags import LIMITS, flag_group
 from common.sampling_params import MAX_LOGPROBS
 
 PROMPT_CHARS_PER_TOKEN = 32  # the default prompt bound: no tokenizer's tokens average more characters
@@ -61,7 +62,7 @@ class HttpLimits:
 
 def add_http_limit_args(parser: argparse.ArgumentParser) -> None:
     d = HttpLimits()
-    g = parser.add_argument_group("limits (per request and per connection)")
+    g = flag_group(parser, LIMITS)
     g.add_argument(
         "--max-request-body-bytes", type=int, default=d.max_request_body_bytes, help="larger bodies get a 413"
     )
@@ -78,14 +79,14 @@ def add_http_limit_args(parser: argparse.ArgumentParser) -> None:
         type=int,
         default=d.max_prompt_chars,
         help=f"characters per prompt (or per chat request), checked before tokenizing "
-        f"(none: {PROMPT_CHARS_PER_TOKEN} per token of context)",
+        f"(default: {PROMPT_CHARS_PER_TOKEN} per token of context)",
     )
     g.add_argument(
         "--max-request-prompt-tokens",
         type=int,
         default=d.max_request_prompt_tokens,
         help="prompt tokens one request may ask for, each prompt's counted once per sample (times n), summed over "
-        "its prompts; beyond it a 400 names n (or the prompts) (none: the context times --max-num-seqs)",
+        "its prompts; beyond it a 400 names n (or the prompts) (default: the context times --max-num-seqs)",
     )
     g.add_argument("--max-stop-strings", type=int, default=d.max_stop_strings, help="stop strings per request")
     g.add_argument(
@@ -130,7 +131,7 @@ def add_http_limit_args(parser: argparse.ArgumentParser) -> None:
         dest="request_timeout_s",
         type=float,
         default=d.request_timeout_s,
-        help="seconds a generation may run before it is ended with an error (none: no limit)",
+        help="seconds a generation may run before it is ended with an error (default: no limit)",
     )
 
 

@@ -17,7 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from common.messages import CHAT_TEMPLATE_RESERVED, ChatTemplateOptions, check_cache_salt
 from common.sampling_params import InvalidParameter, SamplingParams, StructuredOutput
 from frontend.engine_client import EngineLimits
-from frontend.errors import ApiError
+from frontend.errors import ApiError, model_not_found
 from frontend.limits import HttpLimits
 from frontend.tool_calls import ToolPlan, plan_tools, template_message_tool_calls
 
@@ -275,12 +275,7 @@ class OpenAIFields(SamplingFields):
 
     def check_common(self, limits: EngineLimits) -> None:
         if self.model is not None and self.model != limits.served_model_name:
-            raise ApiError(
-                400,
-                f"model '{self.model}' is not served here; this server serves '{limits.served_model_name}'",
-                param="model",
-                code="model_not_found",
-            )
+            raise model_not_found(self.model)
         if not 1 <= self.num_choices <= MAX_N:
             raise ApiError(400, f"n must be in [1, {MAX_N}], got n={self.n}", param="n")
         try:

@@ -20,7 +20,7 @@ from fastapi import APIRouter, Request
 from common.messages import DetokenizeRequest, RequestRejected, TextReply, TokenizeRequest
 from frontend.body_parse import parse_body
 from frontend.engine_client import EngineClient
-from frontend.errors import ApiError
+from frontend.errors import ApiError, model_not_found
 from frontend.limits import HttpLimits
 from frontend.protocol import (
     ChatMessage,
@@ -47,7 +47,7 @@ class DetokenizeBody(RequestBody):
 
 def _check_model(model: str | None, client: EngineClient) -> None:
     if model is not None and model != client.limits.served_model_name:
-        raise ApiError(400, f"model '{model}' is not served here", param="model", code="model_not_found")
+        raise model_not_found(model)
 
 
 async def _ask(client: EngineClient, request: TokenizeRequest | DetokenizeRequest) -> TextReply:

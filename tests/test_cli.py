@@ -3,11 +3,14 @@ of the flags this server has, and defaults shown in --help."""
 
 from __future__ import annotations
 
+import argparse
 import json
 
 import pytest
 
-from launch import parse_args
+import launch
+from common.flags import GROUPS
+from launch import build_parser, parse_args
 
 
 def test_the_model_can_be_given_as_a_positional_or_with_model():
@@ -65,6 +68,35 @@ def test_help_shows_the_defaults(capsys):
         parse_args(["--help"])
     out = " ".join(capsys.readouterr().out.split())
     assert "(default: 127.0.0.1)" in out and "(default: 8000)" in out and "(default: 256)" in out
+
+
+def test_every_flag_has_a_help_text_that_shows_one_default():
+    parser = build_parser()
+    formatter = parser._get_formatter()
+    for action in parser._actions:
+        if isinstance(action, argparse._HelpAction) or action.help == argparse.SUPPRESS:
+            continue
+        assert action.help, f"{action.option_strings or action.dest} has no help"
+        shown = formatter._expand_help(action)
+        assert shown.count("default:") == 1 and "(default: None)" not in shown, shown
+
+
+def test_help_lists_the_flags_in_vllms_groups(capsys):
+    with pytest.raises(SystemExit):
+        parse_args(["--help"])
+    out = capsys.readouterr().out
+    positions = [out.index(f"\n{title}:\n") for title in GROUPS]
+    assert positions == sorted(positions)
+    where = {flag: out.index(f"\n  {flag}") for flag in ("--block-size", "--max-num-seqs")}
+    assert out.index("\ncache:") < where["--block-size"] < out.index("\nscheduler:") < where["--max-num-seqs"]
+
+
+def test_the_api_server_count_default_follows_the_cores(monkeypatch):
+    monkeypatch.setattr("os.cpu_count", lambda: 16)
+    assert parse_args([]).api_server_count == 2
+    monkeypatch.setattr("os.cpu_count", lambda: 2)
+    assert parse_args([]).api_server_count == 1
+    assert parse_args(["--api-server-count", "3"]).api_server_count == 3
 
 
 def test_the_api_key_comes_from_the_environment_and_help_never_prints_it(monkeypatch, capsys):
@@ -180,3 +212,46 @@ def test_generation_config_auto_takes_the_models_sampling_defaults_and_vllm_none
     with pytest.raises(SystemExit):
         parse_args(["--generation-config", str(tmp_path)])
     assert "no generation_config.json there" in capsys.readouterr().err
+
+
+def test_the_clearserve_command_is_launch_cli():
+    tomllib = pytest.importorskip("tomllib", reason="the standard library reads TOML from Python 3.11")
+    with open("pyproject.toml", "rb") as f:
+        assert tomllib.load(f)["project"]["scripts"] == {"clearserve": "launch:cli"}
+
+
+def test_clearserve_help_lists_serve_and_bench(capsys):
+    with pytest.raises(SystemExit) as exit:
+        launch.cli(["--help"])
+    assert exit.value.code == 0
+    out = capsys.readouterr().out
+    assert out.startswith("usage: clearserve") and "serve" in out and "bench" in out
+
+
+def test_clearserve_serve_is_launch_py_with_the_same_arguments(monkeypatch):
+    started = []
+    monkeypatch.setattr(launch, "Launcher", lambda args: started.append(args) or pytest.fail("stop here"))
+    with pytest.raises(pytest.fail.Exception):
+        launch.cli(["serve", "--model", "some/folder", "--port", "8123", "-dp", "2"])
+    assert started == [parse_args(["--model", "some/folder", "--port", "8123", "--data-parallel-size", "2"])]
+
+
+def test_clearserve_serve_help_names_the_command(capsys):
+    with pytest.raises(SystemExit) as exit:
+        launch.cli(["serve", "--help"])
+    assert exit.value.code == 0
+    assert capsys.readouterr().out.startswith("usage: clearserve serve [-h]")
+
+
+def test_clearserve_bench_runs_the_named_benchmark_with_its_own_arguments(capsys):
+    with pytest.raises(SystemExit) as exit:
+        launch.cli(["bench", "shapes", "--help"])
+    assert exit.value.code == 0
+    assert "--tokenizer-from" in capsys.readouterr().out
+
+
+def test_clearserve_bench_refuses_a_benchmark_that_is_not_there(capsys):
+    with pytest.raises(SystemExit):
+        launch.cli(["bench", "nonesuch"])
+    err = capsys.readouterr().err
+    assert "invalid choice: 'nonesuch'" in err and "serve" in err

@@ -332,7 +332,6 @@ BAD_COMPLETIONS = [
     ({"prompt": "x", "cache_salt": ""}, "cache_salt"),
     ({"prompt": "x", "cache_salt": "s" * 257}, "cache_salt"),
     ({"prompt": "x", "cache_salt": 7}, "cache_salt"),
-    ({"prompt": "x", "model": "gpt-4"}, "model"),
     ({"prompt": "x", "stop": [""]}, "stop"),
     ({"prompt": "x", "stop": 3}, "stop"),
     ({"prompt": "x", "stop_token_ids": ["a"]}, "stop_token_ids"),
@@ -387,7 +386,6 @@ BAD_CHATS = [
     ({"messages": USER, "service_tier": "flex"}, "service_tier"),
     ({"messages": USER, "prediction": {"type": "content", "content": "x"}}, "prediction"),
     ({"messages": USER, "audio": {"voice": "x"}}, "audio"),
-    ({"messages": USER, "model": "other"}, "model"),
     # content may be null only in an assistant message that called tools, as OpenAI takes it
     ({"messages": [{"role": "user", "content": None}]}, "messages"),
     ({"messages": [{"role": "user"}]}, "messages"),
@@ -529,7 +527,14 @@ def test_models_lists_the_served_model_with_its_context(http):
     assert body["object"] == "list"
     assert [(m["id"], m["object"], m["max_model_len"]) for m in body["data"]] == [("fake-model", "model", 128)]
     assert http.get("/v1/models/fake-model").json()["id"] == "fake-model"
-    assert_error(http.get("/v1/models/other"), 404, "model")
+
+
+def test_a_model_card_names_its_local_folder_as_root_and_no_parent():
+    limits = EngineLimits("fake-model", 128, 64, 16, 32, model_root="/models/fake")
+    http = TestClient(build_app(FakeEngineClient(limits)))
+    card = http.get("/v1/models").json()["data"][0]
+    assert (card["root"], card["parent"]) == ("/models/fake", None)
+    assert http.get("/v1/models/fake-model").json() == card
 
 
 def test_health_is_200_when_every_role_answers_a_ping(http, engine):
@@ -676,7 +681,6 @@ def test_tokenize_and_detokenize_go_through_a_tokenizer_worker(http):
     [
         ("/tokenize", {}, "prompt"),
         ("/tokenize", {"prompt": "x", "messages": USER}, "prompt"),
-        ("/tokenize", {"prompt": "x", "model": "other"}, "model"),
         ("/tokenize", {"prompt": "x", "return_token_strs": True}, "return_token_strs"),
         ("/detokenize", {"tokens": [-1]}, "tokens"),
         ("/detokenize", {"tokens": "abc"}, "tokens"),
@@ -684,6 +688,26 @@ def test_tokenize_and_detokenize_go_through_a_tokenizer_worker(http):
 )
 def test_tokenize_and_detokenize_refuse_bad_input(http, path, body, param):
     assert_error(http.post(path, json=body), 400, param)
+
+
+@pytest.mark.parametrize(
+    ("path", "body"),
+    [
+        ("/v1/completions", {"prompt": "x", "model": "gpt-4"}),
+        ("/v1/chat/completions", {"messages": USER, "model": "gpt-4"}),
+        ("/tokenize", {"prompt": "x", "model": "gpt-4"}),
+        ("/detokenize", {"tokens": [1], "model": "gpt-4"}),
+    ],
+)
+def test_a_model_not_served_is_a_404_model_not_found_as_vllm_answers(http, engine, path, body):
+    error = assert_error(http.post(path, json=body), 404, "model", type="NotFoundError")
+    assert (error["message"], error["code"]) == ("The model `gpt-4` does not exist.", "model_not_found")
+    assert engine.submitted == []
+
+
+def test_a_model_card_not_served_is_the_same_404(http):
+    error = assert_error(http.get("/v1/models/gpt-4"), 404, "model", type="NotFoundError")
+    assert error["code"] == "model_not_found"
 
 
 def test_version_answers(http):

@@ -159,6 +159,18 @@ def test_guided_choice_picks_one_of_the_choices(client):
     assert response.choices[0].message.content in ("Paris", "Lyon")
 
 
+def test_the_model_cards_root_is_the_folder_a_client_loads_the_tokenizer_from(server, smollm2_folder):
+    # lm-eval's local-completions needs `tokenizer=`: the README finds it here, as with vLLM.
+    from transformers import AutoTokenizer
+
+    with server.client() as c:
+        card = c.get("/v1/models/smollm2").json()
+    assert card["root"] == str(smollm2_folder) and card["parent"] is None
+    assert AutoTokenizer.from_pretrained(card["root"]).encode("Paris") == tokenize(
+        server, prompt="Paris", add_special_tokens=False
+    )
+
+
 def test_tokenize_detokenize_and_version(server):
     with server.client() as c:
         ids = c.post("/tokenize", json={"prompt": "Hello world", "add_special_tokens": False}).json()

@@ -118,7 +118,6 @@ def test_client_disconnect_frees_the_requests_blocks(server):
         ({"prompt": "hello", "max_tokens": 0}, "max_tokens"),
         ({"prompt": "hello", "temperature": -1}, "temperature"),
         ({"prompt": "hello", "top_p": 1.5}, "top_p"),
-        ({"prompt": "hello", "model": "no-such-model"}, "model"),
         ({"prompt": 3}, "prompt"),
     ],
 )
@@ -200,6 +199,11 @@ def test_large_bodies_posted_at_once_do_not_hold_up_health(server):
         poller.join()
     assert answers == [(400, "messages")] * 4
     assert max(health) < parse_one_s / 4, (max(health), parse_one_s)
+
+
+def test_a_model_not_served_raises_the_openai_clients_not_found_error(server):
+    with pytest.raises(openai.NotFoundError, match="The model `no-such-model` does not exist"):
+        openai_client(server).completions.create(model="no-such-model", prompt="hello", max_tokens=2)
 
 
 def test_invalid_json_gets_400(server):

@@ -1,0 +1,50 @@
+"""Each process's compute threads: the GPU workers split the cores, every other process takes 1, and an
+OMP_NUM_THREADS the launcher was given wins."""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+
+import pytest
+
+from common.cpu_threads import gpu_worker_threads, spawned_with_threads
+from launch import parse_args
+
+
+@pytest.mark.parametrize(("cores", "gpu_workers", "each"), [(2, 1, 2), (16, 4, 4), (8, 3, 2), (2, 4, 1)])
+def test_gpu_workers_split_the_cores_at_least_one_each(cores, gpu_workers, each):
+    assert gpu_worker_threads(cores, gpu_workers) == each
+
+
+def _child_threads(queue) -> None:
+    queue.put(os.environ.get("OMP_NUM_THREADS"))
+
+
+def spawn_and_read_threads(threads: int) -> str | None:
+    ctx = mp.get_context("spawn")
+    queue = ctx.Queue()
+    process = ctx.Process(target=_child_threads, args=(queue,))
+    with spawned_with_threads(threads):
+        process.start()
+    answer = queue.get(timeout=60)
+    process.join()
+    return answer
+
+
+def test_a_child_spawned_with_a_share_starts_with_it_and_the_launcher_keeps_its_own(monkeypatch):
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    assert spawn_and_read_threads(3) == "3"
+    assert "OMP_NUM_THREADS" not in os.environ
+
+
+def test_an_omp_num_threads_given_to_the_launcher_wins(monkeypatch):
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    assert spawn_and_read_threads(3) == "1"
+
+
+def test_cpu_threads_must_be_at_least_one(capsys):
+    assert parse_args(["--cpu-threads", "4"]).cpu_threads == 4
+    with pytest.raises(SystemExit):
+        parse_args(["--cpu-threads", "0"])
+    assert "--cpu-threads must be at least 1" in capsys.readouterr().err
