@@ -301,6 +301,7 @@ class Launcher:
             num_kv_blocks=min(engine.num_kv_blocks for engine in engines.values()),  # what one request may use
             block_size=config.block_size,
             sampling_defaults=sampling_defaults,
+            max_grammar_bytes=config.max_grammar_bytes,
         )
         frontends = [frontend_role(k) for k in range(num_frontends)]
         roles = sorted(self.children) + frontends

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 import zmq
 import zmq.asyncio
 
+from common.config import MAX_GRAMMAR_BYTES
 from common.control import ControlServer, frontend_role
 from common.messages import (
     AbortRequest,
@@ -66,6 +67,7 @@ class EngineLimits:
     # What a request that leaves a sampling field out gets instead of the API's default: the model's
     # generation_config.json values (common/model_info.py: generation_defaults; --generation-config).
     sampling_defaults: dict[str, float] = field(default_factory=dict)
+    max_grammar_bytes: int = MAX_GRAMMAR_BYTES  # --max-grammar-bytes: refused here, before the grammar travels on
 
 
 REQUEST_TIMED_OUT = 504
