@@ -362,6 +362,7 @@ class Launcher:
             max_num_seqs=min(engine.limits.max_num_seqs for engine in engines.values()),
             sampling_defaults=sampling_defaults,
             model_root=str(folder),
+            max_grammar_bytes=config.max_grammar_bytes,
         )
         frontends = [frontend_role(k) for k in range(num_frontends)]
         roles = sorted(self.children) + frontends

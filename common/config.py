@@ -7,6 +7,11 @@ from dataclasses import dataclass, fields
 
 from common.flags import CACHE, LIMITS, MODEL, PARALLEL, SCHEDULER, flag_group
 
+# 256 KiB: a large tool set or schema is tens of KiB; 8,000 choices are about 230 KB. Compiled grammars grow
+# with their source (those 8,000 choices: 36 MB of token masks), so this bounds what one request can make the
+# scheduler hold, and the grammar cache (256 MiB) still keeps several of the largest.
+MAX_GRAMMAR_BYTES = 256 * 2**10
+
 
 @dataclass(slots=True)
 class EngineConfig:
@@ -42,6 +47,10 @@ class EngineConfig:
     attention_backend: str = "auto"  # "auto" | "torch" | "triton"
     enforce_eager: bool = False  # CUDA only: no CUDA graphs for decode
     tensor_parallel_size: int = 1  # GPU worker ranks, one device each, sharing one model (gpu_worker/parallel.py)
+    # Structured output (scheduler/grammars.py): a grammar's source beyond this many bytes is refused where the
+    # request enters; one that takes longer to compile is refused and its compile worker replaced.
+    max_grammar_bytes: int = MAX_GRAMMAR_BYTES
+    grammar_compile_timeout: float = 10.0  # seconds
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> EngineConfig:
@@ -191,6 +200,20 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
     )
     model.add_argument(
         "--enforce-eager", action="store_true", help="CUDA: run every step op by op, without CUDA graphs"
+    )
+    limits.add_argument(
+        "--max-grammar-bytes",
+        type=int,
+        default=d.max_grammar_bytes,
+        help="structured output: the largest grammar source (JSON schema, regex, choices, EBNF) accepted, in bytes; "
+        "larger ones get a 400 naming the field",
+    )
+    limits.add_argument(
+        "--grammar-compile-timeout",
+        type=float,
+        default=d.grammar_compile_timeout,
+        help="structured output: seconds one grammar may take to compile (in the scheduler's compile worker, off "
+        "its loop); past it the request gets a 400 naming the field and the worker is replaced",
     )
     parallel.add_argument(
         "--tensor-parallel-size",

@@ -15,11 +15,13 @@ MAX_CHARS = 300
 _SOURCE_LOCATION = re.compile(r"\[[\d:.]+\]\s*\S+:\d+:\s*")  # "[05:59:55] /project/cpp/file.cc:123: "
 _CHECK_FAILED = re.compile(r"Check failed: .*? is (?:false|true):\s*")
 _SOURCE_PATH = re.compile(r"(?:/[\w.+\-]+)+\.(?:cc|cpp|cxx|c|h|hpp|py|pyx|rs|so)\b(?::\d+)?")
+_QUOTED_INPUT = re.compile(r"\s*The JSON string is:.*", re.DOTALL)  # xgrammar quotes the whole schema back
 _OBJECT_REPR = re.compile(r"<(?:[\w.]+\.)?(\w+) object at 0x[0-9a-fA-F]+>")
 
 
 def library_message(exc: BaseException) -> str:
     text = str(exc).split("Stack trace:")[0].split("Traceback (most recent call last)")[0]
+    text = _QUOTED_INPUT.sub("", text)
     text = _SOURCE_LOCATION.sub("", text)
     text = _CHECK_FAILED.sub("", text)
     text = _SOURCE_PATH.sub("", text)

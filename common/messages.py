@@ -4,6 +4,7 @@
     frontend <--RequestAccepted/Rejected, OutputBatch-- tokenizer_worker
                                                <--RequestAccepted/Rejected, TokenBatch-- scheduler
     scheduler --StepPlan--> gpu_worker --StepResult--> scheduler
+    scheduler --CompileGrammar--> its compile worker --CompileWorkerReady, GrammarCompiled--> scheduler
     launcher/frontend --ControlRequest--> any process --ControlReply--> frontend
     any process --ProcessReady--> launcher             (a GPU worker: WorkerReady, with what it decided)
 
@@ -366,6 +367,34 @@ class LeaveGroup:
     it; the server's ranks just exit with their processes."""
 
     reason: str = "closed"
+
+
+# ---------------------------------------------------------------- grammars (scheduler/compile_worker.py)
+
+
+@message(30)
+@dataclass(slots=True)
+class CompileWorkerReady:
+    """The compile worker has its vocabulary: xgrammar's TokenizerInfo as its JSON, which the scheduler needs to
+    read compiled grammars (and gives the next worker it starts, so that it need not prepare it again)."""
+
+    tokenizer_info_json: str
+
+
+@message(31)
+@dataclass(slots=True)
+class CompileGrammar:
+    kind: str  # StructuredOutput's kind and spec
+    spec: str
+
+
+@message(32)
+@dataclass(slots=True)
+class GrammarCompiled:
+    """The compile is over: it failed (`error`, in the user's terms), or the compiled grammar follows as the next
+    frame, xgrammar's JSON serialization in UTF-8 (sent as it is: tens of MB for the largest grammars)."""
+
+    error: str = ""
 
 
 # ---------------------------------------------------------------- control

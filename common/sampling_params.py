@@ -32,8 +32,31 @@ class StructuredOutput:
     spec: str = ""
     field: str = "response_format"  # the request field it came from, named in errors
 
+    @property
+    def kind_name(self) -> str:
+        """The kind in the API's terms, for messages."""
+        return STRUCTURED_KIND_NAMES.get(self.kind, self.kind)
 
-STRUCTURED_KINDS = ("json", "json_object", "regex", "choice", "grammar")
+    def check_size(self, max_bytes: int) -> None:
+        """--max-grammar-bytes: a grammar's source is refused past it, before it travels on or is compiled
+        (checked where requests enter: the frontend, offline.LLM)."""
+        size = len(self.spec.encode())
+        if size > max_bytes:
+            raise InvalidParameter(
+                self.field,
+                f"the {self.kind_name} is {size} bytes; this server compiles grammars of at most {max_bytes} bytes "
+                f"(--max-grammar-bytes)",
+            )
+
+
+STRUCTURED_KIND_NAMES = {
+    "json": "JSON schema",
+    "json_object": "JSON object grammar",
+    "regex": "regex",
+    "choice": "choice list",
+    "grammar": "grammar",
+}
+STRUCTURED_KINDS = tuple(STRUCTURED_KIND_NAMES)
 
 
 @dataclass(slots=True)

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 import zmq
 import zmq.asyncio
 
+from common.config import MAX_GRAMMAR_BYTES
 from common.control import ControlServer, frontend_role
 from common.engine_replica import REPLICA_FAILED, ReplicaFailure, is_scheduler_role
 from common.loop_progress import LoopProgress, tick_event_loop
@@ -74,6 +75,7 @@ class EngineLimits:
     # The local folder holding the model's config and tokenizer (GET /v1/models' `root`, as vLLM's: clients such
     # as lm-eval load the tokenizer from it); for the embedded default model, its converted cache folder.
     model_root: str = ""
+    max_grammar_bytes: int = MAX_GRAMMAR_BYTES  # --max-grammar-bytes: refused here, before the grammar travels on
 
 
 REQUEST_TIMED_OUT = 504

@@ -129,6 +129,8 @@ class SamplingFields(RequestBody):
         params.structured = self._structured_output()
         try:
             params.validate(max_logprobs)
+            if params.structured is not None:
+                params.structured.check_size(limits.max_grammar_bytes)
         except InvalidParameter as exc:
             field = max_tokens_field if exc.field == "max_tokens" else exc.field
             raise ApiError(400, str(exc), param=field) from None
@@ -506,6 +508,10 @@ class ChatCompletionRequest(OpenAIFields, ChatTemplateFields):
                     400, "a forced tool call and structured output cannot be asked together", params.structured.field
                 )
             params.structured = plan.structured
+            try:
+                plan.structured.check_size(limits.max_grammar_bytes)
+            except InvalidParameter as exc:
+                raise ApiError(400, str(exc), param=exc.field) from None
         return params
 
     def _logprobs(self, max_logprobs: int) -> tuple[int | None, int | None]:

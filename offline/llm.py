@@ -82,9 +82,11 @@ class LLM:
         self.plans_in_flight: int | None = None
 
     def close(self, failed: bool = False) -> None:
-        """Stop the other tensor-parallel ranks (nothing to do with one). `failed`: after an error, when a
-        step may have stopped halfway (its collectives launched on some ranks only), the followers are
-        stopped rather than asked to leave the group with rank 0, which could then never complete."""
+        """Stop the scheduler's grammar compile worker and the other tensor-parallel ranks. `failed`: after an
+        error, when a step may have stopped halfway (its collectives launched on some ranks only), the followers
+        are stopped rather than asked to leave the group with rank 0, which could then never complete."""
+        if hasattr(self, "scheduler"):
+            self.scheduler.close()
         if self._followers is not None:
             if hasattr(self, "runner") and not failed:  # (no runner: it failed to start)
                 self.runner.release_graphs()  # on every rank before the group goes: see release_graphs
@@ -133,11 +135,15 @@ class LLM:
         if not prompt_token_ids:
             raise InvalidParameter("prompt", "the prompt is empty")
         check_cache_salt(cache_salt)
+        if sampling.structured is not None:
+            sampling.structured.check_size(self.config.max_grammar_bytes)
         rid = next(self._rids)
         times = StageTimes(arrival=time.time())
         reply = self.scheduler.add_request(
             TokenizedRequest(rid, list(prompt_token_ids), replace(sampling), times, priority, cache_salt)
         )
+        while reply is None:  # its grammar is being compiled (in the scheduler's compile worker)
+            reply = next((v for v in self.scheduler.take_grammar_verdicts(timeout_s=1.0) if v.rid == rid), None)
         if isinstance(reply, RequestRejected):
             raise InvalidParameter(reply.param or "prompt", reply.message)
         return rid

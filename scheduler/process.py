@@ -3,6 +3,7 @@
     tokenizers ──TokenizedRequest/AbortRequest──▶ [PULL scheduler-{r}-requests]
     [PUSH worker-{r}-plans] ──StepPlan──▶ gpu_worker[r] ──StepResult──▶ [PULL scheduler-{r}-results]
     [PUSH tokenizer-{i}-tokens] ──RequestAccepted/Rejected, TokenBatch──▶ tokenizer[rid % N]
+    grammars ──jobs──▶ compile worker (this process's child: compile_worker.py) ──▶ doorbell, polled with the sockets
 
 r: the engine replica this scheduler belongs to (common/engine_replica.py); it knows no other replica.
 
@@ -59,6 +60,7 @@ def main(
     """limits: as the engine replica's GPU worker decided them (its WorkerReady)."""
     init_child_process(replica.scheduler_role, log_level, parent_pid)
     scheduler = Scheduler(config, info, limits)
+    scheduler.grammars.start()  # the compile worker prepares the vocabulary now, not for the first grammar
     loop = SchedulerLoop(scheduler, Endpoints(run_dir), num_tokenizers, profile, num_frontends, replica)
     freeze_startup_objects()
     announce_ready(run_dir, replica.scheduler_role)
@@ -106,6 +108,9 @@ class SchedulerLoop:
         poller = zmq.Poller()
         poller.register(self.requests, zmq.POLLIN)
         poller.register(self.results, zmq.POLLIN)
+        doorbell = self.scheduler.grammars.doorbell  # rung when a grammar is compiled (scheduler/grammars.py)
+        if doorbell is not None:
+            poller.register(doorbell, zmq.POLLIN)
         while True:
             for command in self.control.pending():
                 self.control.reply(command, self.profiler.answer(command.kind))
@@ -116,6 +121,9 @@ class SchedulerLoop:
                 outputs = self._drain_results() if self.results in ready else []
                 if self.requests in ready:
                     self._drain_requests()
+                if doorbell in ready:
+                    for verdict in self.scheduler.take_grammar_verdicts():
+                        send(self._tokenizer_of(verdict.rid), verdict, self.activity.sockets)
                 # The next plan before the tokens stream out: the worker may be about to run out of plans,
                 # and nobody notices the tokens a fraction of a millisecond later.
                 self._send_plans()
@@ -168,7 +176,9 @@ class SchedulerLoop:
             except zmq.Again:
                 return
             if isinstance(message, TokenizedRequest):
-                send(self._tokenizer_of(message.rid), self.scheduler.add_request(message), self.activity.sockets)
+                verdict = self.scheduler.add_request(message)
+                if verdict is not None:  # None: its grammar is being compiled; the verdict comes with it
+                    send(self._tokenizer_of(message.rid), verdict, self.activity.sockets)
             elif isinstance(message, AbortRequest):
                 # The tokenizer worker already ended the request for its client; only the blocks remain.
                 self.scheduler.abort_request(message.rid, message.reason)

@@ -21,13 +21,16 @@ from scheduler.structured_output import RequestGrammar
 class RequestStatus(Enum):
     """Where a request is in its life:
 
-        WAITING ──admit──▶ RUNNING ──last sample planned──▶ FINISHING ──last token back──▶ FINISHED
-           ▲                  │
-           └────preempt───────┘           (EOS, a stop or an abort: from any state to FINISHED)
+        WAITING_FOR_GRAMMAR ──compiled──▶ WAITING ──admit──▶ RUNNING ──last sample planned──▶ FINISHING ──▶ FINISHED
+                                             ▲                  │                           (last token back)
+                                             └────preempt───────┘
+        (EOS, a stop or an abort: from any state to FINISHED; a grammar that does not compile: refused, FINISHED)
 
-    A FINISHING request has no seat and no blocks: it only waits for its last token, already in flight.
+    A request waiting for its grammar (structured output not in the cache: grammars.py) is in no queue and has
+    had no verdict yet. A FINISHING request has no seat and no blocks: it only waits for its last token.
     """
 
+    WAITING_FOR_GRAMMAR = "waiting_for_grammar"
     WAITING = "waiting"
     RUNNING = "running"
     FINISHING = "finishing"

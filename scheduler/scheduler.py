@@ -43,12 +43,13 @@ from common.messages import (
     WorkerLimits,
 )
 from common.model_info import ModelInfo
-from common.sampling_params import InvalidParameter, SamplingParams
+from common.sampling_params import SamplingParams
 from common.scheduler_stats import SchedulerStats
 from scheduler.block_manager import BlockManager
+from scheduler.compile_worker import GrammarRefused
+from scheduler.grammars import Grammars
 from scheduler.prefix_cache import InsertCursor, PrefixCache
 from scheduler.request import Request, RequestStatus
-from scheduler.structured_output import GrammarCompiler
 from scheduler.waiting_queue import WaitingQueue, priority_key
 
 
@@ -80,8 +81,9 @@ class Scheduler:
         self.cache = PrefixCache(self.blocks) if config.enable_prefix_caching else None
         self.max_model_len = limits.max_model_len  # within the KV store: a request must fit it alone
         self.eos_token_ids = frozenset(info.eos_token_ids)
-        self.info = info
-        self._grammars: GrammarCompiler | None = None  # made on the first structured request
+        # Structured output's grammars: the compile worker starts with the server (scheduler/process.py), or on
+        # the first grammar.
+        self.grammars = Grammars(config.model, info.vocab_size, info.eos_token_ids, config.grammar_compile_timeout)
         self.requests: dict[int, Request] = {}
         self.waiting = WaitingQueue(config.scheduling_policy)
         self._arrivals = 0  # requests that arrived so far: each one's arrival order
@@ -96,7 +98,8 @@ class Scheduler:
 
     # ------------------------------------------------------------------ inputs
 
-    def add_request(self, msg: TokenizedRequest) -> RequestAccepted | RequestRejected:
+    def add_request(self, msg: TokenizedRequest) -> RequestAccepted | RequestRejected | None:
+        """The request's verdict; None while its grammar is compiled: take_grammar_verdicts() gives it then."""
         prompt = msg.prompt_token_ids
         rejection = self._validate(msg.rid, prompt, msg.sampling)
         if rejection is None and msg.priority and not self.waiting.by_priority:
@@ -106,12 +109,6 @@ class Scheduler:
         if rejection is not None:
             return rejection
         sampling = msg.sampling
-        grammar = None
-        if sampling.structured is not None:
-            try:
-                grammar = self.grammars.matcher_for(sampling.structured)
-            except InvalidParameter as exc:
-                return RequestRejected(msg.rid, 400, str(exc), exc.field)
         if sampling.seed is None:
             sampling.seed = self._seeds.getrandbits(63)
         max_tokens = self.max_model_len - len(prompt)
@@ -119,30 +116,51 @@ class Scheduler:
             max_tokens = min(max_tokens, sampling.max_tokens)
         elif self.config.default_max_tokens:
             max_tokens = min(max_tokens, self.config.default_max_tokens)
-        msg.times.queued = time.time()
         request = Request(
             msg.rid,
             list(prompt),
             sampling,
             max_tokens,
             msg.times,
-            grammar=grammar,
             stop_token_ids=frozenset(sampling.stop_token_ids),
             priority=msg.priority,
             arrival=self._arrivals,
             cache_salt=msg.cache_salt,
         )
-        self._arrivals += 1
         self.requests[msg.rid] = request
-        self.waiting.add(request)
-        return RequestAccepted(msg.rid, len(prompt), msg.times)
+        if sampling.structured is not None:
+            request.grammar = self.grammars.cached(sampling.structured)
+            if request.grammar is None:
+                request.status = RequestStatus.WAITING_FOR_GRAMMAR
+                self.grammars.submit(msg.rid, sampling.structured)
+                return None
+        return self._queue(request)
 
-    @property
-    def grammars(self) -> GrammarCompiler:
-        """The structured-output compiler (loads the tokenizer's vocabulary on first use)."""
-        if self._grammars is None:
-            self._grammars = GrammarCompiler(self.config.model, self.info.vocab_size, self.info.eos_token_ids)
-        return self._grammars
+    def take_grammar_verdicts(self, timeout_s: float = 0.0) -> list[RequestAccepted | RequestRejected]:
+        """The verdicts of requests whose grammar came since the last call: queued, or refused (a 400 naming the
+        field). timeout_s: wait that long for one if none has come (offline.LLM; the server's loop polls
+        grammars.doorbell instead)."""
+        verdicts: list[RequestAccepted | RequestRejected] = []
+        for rid, grammar in self.grammars.take_ready(timeout_s):
+            request = self.requests[rid]
+            if isinstance(grammar, GrammarRefused):
+                assert request.sampling.structured is not None
+                field = request.sampling.structured.field if grammar.status == 400 else None
+                verdicts.append(RequestRejected(rid, grammar.status, grammar.message, field))
+                request.status = RequestStatus.FINISHED
+                del self.requests[rid]
+            else:
+                request.grammar = grammar
+                request.status = RequestStatus.WAITING
+                verdicts.append(self._queue(request))
+        return verdicts
+
+    def _queue(self, request: Request) -> RequestAccepted:
+        request.times.queued = time.time()
+        request.arrival = self._arrivals
+        self._arrivals += 1
+        self.waiting.add(request)
+        return RequestAccepted(request.rid, len(request.prompt_ids), request.times)
 
     def _validate(self, rid: int, prompt: list[int], sampling: SamplingParams) -> RequestRejected | None:
         if rid in self.requests:
@@ -163,7 +181,7 @@ class Scheduler:
                 f"context length {self.max_model_len}",
                 "max_tokens",
             )
-        if len(self.waiting) >= self.config.max_waiting_requests:
+        if len(self.waiting) + self.grammars.num_waiting >= self.config.max_waiting_requests:
             return RequestRejected(
                 rid,
                 503,
@@ -178,6 +196,10 @@ class Scheduler:
             return False
         self._finish(request, reason)
         return True
+
+    def close(self) -> None:
+        """Stop the compile worker (offline.LLM's close; a scheduler process's worker dies with it)."""
+        self.grammars.close()
 
     # ------------------------------------------------------------------ the step
 
@@ -454,6 +476,8 @@ class Scheduler:
             self._released.append(request.rid)
         elif request.status is RequestStatus.WAITING:
             self.waiting.remove(request)
+        elif request.status is RequestStatus.WAITING_FOR_GRAMMAR:
+            self.grammars.cancel(request.rid)
         request.status = RequestStatus.FINISHED
         request.finish_reason = reason
         del self.requests[request.rid]

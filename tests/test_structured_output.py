@@ -1,5 +1,6 @@
 """Structured output through the engine (scheduler grammar, device mask): whatever a random model would
-say, the output follows the grammar, and ends when the grammar is complete."""
+say, the output follows the grammar, and ends when the grammar is complete. How grammars are compiled (off the
+scheduler's loop, bounded): tests/test_grammar_compile.py."""
 
 from __future__ import annotations
 
@@ -21,8 +22,9 @@ SCHEMA = {
 
 
 @pytest.fixture(scope="module")
-def llm(tiny_llama) -> LLM:
-    return LLM(str(tiny_llama), device="cpu", dtype="float32", block_size=4, num_kv_blocks=64)
+def llm(tiny_llama):
+    with LLM(str(tiny_llama), device="cpu", dtype="float32", block_size=4, num_kv_blocks=64) as llm:
+        yield llm
 
 
 def texts(llm: LLM, structured: StructuredOutput, count: int = 4, max_tokens: int = 60) -> list:
@@ -82,12 +84,8 @@ def test_a_grammar_that_does_not_compile_is_refused_naming_its_field(llm, struct
     assert refused.value.field == structured.field
 
 
-def test_a_repeated_grammar_is_compiled_once(llm):
-    schema = StructuredOutput("json", json.dumps({"type": "object", "properties": {"n": {"type": "number"}}}))
-    grammars = llm.scheduler.grammars
-    grammars.matcher_for(schema)
-    cached = grammars.cache_bytes
-    grammars.matcher_for(StructuredOutput("json", schema.spec))
-    assert grammars.cache_bytes == cached, "served from the cache"
-    grammars.matcher_for(StructuredOutput("regex", "[0-9]{4}"))
-    assert grammars.cache_bytes > cached
+def test_a_grammar_past_max_grammar_bytes_is_refused_naming_its_field(llm):
+    too_big = StructuredOutput("regex", "a" * (llm.config.max_grammar_bytes + 1), "guided_regex")
+    with pytest.raises(InvalidParameter, match="--max-grammar-bytes") as refused:
+        llm.add_request([5, 6], SamplingParams(structured=too_big))
+    assert refused.value.field == "guided_regex"

@@ -1,0 +1,190 @@
+"""Structured output's grammars against everyone else: a running stream's token gaps while grammars compile, and
+the scheduler's memory over many distinct grammars.
+
+    python -m benchmarks.grammar_stall                           # launches the default server below
+    python -m benchmarks.grammar_stall --choices 8000 --memory 60 --output-json stall.json
+    python -m benchmarks.grammar_stall --root /path/to/checkout  # the same server from another checkout (before)
+    python -m benchmarks.grammar_stall --url http://127.0.0.1:8000 --memory 0
+
+A stream (greedy completions of --stream-tokens tokens with ignore_eos, started again whenever one ends) runs
+throughout. While it runs, one at a time, each a completion of one token:
+  first     the server's first structured request, a small regex (before the compile worker, it prepared the
+            tokenizer's vocabulary on the scheduler's loop)
+  choices   a choice of --choices unique strings (the issue's case: 8,000 choices, about 230 KB)
+Each reports the stream's largest gap while it was in flight, against the stream's median gap outside every
+such window (the target: at most 2x), and its own status and time. --memory K then sends K distinct grammars of
+--memory-choices choices, one after another, and reports the RSS of the scheduler and of its compile worker
+(if any) before, after, and the growth per grammar over the second half.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import threading
+import time
+from pathlib import Path
+
+import httpx
+
+from benchmarks.serve import LaunchedServer
+from benchmarks.soak import rss_mib
+
+DEFAULT_LAUNCH = "--model ../shared/models/gpt2 --load-format dummy --device cpu --tokenizer-workers 1"
+WAIT_S = 600.0
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--launch", default=DEFAULT_LAUNCH, help="launch.py arguments (ignored with --url)")
+    p.add_argument("--root", default=None, help="the checkout whose launch.py runs (default: this one)")
+    p.add_argument("--url", default=None, help="a running server instead of launching one")
+    p.add_argument("--choices", type=int, default=8000, help="choices of the big grammar")
+    p.add_argument("--stream-tokens", type=int, default=500, help="tokens per stream (restarted when done)")
+    p.add_argument("--settle-tokens", type=int, default=30, help="stream tokens between the phases")
+    p.add_argument("--memory", type=int, default=0, help="distinct grammars sent for the memory phase")
+    p.add_argument("--memory-choices", type=int, default=3000)
+    p.add_argument("--output-json", default=None)
+    return p.parse_args(argv)
+
+
+class Stream:
+    """Streams run one after another in a thread; each one's chunk arrival times are kept."""
+
+    def __init__(self, url: str, tokens: int):
+        self.url, self.tokens = url, tokens
+        self.streams: list[list[float]] = []
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        body = {"prompt": "Hello", "max_tokens": self.tokens, "stream": True, "ignore_eos": True, "temperature": 0}
+        with httpx.Client(base_url=self.url, timeout=WAIT_S) as client:
+            while not self.stop.is_set():
+                times: list[float] = []
+                self.streams.append(times)
+                with client.stream("POST", "/v1/completions", json=body) as response:
+                    for line in response.iter_lines():
+                        if line.startswith("data:") and "[DONE]" not in line:
+                            times.append(time.perf_counter())
+                        if self.stop.is_set():
+                            break
+
+    def count(self) -> int:
+        return sum(len(times) for times in self.streams)
+
+    def wait_for(self, tokens: int) -> None:
+        """Until `tokens` more chunks have arrived (a poll bounded by a deadline)."""
+        target, deadline = self.count() + tokens, time.monotonic() + WAIT_S
+        while self.count() < target:
+            if time.monotonic() > deadline or not self.thread.is_alive():
+                raise RuntimeError("the stream stopped")
+            time.sleep(0.01)
+
+    def gaps(self) -> list[tuple[float, float]]:
+        """(start, end) of every gap between consecutive chunks of one stream."""
+        return [(a, b) for times in self.streams for a, b in zip(times, times[1:])]
+
+
+def timed_post(url: str, body: dict) -> dict:
+    started = time.perf_counter()
+    response = httpx.post(f"{url}/v1/completions", json=body, timeout=WAIT_S)
+    ended = time.perf_counter()
+    error = response.json().get("error", {}).get("message", "") if response.status_code != 200 else ""
+    return {"started": started, "ended": ended, "seconds": ended - started, "status": response.status_code,
+            "error": error[:200]}  # fmt: skip
+
+
+def choices_body(count: int, tag: str = "") -> dict:
+    choices = [f"{tag}{time.time()} o{i}" for i in range(count)]  # the issue's; unique: never from a cache
+    return {"prompt": "x", "max_tokens": 1, "structured_outputs": {"choice": choices}}
+
+
+def stall_phases(url: str, args: argparse.Namespace) -> dict:
+    stream = Stream(url, args.stream_tokens)
+    stream.thread.start()
+    stream.wait_for(args.settle_tokens)
+    phases = {}
+    bodies = {
+        "first": {"prompt": "x", "max_tokens": 1, "structured_outputs": {"regex": "[a-c]{2,4}-[0-9]{3}"}},
+        "choices": choices_body(args.choices),
+    }
+    for name, body in bodies.items():
+        phases[name] = timed_post(url, body)
+        stream.wait_for(args.settle_tokens)
+    stream.stop.set()
+    stream.thread.join(timeout=WAIT_S)
+    gaps = stream.gaps()
+    windows = [(p["started"], p["ended"]) for p in phases.values()]
+    outside = [b - a for a, b in gaps if not any(a < end and b > start for start, end in windows)]
+    median = statistics.median(outside)
+    result = {"median_gap_ms": 1e3 * median, "largest_gap_outside_ms": 1e3 * max(outside), "gaps_outside": len(outside)}
+    for phase in phases.values():
+        during = [b - a for a, b in gaps if a < phase["ended"] and b > phase["started"]]
+        phase["largest_gap_ms"] = 1e3 * max(during, default=0.0)
+        phase["gaps_during"] = len(during)
+        phase["largest_gap_over_median"] = max(during, default=0.0) / median
+        del phase["started"], phase["ended"]
+    return {**result, "phases": phases}
+
+
+def process_pids(url: str) -> dict[str, int]:
+    """The scheduler's pid and its children's (the compile worker), from /stats and /proc."""
+    replies = httpx.get(f"{url}/stats", timeout=60).json()["replies"]
+    scheduler = next(reply["pid"] for role, reply in replies.items() if role.startswith("scheduler"))
+    pids = {"scheduler": scheduler}
+    children: list[int] = []
+    for task in Path(f"/proc/{scheduler}/task").iterdir():
+        children += [int(pid) for pid in (task / "children").read_text().split()]
+    for i, pid in enumerate(children):
+        pids[f"scheduler_child_{i}"] = pid
+    return pids
+
+
+def memory_phase(url: str, args: argparse.Namespace) -> dict:
+    pids = process_pids(url)
+    samples = [{role: rss_mib(pid) for role, pid in pids.items()}]
+    statuses: dict[int, int] = {}
+    for k in range(args.memory):
+        status = timed_post(url, choices_body(args.memory_choices, f"{k} "))["status"]
+        statuses[status] = statuses.get(status, 0) + 1
+        samples.append({role: rss_mib(pid) for role, pid in process_pids(url).items() if role in pids})
+    result: dict = {"grammars": args.memory, "choices": args.memory_choices, "statuses": statuses}
+    half = samples[len(samples) // 2 :]
+    for role in pids:
+        values = [s.get(role) for s in samples]
+        if None in values:
+            continue
+        result[role] = {
+            "rss_start_mib": values[0],
+            "rss_end_mib": values[-1],
+            "rss_peak_mib": max(values),
+            "second_half_mib_per_grammar": (half[-1][role] - half[0][role]) / max(1, len(half) - 1),
+        }
+    return result
+
+
+def run(url: str, args: argparse.Namespace) -> dict:
+    result = {"choices": args.choices, "stall": stall_phases(url, args)}
+    if args.memory:
+        result["memory"] = memory_phase(url, args)
+    return result
+
+
+def main(argv: list[str] | None = None) -> dict:
+    args = parse_args(argv)
+    if args.url:
+        result = run(args.url, args)
+    else:
+        launch = {"root": Path(args.root).resolve()} if args.root else {}
+        with LaunchedServer(args.launch, **launch) as server:
+            result = run(server.url, args)
+    print(json.dumps(result, indent=2))
+    if args.output_json:
+        Path(args.output_json).write_text(json.dumps(result, indent=1))
+    return result
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,287 @@
+"""Structured output's grammars are compiled off the scheduler's loop, by its compile worker: a request waits for
+its grammar in its own state while everyone else runs; the bounds (--max-grammar-bytes, --grammar-compile-timeout)
+refuse a grammar with a 400 naming its field; a compile error says what is wrong in the user's terms."""
+
+from __future__ import annotations
+
+import json
+import re
+import select
+import threading
+import time
+
+import httpx
+import pytest
+from fastapi.testclient import TestClient
+
+from common.config import EngineConfig
+from common.messages import (
+    RequestAccepted,
+    RequestRejected,
+    StageTimes,
+    StepPlan,
+    StepResult,
+    StepTimings,
+    TokenizedRequest,
+)
+from common.model_info import ModelInfo
+from common.sampling_params import SamplingParams, StructuredOutput
+from frontend.app import build_app
+from frontend.engine_client import EngineLimits
+from gpu_worker.limits import decide_limits
+from scheduler.request import RequestStatus
+from scheduler.scheduler import Scheduler
+from scheduler.structured_output import compile_error_message
+from tests.fake_engine import FakeEngineClient
+
+WAIT_S = 300.0  # a deadline, not an expectation: compiles on a loaded 2-core machine take seconds
+
+
+def many_choices(count: int) -> StructuredOutput:
+    """A grammar no cache has seen, that takes seconds to compile (the issue's 8,000 choices)."""
+    return StructuredOutput("choice", json.dumps([f"{time.time()} o{i}" for i in range(count)]), "guided_choice")
+
+
+def make_scheduler(model, **config) -> Scheduler:
+    engine, info = EngineConfig(model=str(model), **config), ModelInfo.from_folder(model, None)
+    scheduler = Scheduler(engine, info, decide_limits(engine, info, on_gpu=False, num_kv_blocks=64))
+    scheduler.grammars.start()
+    return scheduler
+
+
+@pytest.fixture(scope="module")
+def scheduler(tiny_llama):
+    scheduler = make_scheduler(tiny_llama)
+    yield scheduler
+    scheduler.close()
+
+
+_rids = iter(range(10**6))
+
+
+def add(scheduler: Scheduler, structured: StructuredOutput | None, max_tokens: int = 4) -> tuple[int, object]:
+    rid = next(_rids)
+    sampling = SamplingParams(max_tokens=max_tokens, temperature=0.0, structured=structured)
+    return rid, scheduler.add_request(TokenizedRequest(rid, [5, 6, 7], sampling, StageTimes()))
+
+
+_verdicts: dict[int, RequestAccepted | RequestRejected] = {}  # taken, not yet asked for (rids are unique)
+
+
+def verdict_of(scheduler: Scheduler, rid: int) -> RequestAccepted | RequestRejected:
+    deadline = time.monotonic() + WAIT_S
+    while rid not in _verdicts and time.monotonic() < deadline:
+        _verdicts.update((verdict.rid, verdict) for verdict in scheduler.take_grammar_verdicts(timeout_s=0.5))
+    assert rid in _verdicts, f"no verdict for request {rid} within {WAIT_S} s"
+    return _verdicts.pop(rid)
+
+
+def run_step(scheduler: Scheduler, token: int = 9) -> StepPlan | None:
+    """One step planned and its result processed at once, every sample `token`."""
+    plan = scheduler.schedule()
+    if plan is not None:
+        sampled = [rid for rid, sample in zip(plan.rids, plan.samples) if sample]
+        scheduler.process_result(StepResult(plan.step_id, sampled, [token] * len(sampled), 0.0, StepTimings()))
+    return plan
+
+
+# ---------------------------------------------------------------- the scheduler and its compile worker
+
+
+def test_the_vocabulary_is_prepared_when_the_compile_worker_starts_not_on_the_first_grammar(tiny_llama):
+    scheduler = make_scheduler(tiny_llama)
+    try:
+        assert scheduler.grammars.worker.ready.wait(WAIT_S)
+        assert scheduler.grammars.worker.compiles == 0, "ready before any grammar was asked for"
+    finally:
+        scheduler.close()
+
+
+def test_a_new_grammar_gets_its_verdict_when_compiled_and_is_admitted_with_a_mask(scheduler):
+    rid, verdict = add(scheduler, StructuredOutput("regex", "[a-c]{2}-[0-9]{3}", "structured_outputs"))
+    assert verdict is None, "no verdict before the grammar is compiled"
+    assert scheduler.requests[rid].status is RequestStatus.WAITING_FOR_GRAMMAR
+    assert all(request.rid != rid for request in scheduler.waiting), "in no queue"
+    accepted = verdict_of(scheduler, rid)
+    assert isinstance(accepted, RequestAccepted) and accepted.prompt_tokens == 3
+    plan = scheduler.schedule()
+    assert plan is not None and rid in plan.rids and rid in plan.token_bitmasks
+    scheduler.abort_request(rid)
+
+
+def test_other_requests_run_to_the_end_while_a_grammar_compiles(scheduler):
+    waiting, _ = add(scheduler, many_choices(8000))
+    free, accepted = add(scheduler, None, max_tokens=8)
+    assert isinstance(accepted, RequestAccepted)
+    deadline = time.monotonic() + WAIT_S
+    while free in scheduler.requests and time.monotonic() < deadline:
+        run_step(scheduler)
+        scheduler.check_integrity()
+    assert free not in scheduler.requests, "the free request finished"
+    assert scheduler.requests[waiting].status is RequestStatus.WAITING_FOR_GRAMMAR, "before the grammar was ready"
+    assert isinstance(verdict_of(scheduler, waiting), RequestAccepted)
+    scheduler.abort_request(waiting)
+
+
+def test_requests_for_the_same_grammar_share_one_compile_and_later_ones_hit_the_cache(scheduler):
+    structured = StructuredOutput("json", json.dumps({"type": "object", "properties": {"n": {"type": "number"}}}))
+    compiles = scheduler.grammars.worker.compiles
+    first, none_yet = add(scheduler, structured)
+    second, none_either = add(scheduler, structured)
+    assert none_yet is None and none_either is None
+    assert isinstance(verdict_of(scheduler, first), RequestAccepted)
+    assert isinstance(verdict_of(scheduler, second), RequestAccepted)
+    third, at_once = add(scheduler, structured)
+    assert isinstance(at_once, RequestAccepted), "from the cache, without waiting"
+    assert scheduler.grammars.worker.compiles == compiles + 1
+    for rid in (first, second, third):
+        scheduler.abort_request(rid)
+
+
+def test_an_abort_while_waiting_for_the_grammar_frees_the_request(scheduler):
+    worker = scheduler.grammars.worker
+    compiles = worker.compiles
+    big = many_choices(3000)
+    under_way, _ = add(scheduler, big)
+    deadline = time.monotonic() + WAIT_S
+    while worker.compiles == compiles and time.monotonic() < deadline:
+        time.sleep(0.01)  # a poll bounded by the deadline, until the worker has it
+    queued, _ = add(scheduler, StructuredOutput("regex", "[0-9]{7}x"))  # behind it, not started
+    assert scheduler.abort_request(under_way) and scheduler.abort_request(queued)
+    assert under_way not in scheduler.requests and queued not in scheduler.requests
+    assert scheduler.grammars.num_waiting == 0
+    scheduler.check_integrity()
+    last, _ = add(scheduler, StructuredOutput("regex", "[0-9]{8}y"))  # the worker takes jobs in order
+    assert isinstance(verdict_of(scheduler, last), RequestAccepted)
+    assert under_way not in _verdicts and queued not in _verdicts, "no verdict for an aborted request"
+    assert worker.compiles == compiles + 2, "the compile under way finished, the queued one was never started"
+    assert scheduler.grammars.cache.get((big.kind, big.spec)) is not None, "kept for whoever asks next"
+    scheduler.abort_request(last)
+
+
+def test_the_doorbell_rings_when_a_grammar_is_ready(scheduler):
+    assert scheduler.take_grammar_verdicts() == [], "quiet: nothing compiled, the doorbell silenced"
+    rid, _ = add(scheduler, StructuredOutput("regex", "[x-z]{3}"))
+    readable, _, _ = select.select([scheduler.grammars.doorbell], [], [], WAIT_S)
+    assert readable, "the loop, polling the doorbell, wakes"
+    assert [v.rid for v in scheduler.take_grammar_verdicts()] == [rid]
+    scheduler.abort_request(rid)
+
+
+@pytest.mark.parametrize(
+    "structured, what",
+    [
+        (StructuredOutput("regex", "(unclosed", "guided_regex"), "parenthesis is not closed"),
+        (StructuredOutput("grammar", 'root ::= "a" foo', "structured_outputs"), 'Rule "foo" is not defined'),
+        (StructuredOutput("json", '{"type": "nonsense"}', "response_format"), 'Unsupported type "nonsense"'),
+    ],
+    ids=["regex", "ebnf", "json-schema"],
+)
+def test_a_grammar_that_does_not_compile_is_refused_in_the_users_terms(scheduler, structured, what):
+    rid, _ = add(scheduler, structured)
+    refused = verdict_of(scheduler, rid)
+    assert isinstance(refused, RequestRejected) and refused.status == 400 and refused.param == structured.field
+    assert what in refused.message
+    assert not re.search(r"\.(cc|h|cpp|py)\b|/project/|\[\d\d:\d\d:\d\d\]|Stack trace", refused.message)
+    assert rid not in scheduler.requests
+
+
+def test_compile_error_messages_drop_library_paths_frames_and_quoted_input():
+    raw = RuntimeError(
+        "[06:11:35] /project/cpp/json_schema_converter.cc:4939: Check failed: (error.empty()) is false: Failed to "
+        'parse JSON: syntax error at line 1 near: . The JSON string is:{"type": ' + "x" * 5000 + "\n"
+        "Stack trace:\n  [bt] (0) /usr/lib/libxgrammar.so(+0x1234) [0x7f]\n"
+    )
+    message = compile_error_message("json", raw)
+    assert message == "the JSON schema does not compile: Failed to parse JSON: syntax error at line 1 near: ."
+
+
+def test_a_compile_past_the_timeout_is_refused_naming_its_field_and_the_worker_is_replaced(tiny_llama):
+    scheduler = make_scheduler(tiny_llama, grammar_compile_timeout=0.2)
+    try:
+        assert scheduler.grammars.worker.ready.wait(WAIT_S)
+        pid = scheduler.grammars.worker.pid
+        rid, _ = add(scheduler, many_choices(20000))
+        refused = verdict_of(scheduler, rid)
+        assert isinstance(refused, RequestRejected) and refused.status == 400 and refused.param == "guided_choice"
+        assert "--grammar-compile-timeout" in refused.message
+        assert scheduler.grammars.worker.restarts == 1 and scheduler.grammars.worker.pid != pid
+        after, _ = add(scheduler, StructuredOutput("regex", "ab?"))  # compiles well within 0.2 s on the new worker
+        assert isinstance(verdict_of(scheduler, after), RequestAccepted)
+    finally:
+        scheduler.close()
+
+
+# ---------------------------------------------------------------- --max-grammar-bytes, where requests enter
+
+BIG_REGEX = "a" * 300
+BIG_SCHEMA = {"type": "object", "title": BIG_REGEX}
+
+
+@pytest.mark.parametrize(
+    "path, fields, param",
+    [
+        ("/v1/completions", {"prompt": "x", "structured_outputs": {"regex": BIG_REGEX}}, "structured_outputs"),
+        ("/v1/completions", {"prompt": "x", "guided_choice": [BIG_REGEX]}, "guided_choice"),
+        (
+            "/v1/chat/completions",
+            {
+                "messages": [{"role": "user", "content": "x"}],
+                "response_format": {"type": "json_schema", "json_schema": {"name": "n", "schema": BIG_SCHEMA}},
+            },
+            "response_format",
+        ),
+    ],
+    ids=["structured_outputs", "guided_choice", "response_format"],
+)
+def test_a_grammar_past_max_grammar_bytes_is_refused_by_the_frontend_naming_its_field(path, fields, param):
+    limits = EngineLimits("fake-model", 128, 64, 16, 32, max_grammar_bytes=256)
+    engine = FakeEngineClient(limits)
+    response = TestClient(build_app(engine)).post(path, json={"model": "fake-model", **fields})
+    assert response.status_code == 400, response.text
+    error = response.json()["error"]
+    assert error["param"] == param and "--max-grammar-bytes" in error["message"]
+    assert engine.submitted == [], "refused before it went further"
+
+
+# ---------------------------------------------------------------- a live server
+
+
+def test_a_running_stream_keeps_streaming_while_a_big_grammar_compiles(tiny_server):
+    """While the structured request waits for its verdict (most of that wait is its compile), the stream's tokens
+    keep coming."""
+    arrivals: list[float] = []
+    stop = threading.Event()
+
+    def stream() -> None:
+        body = {"prompt": "Hello", "max_tokens": 400, "stream": True, "ignore_eos": True}
+        with httpx.Client(base_url=tiny_server.url, timeout=WAIT_S) as client:
+            while not stop.is_set():
+                with client.stream("POST", "/v1/completions", json=body) as response:
+                    for line in response.iter_lines():
+                        if line.startswith("data:") and "[DONE]" not in line:
+                            arrivals.append(time.monotonic())
+                        if stop.is_set():
+                            break
+
+    streamer = threading.Thread(target=stream, daemon=True)
+    streamer.start()
+    deadline = time.monotonic() + WAIT_S
+    while len(arrivals) < 5 and time.monotonic() < deadline:
+        time.sleep(0.01)  # a poll bounded by the deadline
+    structured = many_choices(8000)
+    sent = time.monotonic()
+    response = httpx.post(
+        f"{tiny_server.url}/v1/completions",
+        json={"prompt": "x", "max_tokens": 1, "structured_outputs": {"choice": json.loads(structured.spec)}},
+        timeout=WAIT_S,
+    )
+    answered = time.monotonic()
+    stop.set()
+    streamer.join(timeout=WAIT_S)
+    assert response.status_code in (200, 400), response.text  # 400: past the compile timeout on a slow machine
+    # Progress throughout: no pause of the stream covers a quarter of the wait (on the loop, one pause is
+    # nearly all of it: the compile's).
+    window = [sent, *(t for t in arrivals if sent < t < answered), answered]
+    longest_pause = max(b - a for a, b in zip(window, window[1:]))
+    assert longest_pause < (answered - sent) / 4, f"a {longest_pause:.1f} s pause in {answered - sent:.1f} s"
