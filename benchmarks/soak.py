@@ -5,9 +5,9 @@ preempted), that reports what a leak or a lost request would show.
     python -m benchmarks.soak --launch "--model ../shared/models/gpt2 --load-format dummy --device cpu \\
         --num-kv-blocks 48" --concurrency 32 --duration-s 600
 
-Requests (seeded): completions or chat, streamed or not, n of 1 or 2, shared prompt prefixes, 1-96 new
-tokens, sometimes stop strings; a --cancel-fraction of the streams is dropped after a random number of
-chunks. Reports, at the end:
+Requests (seeded): completions or chat, streamed or not, n of 1, 2 or 4, shared prompt prefixes, 1-96 new
+tokens, sometimes stop strings, structured output (repeated grammars and never-seen ones) or echo with
+logprobs; a --cancel-fraction of the streams is dropped after a random number of chunks. Reports, at the end:
 - lost requests: a stream that ended without a finish_reason or [DONE] (or an error event), or a request
   that got no answer within --request-timeout-s;
 - outcomes and errors by type (HTTP status, error code, or exception class);
@@ -51,17 +51,36 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
+# Structured outputs, as clients send them: a few grammars every request repeats (the compile cache's hits) and
+# a choice list no one has sent before (a compile each time, and the cache's byte bound at work).
+REPEATED_GRAMMARS = [
+    {"choice": ["yes", "no", "maybe"]},
+    {"regex": "[a-z]{1,8}( [a-z]{1,8}){0,3}"},
+    {"json": {"type": "object", "properties": {"name": {"type": "string"}, "age": {"type": "integer"}}}},
+]
+
+
+def structured_output(rng: random.Random) -> dict:
+    if rng.random() < 0.3:
+        return {"choice": [f"{rng.random():.6f} option {i}" for i in range(200)]}
+    return rng.choice(REPEATED_GRAMMARS)
+
+
 def make_request(rng: random.Random, chat: bool) -> tuple[str, dict]:
     """(path, body): one request of a random shape."""
     text = rng.choice(PREFIXES) + " ".join(rng.choices(WORDS, k=rng.randint(1, 120)))
     stream = rng.random() < 0.7
     body: dict = {"max_tokens": rng.randint(1, 96), "stream": stream, "temperature": rng.choice([0.0, 0.8])}
     if rng.random() < 0.2:
-        body["n"] = 2
+        body["n"] = rng.choice([2, 2, 4])
+    if rng.random() < 0.1:
+        body["structured_outputs"] = structured_output(rng)
     if rng.random() < 0.2:
         body["stop"] = [rng.choice(WORDS)]
     if not chat or rng.random() < 0.5:
         path, body["prompt"] = "/v1/completions", text
+        if rng.random() < 0.05:  # the prompt's logprobs, shared by its n samples
+            body["echo"], body["logprobs"] = True, 2
     else:
         path, body["messages"] = "/v1/chat/completions", [{"role": "user", "content": text}]
     return path, body
