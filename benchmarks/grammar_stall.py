@@ -120,7 +120,10 @@ def stall_phases(url: str, args: argparse.Namespace) -> dict:
     outside = [b - a for a, b in gaps if not any(a < end and b > start for start, end in windows)]
     median = statistics.median(outside)
     result = {"median_gap_ms": 1e3 * median, "largest_gap_outside_ms": 1e3 * max(outside), "gaps_outside": len(outside)}
+    origin = stream.streams[0][0]
+    result["stream_times_s"] = [[round(t - origin, 4) for t in times] for times in stream.streams]
     for phase in phases.values():
+        phase["window_s"] = [round(phase["started"] - origin, 4), round(phase["ended"] - origin, 4)]
         during = [b - a for a, b in gaps if a < phase["ended"] and b > phase["started"]]
         phase["largest_gap_ms"] = 1e3 * max(during, default=0.0)
         phase["gaps_during"] = len(during)
@@ -151,6 +154,7 @@ def memory_phase(url: str, args: argparse.Namespace) -> dict:
         statuses[status] = statuses.get(status, 0) + 1
         samples.append({role: rss_mib(pid) for role, pid in process_pids(url).items() if role in pids})
     result: dict = {"grammars": args.memory, "choices": args.memory_choices, "statuses": statuses}
+    result["rss_mib_every_10"] = {role: [s.get(role) for s in samples[::10]] for role in pids}
     half = samples[len(samples) // 2 :]
     for role in pids:
         values = [s.get(role) for s in samples]
@@ -180,7 +184,8 @@ def main(argv: list[str] | None = None) -> dict:
         launch = {"root": Path(args.root).resolve()} if args.root else {}
         with LaunchedServer(args.launch, **launch) as server:
             result = run(server.url, args)
-    print(json.dumps(result, indent=2))
+    printable = {**result, "stall": {k: v for k, v in result["stall"].items() if k != "stream_times_s"}}
+    print(json.dumps(printable, indent=2))
     if args.output_json:
         Path(args.output_json).write_text(json.dumps(result, indent=1))
     return result

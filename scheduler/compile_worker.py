@@ -54,7 +54,8 @@ from scheduler.grammar_cache import GrammarKey
 from scheduler.structured_output import compile_error_message, compile_spec
 
 ROLE = "grammar-compile"
-# Nice 10: a CPU-bound compile gets about a tenth of a core that a nice-0 serving process wants too, all of an idle one.
+# Nice 10: a compile (and reading its grammar back) gets about a tenth of a core that a nice-0 serving process wants
+# too, all of an idle one.
 COMPILE_NICENESS = 10
 log = logging.getLogger(__name__)
 
@@ -89,10 +90,8 @@ def serve(
 ) -> None:
     """The compile worker's entry point (spawned). tokenizer_info_json: the vocabulary an earlier worker prepared
     ("": prepare it from the model's tokenizer)."""
-    init_child_process(ROLE, log_level, parent_pid)
+    init_child_process(ROLE, log_level, parent_pid)  # (at COMPILE_NICENESS: the spawning thread's, inherited)
     try:
-        if tokenizer_info_json:  # a restart, while the server serves: its start-up yields to serving too
-            os.nice(COMPILE_NICENESS)
         import xgrammar
 
         if tokenizer_info_json:
@@ -106,8 +105,6 @@ def serve(
             )
         compiler = xgrammar.GrammarCompiler(info, max_threads=compile_threads(), cache_enabled=False)
         conn.send_bytes(encode(CompileWorkerReady("" if tokenizer_info_json else info.serialize_json())))
-        if not tokenizer_info_json:  # the first start, with the server's: at full speed, the vocabulary ready sooner
-            os.nice(COMPILE_NICENESS)
         while True:
             job: CompileGrammar = decode(conn.recv_bytes())
             try:
@@ -152,6 +149,7 @@ class CompileWorker:
         self._tokenizer_info_json = ""
         self._closing = False
         self.ready = threading.Event()  # set once the first worker has prepared the vocabulary
+        self.first_start_over = threading.Event()  # ... or failed to
         self.compiles = 0  # grammars handed to a worker
         self.restarts = 0  # workers killed (timeout) or lost (died on a grammar) and started again
         self._thread = threading.Thread(target=self._run, name="grammar-compiles", daemon=True)
@@ -175,9 +173,13 @@ class CompileWorker:
         return self._process.pid if self._process is not None else None
 
     def _run(self) -> None:
+        # This thread reads compiled grammars back (seconds for the largest) and spawns the workers, which inherit
+        # its priority: both below the loop's and the serving processes'. (Linux: a nice value is a thread's own.)
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), COMPILE_NICENESS)
         try:
-            self._start_process()
             while True:
+                if self._conn is None and not self._closing:
+                    self._start_process()  # the first worker, or the replacement of one killed or lost
                 key = self._jobs.get()
                 if key is None or self._closing:
                     return
@@ -202,7 +204,7 @@ class CompileWorker:
         self.compiles += 1
         if not self._conn.poll(self.timeout_s):
             log.warning("a %s took over %g s to compile: its worker is killed and replaced", kind, self.timeout_s)
-            self._restart()
+            self._replace()
             return GrammarRefused(
                 f"the {kind} did not compile within {self.timeout_s:g} s (--grammar-compile-timeout); "
                 f"a simpler or smaller one may"
@@ -217,7 +219,7 @@ class CompileWorker:
         except (EOFError, OSError):
             code = self._process.exitcode if self._process is not None else None
             log.error("the grammar compile worker died on a %s (exit code %s): replaced", kind, code)
-            self._restart()
+            self._replace()
             return GrammarRefused(f"the grammar compiler failed on this {kind}")
         try:
             return xgrammar.CompiledGrammar.deserialize_json(compiled_json, self._tokenizer_info)
@@ -225,11 +227,10 @@ class CompileWorker:
             log.exception("a compiled %s could not be read back", kind)
             return GrammarRefused(f"the compiled {kind} could not be read back", 500)
 
-    def _restart(self) -> None:
+    def _replace(self) -> None:
+        """Kill the worker; _run starts the next one once this job's refusal is out (its start takes seconds)."""
         self._stop_process()
         self.restarts += 1
-        if not self._closing:
-            self._start_process()
 
     def _start_process(self) -> None:
         import xgrammar
@@ -258,12 +259,14 @@ class CompileWorker:
             log.error("the grammar compile worker did not start (exit code %s)", process.exitcode)
             self._process = None
             conn.close()
+            self.first_start_over.set()
             return
         if not self._tokenizer_info_json:
             self._tokenizer_info_json = ready.tokenizer_info_json
             self._tokenizer_info = xgrammar.TokenizerInfo.deserialize_json(ready.tokenizer_info_json)
         self._conn = conn
         self.ready.set()
+        self.first_start_over.set()
         log.info("grammar compile worker (pid %d) ready in %.1f s", process.pid, time.perf_counter() - started)
 
     def _stop_process(self) -> None:

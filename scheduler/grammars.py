@@ -67,6 +67,13 @@ class Grammars:
         )
         self.worker.start()
 
+    def wait_ready(self, timeout_s: float) -> bool:
+        """Until the compile worker has prepared the vocabulary (the server: before it says it is ready). False
+        if it failed to start (structured requests then get a 500) or took longer than timeout_s."""
+        assert self.worker is not None, "start() first"
+        self.worker.first_start_over.wait(timeout_s)
+        return self.worker.ready.is_set()
+
     @property
     def doorbell(self) -> int | None:
         """A file descriptor readable when take_ready() has something (None: not started)."""
