@@ -25,20 +25,13 @@ import numpy as np
 import torch
 import triton.testing
 
+from benchmarks.attention_check import Shape  # (CUDA-only, as this benchmark: it stages on the GPU at import)
 from benchmarks.roofline import gpu_peak
 from gpu_worker.attention import triton_kernels as kernels
 
 DEVICE = torch.device("cuda")
 BLOCK_SIZE = 16
 DTYPE = torch.bfloat16
-
-
-@dataclass(frozen=True)
-class Shape:
-    name: str
-    heads: int
-    kv_heads: int
-    head_dim: int
 
 
 SHAPES = (
@@ -211,15 +204,13 @@ def prefill_rows(peak_flops: float, have_flashinfer: bool) -> list[dict]:
     """One prompt of n tokens, no cache: ours (the engine's prefill kernel through TritonAttention) against
     FlashInfer's single-prefill and torch's SDPA (flash) as further references."""
     from benchmarks.attention_check import BLOCK_SIZE as CHECK_BLOCK
-    from benchmarks.attention_check import Shape as CheckShape
     from benchmarks.attention_check import build_metadata, make_batch
     from gpu_worker.attention.triton_backend import TritonAttention
 
     rows = []
     for shape in SHAPES[1:]:
         for n in (4096, 16384):
-            check_shape = CheckShape(shape.name, shape.heads, shape.kv_heads, shape.head_dim)
-            batch = make_batch([(0, n)], check_shape, CHECK_BLOCK, DTYPE, random.Random(n))
+            batch = make_batch([(0, n)], shape, CHECK_BLOCK, DTYPE, random.Random(n))
             backend = TritonAttention(CHECK_BLOCK, shape.kv_heads, DEVICE)
             metadata = build_metadata(backend, batch.layout, batch.slots)
             scale = shape.head_dim**-0.5
