@@ -51,7 +51,9 @@ def make_scheduler(model, **config) -> Scheduler:
 
 @pytest.fixture(scope="module")
 def scheduler(tiny_llama):
-    scheduler = make_scheduler(tiny_llama)
+    # The 8,000-choice compile takes 8-17 s on a 2-core machine (more under load): past the default
+    # --grammar-compile-timeout, which the timeout's own test checks. These tests wait for their compiles.
+    scheduler = make_scheduler(tiny_llama, grammar_compile_timeout=WAIT_S)
     yield scheduler
     scheduler.close()
 
