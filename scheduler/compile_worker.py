@@ -185,7 +185,12 @@ class CompileWorker:
                     return
                 if not self._still_wanted(key):
                     continue  # every request that asked for it was aborted before its turn
-                outcome = self._compile(key)
+                try:
+                    outcome = self._compile(key)
+                except Exception:  # this thread must outlive any one grammar: requests wait on it
+                    log.exception("compiling a grammar failed")
+                    self._replace()
+                    outcome = GrammarRefused("the grammar compiler failed", 500)
                 if self._closing:
                     return
                 self._on_outcome(key, outcome)
