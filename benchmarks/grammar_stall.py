@@ -1,18 +1,24 @@
 """Structured output's grammars against everyone else: a running stream's token gaps while grammars compile, and
 the scheduler's memory over many distinct grammars.
 
-    python -m benchmarks.grammar_stall                           # launches the default server below
-    python -m benchmarks.grammar_stall --choices 8000 --memory 60 --output-json stall.json
-    python -m benchmarks.grammar_stall --root /path/to/checkout  # the same server from another checkout (before)
-    python -m benchmarks.grammar_stall --url http://127.0.0.1:8000 --memory 0
+    python -m benchmarks.grammar_stall                           # launches DEFAULT_LAUNCH's server
+    python -m benchmarks.grammar_stall --memory 150 --launch "--model ../shared/models/gpt2 --load-format dummy \
+        --device cpu --tokenizer-workers 1 --grammar-compile-timeout 120"   # the big grammar compiled to the end
+    python -m benchmarks.grammar_stall --root /path/to/checkout  # the server of another checkout (before/after)
+    python -m benchmarks.grammar_stall --url http://127.0.0.1:8000
 
 A stream (greedy completions of --stream-tokens tokens with ignore_eos, started again whenever one ends) runs
 throughout. While it runs, one at a time, each a completion of one token:
+  control   no grammar, sampled at temperature 1: what any request beside the stream costs it
   first     the server's first structured request, a small regex (before the compile worker, it prepared the
             tokenizer's vocabulary on the scheduler's loop)
   choices   a choice of --choices unique strings (the issue's case: 8,000 choices, about 230 KB)
-Each reports the stream's largest gap while it was in flight, against the stream's median gap outside every
-such window (the target: at most 2x), and its own status and time. --memory K then sends K distinct grammars of
+  choices_again   the same again: with a cache of compiled grammars, what the way in of so large a request costs
+Each is streamed, so that its verdict (the response's headers: the scheduler queued it, its grammar
+compiled) is timed apart from its end. Each reports the stream's longest time without a token until its
+verdict (its way in and its compile: the target is at most 2x the stream's median gap outside every such
+window) and until its end (its own step beside the stream's too: the control shows what that costs without a
+grammar), and its status and times. --memory K then sends K distinct grammars of
 --memory-choices choices, one after another, and reports the RSS of the scheduler and of its compile worker
 (if any) before, after, and the growth per grammar over the second half.
 """
@@ -88,11 +94,15 @@ class Stream:
 
 
 def timed_post(url: str, body: dict) -> dict:
+    """The request streamed, so that its verdict (the response's headers: 200 once the scheduler has queued it, its
+    grammar compiled; else the error) is timed apart from its end."""
     started = time.perf_counter()
-    response = httpx.post(f"{url}/v1/completions", json=body, timeout=WAIT_S)
+    with httpx.stream("POST", f"{url}/v1/completions", json={**body, "stream": True}, timeout=WAIT_S) as response:
+        verdict = time.perf_counter()
+        text = response.read().decode()
     ended = time.perf_counter()
-    error = response.json().get("error", {}).get("message", "") if response.status_code != 200 else ""
-    return {"started": started, "ended": ended, "seconds": ended - started, "status": response.status_code,
+    error = json.loads(text).get("error", {}).get("message", "") if response.status_code != 200 else ""
+    return {"started": started, "verdict": verdict, "ended": ended, "status": response.status_code,
             "error": error[:200]}  # fmt: skip
 
 
@@ -107,9 +117,12 @@ def stall_phases(url: str, args: argparse.Namespace) -> dict:
     stream.wait_for(args.settle_tokens)
     phases = {}
     bodies = {
+        # No grammar: the gap that any request arriving beside the stream costs it (its prefill joins a step)
+        "control": {"prompt": "x", "max_tokens": 1, "temperature": 1.0},
         "first": {"prompt": "x", "max_tokens": 1, "structured_outputs": {"regex": "[a-c]{2,4}-[0-9]{3}"}},
         "choices": choices_body(args.choices),
     }
+    bodies["choices_again"] = bodies["choices"]  # from the cache where there is one: the way in alone, no compile
     for name, body in bodies.items():
         phases[name] = timed_post(url, body)
         stream.wait_for(args.settle_tokens)
@@ -123,12 +136,17 @@ def stall_phases(url: str, args: argparse.Namespace) -> dict:
     origin = stream.streams[0][0]
     result["stream_times_s"] = [[round(t - origin, 4) for t in times] for times in stream.streams]
     for phase in phases.values():
-        phase["window_s"] = [round(phase["started"] - origin, 4), round(phase["ended"] - origin, 4)]
-        during = [b - a for a, b in gaps if a < phase["ended"] and b > phase["started"]]
-        phase["largest_gap_ms"] = 1e3 * max(during, default=0.0)
-        phase["gaps_during"] = len(during)
-        phase["largest_gap_over_median"] = max(during, default=0.0) / median
-        del phase["started"], phase["ended"]
+        started, verdict, ended = phase.pop("started"), phase.pop("verdict"), phase.pop("ended")
+        phase["window_s"] = [round(t - origin, 4) for t in (started, verdict, ended)]
+        phase["verdict_s"], phase["seconds"] = verdict - started, ended - started
+        # Until the verdict: the request's way in and its compile. To its end: its step(s) beside the stream too.
+        # A gap counts for the part of it inside the window: the stream's time without a token while it lasted.
+        for part, end in (("to_verdict", verdict), ("to_end", ended)):
+            longest = max((min(b, end) - max(a, started) for a, b in gaps if a < end and b > started), default=0.0)
+            phase[f"largest_gap_{part}_ms"] = 1e3 * longest
+            phase[f"largest_gap_{part}_over_median"] = longest / median
+        tokens = sum(started < b < verdict for _, b in gaps)
+        phase["stream_tokens_to_verdict"] = tokens
     return {**result, "phases": phases}
 
 

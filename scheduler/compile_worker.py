@@ -28,13 +28,16 @@ Why a process rather than a thread (measured on this 2-core CPU, GPT-2's vocabul
 - a process can run at a lower CPU priority (COMPILE_NICENESS): on a machine whose cores serve requests, a
   compile takes what they leave.
 The price is the handover: xgrammar's JSON serialization costs about the compile again in the worker, reading it
-back half that in the scheduler's thread (GIL released). For ordinary grammars this is milliseconds (a 10-field
-schema: compile 12.6 ms, serialize 13.3 ms, deserialize 6.3 ms; a 2-field one 1.8 / 1.9 / 0.8 ms), for an
-8,000-choice list seconds (36 MB of token masks). A grammar served from the cache crosses nothing.
+back half that in the scheduler's thread (which holds the GIL at most ~20 ms at a time meanwhile). For ordinary
+grammars this is milliseconds (a 10-field schema: compile 12.6 ms, serialize 13.3 ms, deserialize 6.3 ms; a
+2-field one 1.8 / 1.9 / 0.8 ms); for 8,000 choices (36 MB of token masks) 2.4 s / 4.1 s / 1.8 s on a quiet CPU.
+A grammar served from the cache crosses nothing. What a compile costs a running stream on this CPU (the model's
+forward uses both cores): docs/benchmarks.md, "Grammars beside a running stream".
 """
 
 from __future__ import annotations
 
+import ctypes
 import logging
 import multiprocessing as mp
 import os
@@ -55,9 +58,23 @@ from scheduler.structured_output import compile_error_message, compile_spec
 
 ROLE = "grammar-compile"
 # Nice 10: a compile (and reading its grammar back) gets about a tenth of a core that a nice-0 serving process wants
-# too, all of an idle one.
+# too, all of an idle one. Measured beside a stream on 2 cores (docs/benchmarks.md): nice 0 slowed the stream 2.4x
+# while 8,000 choices compiled, nice 10 by 10-15%, and at nice 19 that compile never finished within 10 s.
 COMPILE_NICENESS = 10
 log = logging.getLogger(__name__)
+
+
+# Reading a compiled grammar back parses its JSON into a tree about ten times the text's size, freed at once but
+# kept by glibc's heap: 37 MB of JSON (8,000 choices) left the scheduler 350 MB larger for good. Past this size
+# the heap is trimmed after the read (27 ms, off the loop; the GIL is released meanwhile).
+TRIM_AFTER_BYTES = 4 * 2**20
+
+
+def _return_freed_heap() -> None:
+    try:
+        ctypes.CDLL(None).malloc_trim(0)
+    except (OSError, AttributeError):  # not glibc
+        pass
 
 
 @dataclass(slots=True)
@@ -185,7 +202,12 @@ class CompileWorker:
                     return
                 if not self._still_wanted(key):
                     continue  # every request that asked for it was aborted before its turn
-                outcome = self._compile(key)
+                try:
+                    outcome = self._compile(key)
+                except Exception:  # this thread must outlive any one grammar: requests wait on it
+                    log.exception("compiling a grammar failed")
+                    self._replace()
+                    outcome = GrammarRefused("the grammar compiler failed", 500)
                 if self._closing:
                     return
                 self._on_outcome(key, outcome)
@@ -226,6 +248,10 @@ class CompileWorker:
         except Exception:  # a compiled grammar the scheduler cannot read: the server's fault, not the request's
             log.exception("a compiled %s could not be read back", kind)
             return GrammarRefused(f"the compiled {kind} could not be read back", 500)
+        finally:
+            if len(compiled_json) >= TRIM_AFTER_BYTES:
+                del compiled_json
+                _return_freed_heap()
 
     def _replace(self) -> None:
         """Kill the worker; _run starts the next one once this job's refusal is out (its start takes seconds)."""

@@ -7,6 +7,8 @@ from __future__ import annotations
 import json
 import re
 import select
+import subprocess
+import sys
 import threading
 import time
 
@@ -33,6 +35,7 @@ from scheduler.request import RequestStatus
 from scheduler.scheduler import Scheduler
 from scheduler.structured_output import compile_error_message
 from tests.fake_engine import FakeEngineClient
+from tests.server_process import ROOT, pid_alive, wait_until
 
 WAIT_S = 300.0  # a deadline, not an expectation: compiles on a loaded 2-core machine take seconds
 
@@ -218,6 +221,30 @@ def test_a_compile_past_the_timeout_is_refused_naming_its_field_and_the_worker_i
         assert isinstance(verdict_of(scheduler, after), RequestAccepted)
     finally:
         scheduler.close()
+
+
+KEEP_A_SCHEDULER = """
+import sys, threading
+from tests.test_grammar_compile import make_scheduler
+scheduler = make_scheduler(sys.argv[1])
+assert scheduler.grammars.worker.ready.wait(300)
+print(scheduler.grammars.worker.pid, flush=True)
+threading.Event().wait()
+"""
+
+
+def test_the_compile_worker_dies_with_its_scheduler(tiny_llama):
+    """Even killed (SIGKILL: no cleanup of its own), a scheduler leaves no compile worker behind."""
+    host = subprocess.Popen(
+        [sys.executable, "-c", KEEP_A_SCHEDULER, str(tiny_llama)], stdout=subprocess.PIPE, cwd=ROOT, text=True
+    )
+    try:
+        worker = int(host.stdout.readline())
+        assert pid_alive(worker)
+    finally:
+        host.kill()
+        host.wait()
+    wait_until(lambda: not pid_alive(worker), timeout=30, what="the compile worker to exit")
 
 
 # ---------------------------------------------------------------- --max-grammar-bytes, where requests enter
