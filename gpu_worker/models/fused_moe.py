@@ -175,12 +175,14 @@ def fused_experts(
     ids: torch.Tensor,
     weights: torch.Tensor,
     activation: str = "silu",
+    tiles: Tiles | None = None,
 ) -> torch.Tensor:
     """x [T, H]; gate_up [E, 2I, H] (gate rows, then up); down [E, H, I]; ids, weights [T, k] -> [T, H] in x's
-    dtype: sum_j weights[t, j] * down[e] @ act_and_mul(gate_up[e] @ x[t]), e = ids[t, j]."""
+    dtype: sum_j weights[t, j] * down[e] @ act_and_mul(gate_up[e] @ x[t]), e = ids[t, j]. tiles: tiles_for's
+    unless given (benchmarks/moe_kernel.py --sweep-tiles)."""
     num_tokens, top_k = ids.shape
     num_pairs = num_tokens * top_k
-    tiles = tiles_for(num_pairs, gate_up.shape[0])
+    tiles = tiles or tiles_for(num_pairs, gate_up.shape[0])
     rows, block_experts = sort_by_expert(ids, gate_up.shape[0], tiles.block_m)
     x, weights = x.contiguous(), weights.flatten()
     h = torch.empty(num_pairs, down.shape[2], dtype=x.dtype, device=x.device)
