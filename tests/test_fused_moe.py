@@ -16,8 +16,9 @@ if not torch.cuda.is_available():
 
 pytest.importorskip("triton", reason="triton is not installed (pip install triton)")
 
-from gpu_worker.models.fused_moe import fused_experts, sort_by_expert, tiles_for  # noqa: E402
+from gpu_worker.models.fused_moe import fused_experts, tiles_for  # noqa: E402
 from gpu_worker.models.moe import SparseMoE  # noqa: E402
+from gpu_worker.models.moe_sort import sort_by_expert  # noqa: E402
 from gpu_worker.parallel import SINGLE, TensorParallel  # noqa: E402
 
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -88,9 +89,9 @@ def test_the_experts_no_token_picked_are_never_read():
     torch.testing.assert_close(got, expected, **close(torch.float32))
 
 
-@pytest.mark.parametrize("num_tokens", [1, 5, 33])
-def test_pairs_sort_into_blocks_of_one_expert_each_in_shapes_that_ignore_the_routing(num_tokens):
-    num_experts, top_k, block_m = 6, 2, 16
+@pytest.mark.parametrize(("num_tokens", "num_experts"), [(1, 6), (5, 6), (33, 6), (700, 8)])  # 700: many chunks
+def test_pairs_sort_into_blocks_of_one_expert_each_in_shapes_that_ignore_the_routing(num_tokens, num_experts):
+    top_k, block_m = 2, 16
     spread = torch.stack([torch.randperm(num_experts)[:top_k] for _ in range(num_tokens)]).to(DEVICE)
     crowded = torch.tensor([[0, 1]] * num_tokens, device=DEVICE)  # every token on the same two experts
     shapes = set()
@@ -107,6 +108,7 @@ def test_pairs_sort_into_blocks_of_one_expert_each_in_shapes_that_ignore_the_rou
                 assert pairs.numel() == 0, "an unused block holds only padding"
             else:
                 assert pairs.numel() > 0 and (ids.flatten()[pairs] == expert).all()
+                assert (pairs.diff() > 0).all(), "an expert's pairs in their order"
         assert (block_experts.diff() >= 0).all(), "blocks in expert order, the unused ones last"
     assert len(shapes) == 1
 

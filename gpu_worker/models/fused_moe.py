@@ -5,13 +5,14 @@ expert's weights:
     pairs      ids [T, k] flattened: pair p = t * k + j is token t's j-th expert
     sort       rows [blocks * BLOCK_M]: the pairs of expert 0, padded to a multiple of BLOCK_M with the
                sentinel T * k, then expert 1's, ...; block_experts [blocks]: each block's expert (E: unused)
+               (models/moe_sort.py, three launches)
     gate_up    h[p] = act(x[t] @ gate[e].T) * (x[t] @ up[e].T)      one launch, act-and-mul in its epilogue
     down       y[p] = (h[p] @ down[e].T) * weights[p]                one launch
     sum        out[t] = sum_j y[t * k + j]
 
 CUDA-graph safe: no host reads and no shape that depends on the routing. The sort's length is the worst case
-for T tokens, T * k + min(E, T * k) * (BLOCK_M - 1) rounded up to BLOCK_M, and the blocks past the last used
-one (block_experts E) return at once. Only the weights of the experts some token picked are read.
+for T tokens, and the blocks past the last used one (block_experts E) return at once. Only the weights of the
+experts some token picked are read.
 
 Rounding follows the torch path (models/moe.py), which rounds to the model dtype after each projection, after
 the activation, after the product, and after the routing weight: float32 results differ from it only in the
@@ -26,6 +27,7 @@ import torch
 import triton
 import triton.language as tl
 
+from gpu_worker.models.moe_sort import sort_by_expert
 from gpu_worker.triton_math import tanh
 
 
@@ -44,26 +46,6 @@ def tiles_for(num_pairs: int, num_experts: int) -> Tiles:
     if num_pairs <= 16 * num_experts:
         return Tiles(block_m=16, block_n=64, block_k=128, num_warps=4, num_stages=4)
     return Tiles(block_m=64, block_n=128, block_k=64, num_warps=8, num_stages=3)
-
-
-def sort_by_expert(ids: torch.Tensor, num_experts: int, block_m: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """ids [T, k] -> (rows, block_experts) as the module docstring draws them, in fixed sizes for T."""
-    flat = ids.flatten()
-    num_pairs = flat.numel()
-    longest = num_pairs + min(num_experts, num_pairs) * (block_m - 1)
-    num_blocks = triton.cdiv(longest, block_m)
-    experts, order = torch.sort(flat, stable=True)
-    starts = torch.searchsorted(experts, torch.arange(num_experts + 1, device=flat.device))
-    padded_counts = (starts.diff() + block_m - 1) // block_m * block_m
-    padded_ends = padded_counts.cumsum(0)
-    padded_starts = padded_ends - padded_counts
-    # A pair's place: its expert's padded start + its rank among that expert's pairs (stable: token order).
-    place = padded_starts[experts] + torch.arange(num_pairs, device=flat.device) - starts[experts]
-    rows = torch.full((num_blocks * block_m,), num_pairs, dtype=torch.int64, device=flat.device)
-    rows.scatter_(0, place, order)
-    block_starts = torch.arange(0, num_blocks * block_m, block_m, device=flat.device)
-    block_experts = torch.searchsorted(padded_ends, block_starts, right=True)
-    return rows, block_experts
 
 
 @triton.jit
