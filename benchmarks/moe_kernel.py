@@ -6,6 +6,7 @@
 For each shape (benchmarks/shapes.py; one layer of it, random weights, this rank's 1/--tp of every expert's
 width) and token count: a random routing through the layer's own router, then milliseconds per layer of
     fused graph   models/fused_moe.py replayed from a CUDA graph, as a captured decode step runs it
+    sort          its part that sorts the pairs by expert (models/moe_sort.py), alone in a graph
     fused eager   the same, launched from Python (eager steps, prefills no graph holds)
     torch loop    the torch path: each expert on its tokens (host reads; what --enforce-eager ran before)
     every expert  every expert on every token, zero-weighted where unpicked, in a CUDA graph: what captured
@@ -28,12 +29,13 @@ from benchmarks.roofline import gpu_peak
 from benchmarks.shapes import SHAPES
 from gpu_worker.models.fused_moe import Tiles, fused_experts, tiles_for
 from gpu_worker.models.moe import SparseMoE
+from gpu_worker.models.moe_sort import sort_by_expert
 from gpu_worker.parallel import TensorParallel
 
 SWEEP = [
     Tiles(block_m, block_n, block_k, num_warps, num_stages)
     for block_m in (16, 32, 64)
-    for block_n, block_k in ((64, 64), (64, 128), (128, 64), (128, 128))
+    for block_n, block_k in ((32, 128), (64, 64), (64, 128), (128, 64), (128, 128))
     for num_warps, num_stages in ((4, 3), (8, 3), (4, 4))
 ]
 
@@ -81,6 +83,7 @@ def graph_ms(fn) -> float:
 
 def measure(layer: SparseMoE, num_tokens: int, every: bool) -> dict:
     experts = layer.experts
+    block_m = tiles_for(num_tokens * layer.top_k, experts.num_experts).block_m
     x = torch.randn(num_tokens, experts.hidden, device=experts.gate_up_proj.device).to(experts.gate_up_proj.dtype)
     ids, weights = layer.route(x)
 
@@ -95,6 +98,7 @@ def measure(layer: SparseMoE, num_tokens: int, every: bool) -> dict:
         "tokens": num_tokens,
         "experts_hit": ids.unique().numel(),
         "fused_graph_ms": graph,
+        "sort_ms": graph_ms(lambda: sort_by_expert(ids, experts.num_experts, block_m)),
         "fused_eager_ms": triton.testing.do_bench(fused, return_mode="median"),
         "torch_loop_ms": triton.testing.do_bench(lambda: experts(x, ids, weights), return_mode="median"),
         "every_expert_ms": graph_ms(lambda: every_expert(layer, x, ids, weights)) if every else None,
@@ -150,7 +154,7 @@ def main(argv: list[str] | None = None) -> None:
                 print(f"{num_tokens:>7} tokens: tiles_for {chosen_ms:.3f} ms {chosen}; fastest {fastest}")
             continue
         print(
-            f"{'tokens':>7}{'experts hit':>12}{'fused graph':>13}{'fused eager':>13}{'torch loop':>12}"
+            f"{'tokens':>7}{'experts hit':>12}{'fused graph':>13}{'sort':>8}{'fused eager':>13}{'torch loop':>12}"
             f"{'every expert':>14}{'fused reads':>13}{'of peak':>9}{'rel err':>9}"
         )
         for num_tokens in (int(t) for t in args.tokens.split(",")):
@@ -158,7 +162,8 @@ def main(argv: list[str] | None = None) -> None:
             every = f"{r['every_expert_ms']:.3f}" if r["every_expert_ms"] is not None else "-"
             share = f"{100 * r['read_bytes_per_s'] / peak.hbm_bytes_per_s:.0f}%" if peak else "-"
             print(
-                f"{r['tokens']:>7}{r['experts_hit']:>12}{r['fused_graph_ms']:>13.3f}{r['fused_eager_ms']:>13.3f}"
+                f"{r['tokens']:>7}{r['experts_hit']:>12}{r['fused_graph_ms']:>13.3f}{r['sort_ms']:>8.3f}"
+                f"{r['fused_eager_ms']:>13.3f}"
                 f"{r['torch_loop_ms']:>12.3f}{every:>14}{r['read_bytes_per_s'] / 1e9:>9.0f} GB/s{share:>9}"
                 f"{r['error']:>9.1e}"
             )
