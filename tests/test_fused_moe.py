@@ -2,7 +2,8 @@
 token's k experts, weighted as Mixtral (renormalized, float32 weights) and Qwen3-MoE (neither) route them,
 at decode and prefill sizes; they read only the picked experts, in shapes that do not depend on the routing
 (so a CUDA graph replays them on any routing); and a tensor-parallel rank's share adds up to the whole.
-Without CUDA they run in the Triton interpreter on CPU (see test_triton_attention.py)."""
+No token count compiles a kernel after the warm-up's. Without CUDA they run in the Triton interpreter on CPU
+(see test_triton_attention.py)."""
 
 from __future__ import annotations
 
@@ -150,3 +151,25 @@ def test_a_captured_graph_replays_the_experts_of_a_new_routing():
     weights.copy_(new_weights)
     graph.replay()
     torch.testing.assert_close(out, experts(x, new_ids, new_weights), **close(torch.bfloat16))
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="compiles happen on CUDA (the interpreter compiles nothing)")
+def test_one_decode_and_one_prefill_size_build_every_kernel_a_token_count_needs(monkeypatch):
+    """A compile mid-serving stalls every request: after a 2-token and a 600-token call, no token count compiles."""
+    triton = pytest.importorskip("triton")
+    if not hasattr(getattr(triton, "knobs", None), "runtime"):
+        pytest.skip(f"Triton {triton.__version__} has no compile hook to observe")
+    moe = moe_layer(8, 2, "mixtral", torch.bfloat16)
+    experts = moe.experts
+
+    def run(num_tokens: int) -> None:
+        x = tokens(num_tokens, torch.bfloat16)
+        fused_experts(x, experts.gate_up_proj, experts.down_proj, *moe.route(x))
+
+    run(2)
+    run(600)
+    compiled: list[str] = []
+    monkeypatch.setattr(triton.knobs.runtime, "jit_cache_hook", lambda *, repr, **_: compiled.append(repr))
+    for num_tokens in (1, 3, 16, 17, 64, 65, 100, 512, 1000):
+        run(num_tokens)
+    assert compiled == []

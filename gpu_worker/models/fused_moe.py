@@ -48,7 +48,9 @@ def tiles_for(num_pairs: int, num_experts: int) -> Tiles:
     return Tiles(block_m=64, block_n=128, block_k=64, num_warps=8, num_stages=3)
 
 
-@triton.jit
+# The arguments that change with the token count are not specialized on (Triton would compile a variant per
+# divisibility class, mid-serving): one kernel per model and Tiles, both built by the warm-up's steps.
+@triton.jit(do_not_specialize=["num_pairs", "num_blocks"])
 def _expert_matmul_kernel(
     a_ptr,
     w_ptr,

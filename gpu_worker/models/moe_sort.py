@@ -9,7 +9,8 @@ about twenty), with no host reads and sizes fixed by the pair count, so CUDA gra
     place    grid (chunks,)  each pair to its place: its chunk's offset for its expert + the pairs of that
                              expert before it in the chunk; a share of the blocks' experts from padded_ends
 
-Within an expert the pairs keep their order (chunk, then place in the chunk): the same rows every run.
+Within an expert the pairs keep their order (chunk, then place in the chunk): the same rows every run. The
+arguments that change with the token count are not specialized on: no compile after the warm-up.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import triton
 import triton.language as tl
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["num_pairs", "num_rows", "rows_per_program"])
 def _count_kernel(
     ids_ptr, counts_ptr, rows_ptr, num_pairs, num_rows, rows_per_program, E_PAD: tl.constexpr, CHUNK: tl.constexpr
 ):
@@ -36,7 +37,7 @@ def _count_kernel(
         tl.store(rows_ptr + slots, sentinel, mask=(slots < num_rows) & (slots < first + rows_per_program))
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["num_chunks"])
 def _offsets_kernel(
     counts_ptr,
     offsets_ptr,
@@ -65,7 +66,7 @@ def _offsets_kernel(
         running += tl.sum(tile, 0)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["num_pairs", "num_blocks", "blocks_per_program"])
 def _place_kernel(
     ids_ptr,
     offsets_ptr,
