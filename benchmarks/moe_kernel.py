@@ -14,8 +14,8 @@ width) and token count: a random routing through the layer's own router, then mi
 and the fused path's reading speed: the picked experts' weights (measured from the routing) over the graph's
 time, as a share of the GPU's datasheet bandwidth (benchmarks/roofline.py). The fused output's largest error
 against the torch loop's, relative to its largest magnitude, is printed too (bf16: ~1e-2).
-With --sweep-tiles, the fused graph's time under each of SWEEP's tile sizes instead, the three fastest printed
-beside tiles_for's choice (models/fused_moe.py), to tune it from.
+With --sweep-tiles, the fused graph's time under each tile size of SWEEP_DECODE or SWEEP_PREFILL instead, the
+three fastest printed beside tiles_for's choice (models/fused_moe.py), to tune it from.
 """
 
 from __future__ import annotations
@@ -32,11 +32,19 @@ from gpu_worker.models.moe import SparseMoE
 from gpu_worker.models.moe_sort import sort_by_expert
 from gpu_worker.parallel import TensorParallel
 
-SWEEP = [
+# Tile sizes to try: decode-sized steps (a few pairs per expert), then prefills.
+SWEEP_DECODE = [
     Tiles(block_m, block_n, block_k, num_warps, num_stages)
-    for block_m in (16, 32, 64)
+    for block_m in (16, 32)
     for block_n, block_k in ((32, 128), (64, 64), (64, 128), (128, 64), (128, 128))
     for num_warps, num_stages in ((4, 3), (8, 3), (4, 4))
+]
+SWEEP_PREFILL = [
+    Tiles(block_m, block_n, block_k, num_warps, num_stages, group_m)
+    for block_m in (64, 128)
+    for block_n, block_k in ((64, 64), (128, 64), (128, 128), (256, 64))
+    for num_warps, num_stages in ((4, 3), (8, 3), (8, 4))
+    for group_m in (0, 8)
 ]
 
 
@@ -108,7 +116,7 @@ def measure(layer: SparseMoE, num_tokens: int, every: bool) -> dict:
 
 
 def sweep(layer: SparseMoE, num_tokens: int) -> tuple[Tiles, float, list[tuple[float, Tiles]]]:
-    """tiles_for's choice and its time, and the three fastest of SWEEP (fastest first)."""
+    """tiles_for's choice and its time, and the three fastest of the sweep for its regime (fastest first)."""
     experts = layer.experts
     x = torch.randn(num_tokens, experts.hidden, device=experts.gate_up_proj.device).to(experts.gate_up_proj.dtype)
     ids, weights = layer.route(x)
@@ -119,7 +127,7 @@ def sweep(layer: SparseMoE, num_tokens: int) -> tuple[Tiles, float, list[tuple[f
 
     chosen = tiles_for(ids.numel(), experts.num_experts)
     times = []
-    for tiles in SWEEP:
+    for tiles in SWEEP_DECODE if chosen.block_m <= 32 else SWEEP_PREFILL:
         try:
             times.append((timed(tiles), tiles))
         except Exception as error:  # a tile too large for shared memory: skipped, named

@@ -17,7 +17,7 @@ if not torch.cuda.is_available():
 
 pytest.importorskip("triton", reason="triton is not installed (pip install triton)")
 
-from gpu_worker.models.fused_moe import fused_experts, tiles_for  # noqa: E402
+from gpu_worker.models.fused_moe import Tiles, fused_experts, tiles_for  # noqa: E402
 from gpu_worker.models.moe import SparseMoE  # noqa: E402
 from gpu_worker.models.moe_sort import sort_by_expert  # noqa: E402
 from gpu_worker.parallel import SINGLE, TensorParallel  # noqa: E402
@@ -66,6 +66,16 @@ def test_fused_experts_give_the_routed_torch_sum(dtype, style, num_experts, top_
     got = fused_experts(x, moe.experts.gate_up_proj, moe.experts.down_proj, ids, weights)
     assert got.dtype == dtype
     torch.testing.assert_close(got, expected, **close(dtype))
+
+
+@pytest.mark.parametrize("group_m", [0, 1, 3])  # 3: the last group of blocks is short
+def test_every_program_order_gives_the_same_sum(group_m):
+    moe = moe_layer(6, 2, "mixtral", torch.float32)
+    x = tokens(30, torch.float32)
+    ids, weights = moe.route(x)
+    tiles = Tiles(block_m=16, block_n=16, block_k=16, num_warps=4, num_stages=2, group_m=group_m)
+    got = fused_experts(x, moe.experts.gate_up_proj, moe.experts.down_proj, ids, weights, tiles=tiles)
+    torch.testing.assert_close(got, moe.experts(x, ids, weights), **close(torch.float32))
 
 
 def test_the_whole_layer_runs_fused_when_asked():

@@ -38,14 +38,17 @@ class Tiles:
     block_k: int
     num_warps: int
     num_stages: int
+    group_m: int = 0  # programs walk GROUP_M blocks of rows across every column before the next ones; 0: all
 
 
 def tiles_for(num_pairs: int, num_experts: int) -> Tiles:
     """Decode-sized batches leave a few pairs per expert: 16-row blocks waste the least padding, and the weights'
-    read dominates (long k steps). Past 16 pairs per expert on average, larger blocks reuse each weight tile."""
+    read dominates (long k steps; neighbouring programs share a weight tile). Past 16 pairs per expert on average,
+    larger blocks reuse each weight tile, and groups of 8 blocks of rows keep their inputs in L2 while they walk
+    the columns (the gathered inputs of a long prefill outgrow it)."""
     if num_pairs <= 16 * num_experts:
         return Tiles(block_m=16, block_n=64, block_k=128, num_warps=4, num_stages=4)
-    return Tiles(block_m=64, block_n=128, block_k=64, num_warps=8, num_stages=3)
+    return Tiles(block_m=64, block_n=128, block_k=64, num_warps=8, num_stages=3, group_m=8)
 
 
 # The arguments that change with the token count are not specialized on (Triton would compile a variant per
@@ -74,14 +77,23 @@ def _expert_matmul_kernel(
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
+    GROUP_M: tl.constexpr,
 ):
     """out[p, n] for the pairs p of one block of rows and BLOCK_N columns: GATE_UP, act(a @ w[:N].T) *
     (a @ w[N:].T) with a = x[p // k]; else (a @ w.T) * weights[p] with a = h[p]. w is [E, N or 2N, K], a and w
     contiguous along K.
-    Programs walk the blocks of rows first, so neighbours share a weight tile while an expert's blocks last."""
+    GROUP_M 0: programs walk the blocks of rows first, so neighbours share a weight tile while an expert's blocks
+    last; else GROUP_M blocks of rows at a time, each across every column block."""
     pid = tl.program_id(0)
-    block = pid % num_blocks
-    col_block = pid // num_blocks
+    if GROUP_M == 0:
+        block = pid % num_blocks
+        col_block = pid // num_blocks
+    else:
+        per_group = GROUP_M * tl.cdiv(N, BLOCK_N)
+        first = pid // per_group * GROUP_M
+        rows_in_group = tl.minimum(num_blocks - first, GROUP_M)
+        block = first + pid % per_group % rows_in_group
+        col_block = pid % per_group // rows_in_group
     expert = tl.load(block_experts_ptr + block).to(tl.int64)
     if expert >= NUM_EXPERTS:
         return
@@ -146,6 +158,7 @@ def _launch(a, w, out, rows, block_experts, weights, pairs_per_a_row, gate_up, a
         BLOCK_M=tiles.block_m,
         BLOCK_N=tiles.block_n,
         BLOCK_K=tiles.block_k,
+        GROUP_M=tiles.group_m,
         num_warps=tiles.num_warps,
         num_stages=tiles.num_stages,
         enable_fp_fusion=False,
