@@ -5,7 +5,10 @@ A decode step must read every weight once and every running request's KV cache o
 KV per request; it must do about 2 FLOPs per weight per token and 4 per cached (token, layer, head, dim) of
 attention. Its floor is the larger of bytes / HBM bandwidth and FLOPs / peak rate. A prefill is bounded by its
 FLOPs. The whole run's floor adds its steps' floors, with the requests decoding together (`seats` at a time)
-as the engine runs them. Figures are the vendors' datasheet peaks (dense, no sparsity), so a share of 100 % is
+as the engine runs them. A mixture of experts' step reads only the experts its tokens pick: for B tokens each
+picking k of E experts uniformly, an expert is missed by all with probability (1 - k/E)^B, so the step is
+expected to read that share of the experts less (random weights route about uniformly; a trained router that
+favours some experts reads fewer). Figures are the vendors' datasheet peaks (dense, no sparsity), so a share of 100 % is
 out of reach: the measured ceilings on these machines are about 90 % of the bandwidth (a device-to-device
 copy) and 80 % of the bf16 rate (a large matrix product).
 """
@@ -42,21 +45,42 @@ def gpu_peak(device_name: str) -> GpuPeak | None:
 class ModelCost:
     """What one token costs the model, from the model as loaded (any family, any dtype)."""
 
-    weight_bytes: int  # every weight the forward reads (the embedding table's rows are gathered, not read)
-    matmul_params: int  # weights multiplied by each token (2 FLOPs each)
+    weight_bytes: int  # every weight each forward reads, the experts aside (embedding rows are gathered, not read)
+    matmul_params: int  # weights multiplied by each token (2 FLOPs each): of the experts, its top-k only
     kv_bytes_per_token: int  # one token's K and V over all layers
     attention_flops_per_context_token: int  # 4 * layers * query heads * head_dim
+    expert_bytes: int = 0  # every expert of every MoE layer, of which a step reads those its tokens pick
+    num_experts: int = 0
+    experts_per_token: int = 0
+
+    def routed_expert_bytes(self, num_tokens: int) -> float:
+        """The experts' bytes a step of `num_tokens` tokens is expected to read (uniform routing)."""
+        if not self.expert_bytes:
+            return 0.0
+        missed = (1.0 - self.experts_per_token / self.num_experts) ** num_tokens
+        return self.expert_bytes * (1.0 - missed)
 
     @classmethod
     def of(cls, model, num_heads: int) -> ModelCost:
         """`model`: one of ours (gpu_worker/models/), as loaded; `num_heads`: its query heads. Its embedding tables
         (any parameter named *embed*, or wte/wpe) are looked up, not multiplied, unless the lm-head shares them
-        (tied): then they are read once, as the head. The KV cache is in the weights' dtype."""
-        weight_bytes = matmul = 0
+        (tied): then they are read once, as the head. Its MoE layers' experts are counted apart (expert_bytes). The KV
+        cache is in the weights' dtype."""
+        from gpu_worker.models.moe import SparseMoE
+
+        weight_bytes = matmul = expert_bytes = num_experts = top_k = 0
+        experts: set[int] = set()  # the ids of the experts' parameters
+        for layer in model.modules():
+            if isinstance(layer, SparseMoE):
+                num_experts, top_k = layer.experts.num_experts, layer.top_k  # the same in every MoE layer
+                for param in layer.experts.parameters():
+                    experts.add(id(param))
+                    expert_bytes += param.numel() * param.element_size()
+                    matmul += param.numel() * top_k // num_experts
         tied = _tied_head(model)
         for name, param in model.named_parameters():
             looked_up = "embed" in name or name.endswith(("wte.weight", "wpe.weight"))
-            if looked_up and not (tied is not None and param is tied):
+            if id(param) in experts or (looked_up and not (tied is not None and param is tied)):
                 continue
             weight_bytes += param.numel() * param.element_size()
             if param.dim() >= 2:
@@ -66,7 +90,13 @@ class ModelCost:
             p for p in model.parameters() if p.is_floating_point() and p.element_size() > 1
         ).element_size()
         return cls(
-            weight_bytes, matmul, layers * 2 * kv_heads * head_dim * kv_itemsize, 4 * layers * num_heads * head_dim
+            weight_bytes,
+            matmul,
+            layers * 2 * kv_heads * head_dim * kv_itemsize,
+            4 * layers * num_heads * head_dim,
+            expert_bytes,
+            num_experts,
+            top_k,
         )
 
 
@@ -79,7 +109,8 @@ def decode_step_floor(cost: ModelCost, contexts: list[int], peak: GpuPeak, fp8: 
     """Seconds one decode step of these requests (each `contexts[i]` tokens cached) cannot beat."""
     kv_read = cost.kv_bytes_per_token * sum(contexts)
     kv_write = cost.kv_bytes_per_token * len(contexts)
-    memory_s = (cost.weight_bytes + kv_read + kv_write) / peak.hbm_bytes_per_s
+    weights = cost.weight_bytes + cost.routed_expert_bytes(len(contexts))
+    memory_s = (weights + kv_read + kv_write) / peak.hbm_bytes_per_s
     flops = 2 * cost.matmul_params * len(contexts) + cost.attention_flops_per_context_token * sum(contexts)
     compute_s = flops / (peak.fp8_flops_per_s if fp8 else peak.bf16_flops_per_s)
     return max(memory_s, compute_s)

@@ -6,7 +6,8 @@ writes OUT_FOLDER/config.json (the shape's architecture, with the tokenizer's vo
 token the engine samples can be detokenized) beside a copy of the tokenizer files of TOKENIZER_FOLDER (any
 folder the project already has: GPT-2's, the embedded SmolLM2's). The layer sizes are the published models';
 only the vocabulary differs, which moves the lm-head's share of a step (Llama-3's 128,256 rows against
-SmolLM2's 49,152), and a benchmark says which tokenizer it ran with.
+SmolLM2's 49,152), and a benchmark says which tokenizer it ran with. Shapes: Llama-3.2-1B, Llama-3-8B,
+Llama-3-70B, and two mixtures of experts, Qwen3-30B-A3B (128 experts, top-8) and Mixtral-8x7B (8, top-2).
 """
 
 from __future__ import annotations
@@ -56,6 +57,45 @@ SHAPES: dict[str, dict] = {
         "num_attention_heads": 64,
         "num_key_value_heads": 8,
         "head_dim": 128,
+    },
+    # Mixtures of experts: each token runs top-k of E experts, so a decode step reads the experts its batch picks.
+    "qwen3-30b-a3b": {
+        "model_type": "qwen3_moe",
+        "architectures": ["Qwen3MoeForCausalLM"],
+        "hidden_act": "silu",
+        "rms_norm_eps": 1e-6,
+        "rope_theta": 1000000.0,
+        "max_position_embeddings": 40960,
+        "attention_bias": False,
+        "tie_word_embeddings": False,
+        "hidden_size": 2048,
+        "intermediate_size": 6144,  # the dense MLP's, unused: every layer is sparse
+        "moe_intermediate_size": 768,
+        "num_experts": 128,
+        "num_experts_per_tok": 8,
+        "norm_topk_prob": True,
+        "decoder_sparse_step": 1,
+        "mlp_only_layers": [],
+        "num_hidden_layers": 48,
+        "num_attention_heads": 32,
+        "num_key_value_heads": 4,
+        "head_dim": 128,
+    },
+    "mixtral-8x7b": {
+        "model_type": "mixtral",
+        "architectures": ["MixtralForCausalLM"],
+        "hidden_act": "silu",
+        "rms_norm_eps": 1e-5,
+        "rope_theta": 1000000.0,
+        "max_position_embeddings": 32768,
+        "tie_word_embeddings": False,
+        "hidden_size": 4096,
+        "intermediate_size": 14336,
+        "num_local_experts": 8,
+        "num_experts_per_tok": 2,
+        "num_hidden_layers": 32,
+        "num_attention_heads": 32,
+        "num_key_value_heads": 8,
     },
 }
 TOKENIZER_FILES = (

@@ -10,26 +10,32 @@ from benchmarks.roofline import GPU_PEAKS, ModelCost, decode_step_floor, gpu_pea
 from benchmarks.shapes import write_shape
 from common.model_info import ModelInfo
 
-# Parameters of the published checkpoints (their model cards), with Llama 3's vocabulary of 128,256.
-PUBLISHED_PARAMETERS = {"llama-3.2-1b": 1.24e9, "llama-3-8b": 8.03e9, "llama-3-70b": 70.6e9}
+# Parameters of the published checkpoints (their model cards), with their vocabularies.
+PUBLISHED_PARAMETERS = {
+    "llama-3.2-1b": (1.24e9, 128256),
+    "llama-3-8b": (8.03e9, 128256),
+    "llama-3-70b": (70.6e9, 128256),
+    "qwen3-30b-a3b": (30.5e9, 151936),
+    "mixtral-8x7b": (46.7e9, 32000),
+}
 
 
-@pytest.fixture
-def tokenizer_folder(tmp_path):
+def tokenizer_folder(tmp_path, vocab_size: int):
     folder = tmp_path / "tokenizer"
     folder.mkdir()
-    (folder / "config.json").write_text(json.dumps({"vocab_size": 128256, "bos_token_id": 1, "eos_token_id": 2}))
+    (folder / "config.json").write_text(json.dumps({"vocab_size": vocab_size, "bos_token_id": 1, "eos_token_id": 2}))
     (folder / "tokenizer.json").write_text("{}")
     return folder
 
 
 @pytest.mark.parametrize("shape", sorted(PUBLISHED_PARAMETERS))
-def test_shape_has_the_published_parameter_count(shape, tokenizer_folder, tmp_path):
-    out = write_shape(shape, tmp_path / shape, tokenizer_folder)
+def test_shape_has_the_published_parameter_count(shape, tmp_path):
+    published, vocab_size = PUBLISHED_PARAMETERS[shape]
+    out = write_shape(shape, tmp_path / shape, tokenizer_folder(tmp_path, vocab_size))
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(out))
     parameters = sum(p.numel() for p in model.parameters())
-    assert parameters == pytest.approx(PUBLISHED_PARAMETERS[shape], rel=0.01)
+    assert parameters == pytest.approx(published, rel=0.01)
     assert (out / "tokenizer.json").is_file()
     assert ModelInfo.from_folder(out).eos_token_ids == [2]
 
@@ -59,3 +65,39 @@ def test_run_floor_adds_a_decode_step_per_output_token_per_wave():
     # Memory bound: each step reads the weights once, so two waves of half the batch read them twice as often.
     assert two_waves["decode_s"] > 1.9 * one_wave["decode_s"]
     assert one_wave["seconds"] == pytest.approx(one_wave["prefill_s"] + one_wave["decode_s"])
+
+
+def test_a_moe_decode_step_reads_the_experts_its_tokens_pick():
+    """One token reads its k of E experts; a large batch picks nearly all of them."""
+    peak = gpu_peak("NVIDIA H200")
+    assert peak is not None
+    cost = ModelCost(
+        weight_bytes=10**9,
+        matmul_params=10**9,
+        kv_bytes_per_token=0,
+        attention_flops_per_context_token=0,
+        expert_bytes=64 * 10**9,
+        num_experts=128,
+        experts_per_token=8,
+    )
+    one = decode_step_floor(cost, [0], peak) * peak.hbm_bytes_per_s
+    assert one == pytest.approx(10**9 + 64 * 10**9 * 8 / 128)
+    many = decode_step_floor(cost, [0] * 256, peak) * peak.hbm_bytes_per_s
+    assert many == pytest.approx(65 * 10**9, rel=1e-6)
+
+
+def test_a_moe_models_cost_counts_its_experts_apart(tmp_path):
+    """Every step reads the weights outside the experts; each token multiplies k of E experts (float32: 4 bytes)."""
+    from gpu_worker.model_loader import load_model
+    from tests.tiny_models import build_model
+
+    model = load_model(str(build_model("mixtral", tmp_path / "mixtral")), "auto", torch.float32, torch.device("cpu"))
+    params = {name: p.numel() for name, p in model.named_parameters() if name != "embed_tokens.weight"}
+    matrices = {name for name, p in model.named_parameters() if p.dim() >= 2}
+    experts = sum(n for name, n in params.items() if ".experts." in name)
+    cost = ModelCost.of(model, num_heads=4)
+    assert (cost.num_experts, cost.experts_per_token) == (4, 2)
+    assert cost.expert_bytes == 4 * experts
+    assert cost.weight_bytes == 4 * (sum(params.values()) - experts)
+    dense_matrices = sum(n for name, n in params.items() if name in matrices and ".experts." not in name)
+    assert cost.matmul_params == dense_matrices + experts * 2 // 4

@@ -54,7 +54,7 @@ def test_float32_on_cuda_matches_transformers(tiny_model, backend):
 
 def test_every_family_in_float32_on_cuda_matches_transformers(tiny_family):
     """The Triton backend: sliding windows and soft-caps in the attention kernels, every norm style, partial
-    rotary and GeGLU in the fused ops, decode and mixed steps replayed from CUDA graphs (MoE: every expert)."""
+    rotary and GeGLU in the fused ops, decode and mixed steps replayed from CUDA graphs (MoE: the fused experts)."""
     prompts = random_prompts(8, PROMPT_LENGTHS, vocab=512)
     with LLM(str(tiny_family), device="cuda", dtype="float32", attention_backend="triton", **SMALL) as llm:
         assert llm.runner.graphs is not None
@@ -150,7 +150,7 @@ def test_steps_computing_prompts_replay_graphs_and_give_the_same_tokens_as_eager
 
 
 def test_every_family_replays_graphs_as_it_runs_eagerly(tiny_family):
-    """A mixture of experts runs every expert inside a graph and only the routed tokens eagerly: same tokens."""
+    """A mixture of experts runs the same fused experts inside a graph as eagerly: same tokens."""
     params = SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True)
     config = dict(device="cuda", dtype="float32", max_num_seqs=8, max_num_batched_tokens=128)
     with LLM(str(tiny_family), **config) as graphs:

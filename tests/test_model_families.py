@@ -1,6 +1,6 @@
 """Which architectures the engine runs, and the parts of the families that the token-exact tests
-(test_correctness.py, test_tensor_parallel.py) do not isolate: a mixture-of-experts layer computes the same
-sum whichever way its experts run, experts load from either checkpoint layout, longrope's two tables, and
+(test_correctness.py, test_tensor_parallel.py) do not isolate: a mixture-of-experts layer sums each token's
+picked experts, experts load from either checkpoint layout, longrope's two tables, and
 a Gemma and an MoE model served over HTTP give the in-process engine's text."""
 
 from __future__ import annotations
@@ -39,22 +39,21 @@ def test_an_architecture_without_model_code_is_named_with_the_supported_ones(tmp
 
 def moe_layer(renormalize: bool) -> SparseMoE:
     torch.manual_seed(0)
-    moe = SparseMoE(32, 24, 6, 2, SINGLE, "silu", renormalize=renormalize, weights_in_model_dtype=False)
+    moe = SparseMoE(32, 24, 6, 2, SINGLE, "silu", fused=False, renormalize=renormalize, weights_in_model_dtype=False)
     for param in moe.parameters():
         torch.nn.init.normal_(param, std=0.3)
     return moe
 
 
 @pytest.mark.parametrize("renormalize", [True, False])
-def test_every_expert_on_every_token_gives_the_routed_sum(renormalize):
-    """The path CUDA graphs capture (fixed shapes: unpicked experts weighted zero) against the one that runs
-    each expert on its own tokens."""
+def test_the_experts_sum_each_tokens_picked_experts_by_their_weights(renormalize):
+    """The torch path, which runs each expert on its own tokens, against each token's experts run one by one
+    (the fused kernels are checked against it: test_fused_moe.py)."""
     moe = moe_layer(renormalize)
     x = torch.randn(9, 32, generator=torch.Generator().manual_seed(1))
     ids, weights = moe.route(x)
     assert ids.unique().numel() > 2, "several experts are picked"
-    routed = moe.experts._routed_tokens(x, ids, weights)
-    torch.testing.assert_close(moe.experts._every_expert(x, ids, weights), routed, rtol=1e-6, atol=1e-6)
+    routed = moe.experts(x, ids, weights)
     by_hand = torch.stack(
         [sum(w * moe.experts._expert(int(e), x[t : t + 1])[0] for e, w in zip(ids[t], weights[t])) for t in range(9)]
     )

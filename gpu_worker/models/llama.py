@@ -12,8 +12,8 @@ MLP. Its variants differ in a few settings, read from the config here:
                  mlp_only_layers, renormalized only with norm_topk_prob, the rest dense
 
 With `fused_kernels` (CUDA, next to the Triton attention) RMSNorm with its residual add, the rotary embedding
-and act(gate) * up are one kernel each (models/triton_ops.py); otherwise the torch ops run, the reference
-that float32 outputs are checked against.
+and act(gate) * up are one kernel each (models/triton_ops.py), and the experts run as grouped matmuls
+(models/fused_moe.py); otherwise the torch ops run, the reference that float32 outputs are checked against.
 """
 
 from __future__ import annotations
@@ -43,6 +43,7 @@ def llama_mlp(config, layer_index: int, tp: TensorParallel, fused: bool) -> nn.M
             config.num_experts_per_tok,
             tp,
             act,
+            fused=fused,
             renormalize=True,
             weights_in_model_dtype=False,
         )
@@ -54,6 +55,7 @@ def llama_mlp(config, layer_index: int, tp: TensorParallel, fused: bool) -> nn.M
             config.num_experts_per_tok,
             tp,
             act,
+            fused=fused,
             renormalize=config.norm_topk_prob,
             weights_in_model_dtype=True,
         )

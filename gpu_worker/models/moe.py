@@ -5,18 +5,17 @@ outputs are summed, weighted by the router's probabilities.
                Qwen3-MoE when norm_topk_prob), then kept in float32 (Mixtral) or cast to the model dtype
                (Qwen3-MoE), as transformers does each
     experts    MoEExperts: every expert's gate|up [E, 2I, H] and down [E, H, I] stacked; forward(x, ids,
-               weights) is the one interface a fused kernel replaces
+               weights) runs them, fused or not (below)
 
 Tensor parallelism splits every expert's intermediate width (gate|up by rows, down by columns, like the
 dense MLP): the router runs whole on every rank, each rank sums its share of every expert, and one
 all-reduce adds the shares.
 
 How the experts run:
-- a loop over the experts, each on the tokens routed to it (exact work; on the host it finds which tokens
-  those are, so it is not for CUDA graphs): CPU, and eager steps on CUDA;
-- inside a CUDA graph (capture needs fixed shapes and no host reads), every expert on every token, weighted
-  by a [T, E] matrix that is zero where the expert was not picked: E/k times the work, the same sum (a zero
-  weight adds exactly nothing). Until a fused MoE kernel replaces it, that is what a captured MoE step costs.
+- fused (the Triton path, CUDA; models/fused_moe.py): pairs sorted by expert, two grouped matmuls, only the
+  picked experts' weights read; no host reads and fixed shapes, so CUDA graphs capture it;
+- otherwise a loop over the experts, each on the tokens routed to it (exact work, but it finds those tokens on
+  the host, so no graph can hold it): the CPU, and the reference the fused path is checked against.
 """
 
 from __future__ import annotations
@@ -33,9 +32,12 @@ class MoEExperts(nn.Module):
     """Parameter names are transformers 5's (experts.gate_up_proj, experts.down_proj); checkpoints that
     store one tensor per expert load into their rows (`load` with part (expert, 0 gate | 1 up | None))."""
 
-    def __init__(self, num_experts: int, hidden: int, intermediate: int, tp: TensorParallel, hidden_act: str):
+    def __init__(
+        self, num_experts: int, hidden: int, intermediate: int, tp: TensorParallel, hidden_act: str, fused: bool
+    ):
         super().__init__()
         self.tp = tp
+        self.fused = fused
         self.num_experts = num_experts
         self.hidden = hidden
         self.intermediate = intermediate  # whole, before the split
@@ -76,8 +78,10 @@ class MoEExperts(nn.Module):
     def forward(self, x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
         """x [T, H]; ids, weights [T, k]: each token's experts and their weights. Returns this rank's share of
         sum_j weights[t, j] * expert_{ids[t, j]}(x[t]), in x's dtype (before the all-reduce)."""
-        if x.is_cuda and torch.cuda.is_current_stream_capturing():
-            return self._every_expert(x, ids, weights)
+        if self.fused:
+            from gpu_worker.models.fused_moe import fused_experts
+
+            return fused_experts(x, self.gate_up_proj, self.down_proj, ids, weights, self.activation)
         return self._routed_tokens(x, ids, weights)
 
     def _expert(self, e: int, x: torch.Tensor) -> torch.Tensor:
@@ -92,14 +96,6 @@ class MoEExperts(nn.Module):
                 out.index_add_(0, tokens, y.to(out.dtype))
         return out
 
-    def _every_expert(self, x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
-        dense = torch.zeros(x.shape[0], self.num_experts, dtype=weights.dtype, device=x.device)
-        dense.scatter_(1, ids, weights)
-        out = torch.zeros_like(x)
-        for e in range(self.num_experts):
-            out += (self._expert(e, x) * dense[:, e, None]).to(out.dtype)
-        return out
-
 
 class SparseMoE(nn.Module):
     def __init__(
@@ -111,6 +107,7 @@ class SparseMoE(nn.Module):
         tp: TensorParallel,
         hidden_act: str,
         *,
+        fused: bool,
         renormalize: bool,
         weights_in_model_dtype: bool,
     ):
@@ -120,7 +117,7 @@ class SparseMoE(nn.Module):
         self.renormalize = renormalize
         self.weights_in_model_dtype = weights_in_model_dtype
         self.gate = nn.Linear(hidden, num_experts, bias=False)  # the router, whole on every rank
-        self.experts = MoEExperts(num_experts, hidden, intermediate, tp, hidden_act)
+        self.experts = MoEExperts(num_experts, hidden, intermediate, tp, hidden_act, fused)
 
     def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """[T, k] expert ids and weights."""

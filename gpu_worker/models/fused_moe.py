@@ -1,0 +1,189 @@
+"""The mixture-of-experts MLP as two grouped matmuls in Triton: each token's k (token, expert) pairs sorted by
+expert, each expert's pairs padded to a whole block of rows, so that every block of rows multiplies one
+expert's weights:
+
+    pairs      ids [T, k] flattened: pair p = t * k + j is token t's j-th expert
+    sort       rows [blocks * BLOCK_M]: the pairs of expert 0, padded to a multiple of BLOCK_M with the
+               sentinel T * k, then expert 1's, ...; block_experts [blocks]: each block's expert (E: unused)
+               (models/moe_sort.py, three launches)
+    gate_up    h[p] = act(x[t] @ gate[e].T) * (x[t] @ up[e].T)      one launch, act-and-mul in its epilogue
+    down       y[p] = (h[p] @ down[e].T) * weights[p]                one launch
+    sum        out[t] = sum_j y[t * k + j]
+
+CUDA-graph safe: no host reads and no shape that depends on the routing. The sort's length is the worst case
+for T tokens, and the blocks past the last used one (block_experts E) return at once. Only the weights of the
+experts some token picked are read.
+
+Rounding follows the torch path (models/moe.py), which rounds to the model dtype after each projection, after
+the activation, after the product, and after the routing weight: float32 results differ from it only in the
+last bits of sums taken in another order (the matmuls' own, and the k experts' sum).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+from gpu_worker.models.moe_sort import sort_by_expert
+from gpu_worker.triton_math import tanh
+
+
+@dataclass(frozen=True, slots=True)
+class Tiles:
+    block_m: int
+    block_n: int
+    block_k: int
+    num_warps: int
+    num_stages: int
+    group_m: int = 0  # programs walk GROUP_M blocks of rows across every column before the next ones; 0: all
+
+
+def tiles_for(num_pairs: int, num_experts: int) -> Tiles:
+    """Decode-sized batches leave a few pairs per expert: 16-row blocks waste the least padding, and the weights'
+    read dominates (long k steps; neighbouring programs share a weight tile). Past 16 pairs per expert on average,
+    larger blocks reuse each weight tile, and groups of 8 blocks of rows keep their inputs in L2 while they walk
+    the columns (the gathered inputs of a long prefill outgrow it)."""
+    if num_pairs <= 16 * num_experts:
+        return Tiles(block_m=16, block_n=64, block_k=128, num_warps=4, num_stages=4)
+    return Tiles(block_m=64, block_n=128, block_k=64, num_warps=8, num_stages=3, group_m=8)
+
+
+# The arguments that change with the token count are not specialized on (Triton would compile a variant per
+# divisibility class, mid-serving): one kernel per model and Tiles, both built by the warm-up's steps.
+@triton.jit(do_not_specialize=["num_pairs", "num_blocks"])
+def _expert_matmul_kernel(
+    a_ptr,
+    w_ptr,
+    out_ptr,
+    rows_ptr,
+    block_experts_ptr,
+    weights_ptr,
+    num_pairs,
+    num_blocks,
+    stride_a,
+    stride_we,
+    stride_wn,
+    stride_o,
+    N: tl.constexpr,
+    K: tl.constexpr,
+    NUM_EXPERTS: tl.constexpr,
+    PAIRS_PER_A_ROW: tl.constexpr,
+    GATE_UP: tl.constexpr,
+    GELU: tl.constexpr,
+    PRECISION: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    GROUP_M: tl.constexpr,
+):
+    """out[p, n] for the pairs p of one block of rows and BLOCK_N columns: GATE_UP, act(a @ w[:N].T) *
+    (a @ w[N:].T) with a = x[p // k]; else (a @ w.T) * weights[p] with a = h[p]. w is [E, N or 2N, K], a and w
+    contiguous along K.
+    GROUP_M 0: programs walk the blocks of rows first, so neighbours share a weight tile while an expert's blocks
+    last; else GROUP_M blocks of rows at a time, each across every column block."""
+    pid = tl.program_id(0)
+    if GROUP_M == 0:
+        block = pid % num_blocks
+        col_block = pid // num_blocks
+    else:
+        per_group = GROUP_M * tl.cdiv(N, BLOCK_N)
+        first = pid // per_group * GROUP_M
+        rows_in_group = tl.minimum(num_blocks - first, GROUP_M)
+        block = first + pid % per_group % rows_in_group
+        col_block = pid % per_group // rows_in_group
+    expert = tl.load(block_experts_ptr + block).to(tl.int64)
+    if expert >= NUM_EXPERTS:
+        return
+    pairs = tl.load(rows_ptr + block * BLOCK_M + tl.arange(0, BLOCK_M))
+    row_mask = pairs < num_pairs
+    a_rows = (pairs // PAIRS_PER_A_ROW).to(tl.int64)
+    cols = col_block * BLOCK_N + tl.arange(0, BLOCK_N)
+    col_mask = cols < N
+    ks = tl.arange(0, BLOCK_K)
+    a_ptrs = a_ptr + a_rows[:, None] * stride_a + ks[None, :]
+    # The weight tile as [BLOCK_K, BLOCK_N]: w[e, n, k] at column n, row k.
+    w_ptrs = w_ptr + expert * stride_we + cols[None, :].to(tl.int64) * stride_wn + ks[:, None]
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    acc_up = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        k_mask = ks < K - k0
+        a = tl.load(a_ptrs + k0, mask=row_mask[:, None] & k_mask[None, :], other=0.0)
+        w_mask = k_mask[:, None] & col_mask[None, :]
+        acc = tl.dot(a, tl.load(w_ptrs + k0, mask=w_mask, other=0.0), acc, input_precision=PRECISION)
+        if GATE_UP:
+            up = tl.load(w_ptrs + N * stride_wn + k0, mask=w_mask, other=0.0)
+            acc_up = tl.dot(a, up, acc_up, input_precision=PRECISION)
+    dtype = out_ptr.dtype.element_ty
+    if GATE_UP:  # as models/triton_ops.py's act_and_mul, on the projections rounded to the model dtype
+        g = acc.to(dtype).to(tl.float32)
+        if GELU:
+            act = 0.5 * g * (1.0 + tanh(0.7978845608028654 * (g + 0.044715 * (g * g * g))))
+        else:
+            act = g / (1.0 + tl.exp(-g))
+        out = act.to(dtype).to(tl.float32) * acc_up.to(dtype).to(tl.float32)
+    else:
+        routed = tl.load(weights_ptr + pairs, mask=row_mask, other=0.0).to(tl.float32)
+        out = acc.to(dtype).to(tl.float32) * routed[:, None]
+    out_ptrs = out_ptr + pairs[:, None].to(tl.int64) * stride_o + cols[None, :]
+    tl.store(out_ptrs, out.to(dtype), mask=row_mask[:, None] & col_mask[None, :])
+
+
+def _launch(a, w, out, rows, block_experts, weights, pairs_per_a_row, gate_up, activation, tiles):
+    num_blocks = block_experts.numel()
+    n = out.shape[1]
+    grid = (num_blocks * triton.cdiv(n, tiles.block_n),)
+    _expert_matmul_kernel[grid](
+        a,
+        w,
+        out,
+        rows,
+        block_experts,
+        weights,
+        out.shape[0],
+        num_blocks,
+        a.stride(0),
+        w.stride(0),
+        w.stride(1),
+        out.stride(0),
+        N=n,
+        K=w.shape[2],
+        NUM_EXPERTS=w.shape[0],
+        PAIRS_PER_A_ROW=pairs_per_a_row,
+        GATE_UP=gate_up,
+        GELU=activation == "gelu_tanh",
+        PRECISION="ieee" if a.dtype == torch.float32 else "tf32",
+        BLOCK_M=tiles.block_m,
+        BLOCK_N=tiles.block_n,
+        BLOCK_K=tiles.block_k,
+        GROUP_M=tiles.group_m,
+        num_warps=tiles.num_warps,
+        num_stages=tiles.num_stages,
+        enable_fp_fusion=False,
+    )
+
+
+def fused_experts(
+    x: torch.Tensor,
+    gate_up: torch.Tensor,
+    down: torch.Tensor,
+    ids: torch.Tensor,
+    weights: torch.Tensor,
+    activation: str = "silu",
+    tiles: Tiles | None = None,
+) -> torch.Tensor:
+    """x [T, H]; gate_up [E, 2I, H] (gate rows, then up); down [E, H, I]; ids, weights [T, k] -> [T, H] in x's
+    dtype: sum_j weights[t, j] * down[e] @ act_and_mul(gate_up[e] @ x[t]), e = ids[t, j]. tiles: tiles_for's
+    unless given (benchmarks/moe_kernel.py --sweep-tiles)."""
+    num_tokens, top_k = ids.shape
+    num_pairs = num_tokens * top_k
+    tiles = tiles or tiles_for(num_pairs, gate_up.shape[0])
+    rows, block_experts = sort_by_expert(ids, gate_up.shape[0], tiles.block_m)
+    x, weights = x.contiguous(), weights.flatten()
+    h = torch.empty(num_pairs, down.shape[2], dtype=x.dtype, device=x.device)
+    _launch(x, gate_up, h, rows, block_experts, weights, top_k, True, activation, tiles)  # weights unread
+    y = torch.empty(num_pairs, down.shape[1], dtype=x.dtype, device=x.device)
+    _launch(h, down, y, rows, block_experts, weights, 1, False, activation, tiles)
+    return y.view(num_tokens, top_k, -1).sum(dim=1)  # in float32, rounded once
