@@ -1,6 +1,6 @@
 """Loading a checkpoint (gpu_worker/checkpoint_reader.py, model_loader.py): a sharded folder loads the same model
-as one file, its index naming the shards; a tensor-parallel rank reads only its part of each split tensor; the
-progress bar walks the checkpoint's bytes shard by shard."""
+as one file (and a .bin file as safetensors), its index naming the shards; a tensor-parallel rank reads only
+its part of each split tensor; the progress bar walks the checkpoint's bytes shard by shard."""
 
 from __future__ import annotations
 
@@ -36,6 +36,15 @@ def test_a_sharded_checkpoint_loads_the_same_weights_as_one_file(tiny_llama, sha
     whole, sharded = params(tiny_llama), params(sharded_llama)
     assert whole.keys() == sharded.keys()
     assert all(torch.equal(whole[name], sharded[name]) for name in whole)
+
+
+def test_a_pytorch_model_bin_loads_the_same_weights_as_safetensors(tiny_llama, tmp_path):
+    folder = tmp_path / "bin"
+    shutil.copytree(tiny_llama, folder, ignore=shutil.ignore_patterns("*.safetensors"))
+    state = AutoModelForCausalLM.from_pretrained(tiny_llama).state_dict()
+    torch.save(state, folder / "pytorch_model.bin")
+    whole, from_bin = params(tiny_llama), params(folder)
+    assert all(torch.equal(whole[name], from_bin[name]) for name in whole)
 
 
 def test_only_the_shards_the_index_names_are_read(sharded_llama, tmp_path):
