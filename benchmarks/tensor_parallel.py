@@ -1,26 +1,39 @@
 """Tensor parallelism, TP=1 against TP=N, in process (`offline.LLM`, rank 0 here, the others spawned):
-are the greedy tokens the same, and how long does a decode step take?
+are the greedy tokens the same, and how long does a decode step take? On two or more GPUs, first: how long
+does one all-reduce of a decode step's size take, through NCCL and one-shot over peer memory
+(gpu_worker/all_reduce.py)?
 
     python -m benchmarks.tensor_parallel --model ../shared/models/gpt2 --load-format dummy --dtype float32 \\
         --tp-sizes 1,2 --batch 32
+    python -m benchmarks.shapes llama-3-8b /tmp/shapes/llama-3-8b --tokenizer-from .device-cache/gpt2
+    python -m benchmarks.tensor_parallel --model /tmp/shapes/llama-3-8b --load-format dummy --tp-sizes 1,2 \\
+        --batch 64                                     # 2 GPUs: all-reduce latencies, then the 8B decode step
 
 Dummy weights are drawn whole and split, so every size holds the same model. The decode step is one
 `LLM.step()` (plan, launch, read back; no overlap) of --batch one-token decodes, synchronised: on CUDA a
-CUDA-graph replay unless --enforce-eager. Figures are medians of --decode-steps steps.
+CUDA-graph replay unless --enforce-eager. Figures are medians of --decode-steps steps. The all-reduce
+latencies are of [batch, --hidden-size] bf16 tensors on the largest TP size's GPUs, each the mean of
+--all-reduce-repeats all-reduces captured back to back in a CUDA graph (as a decode step holds them).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
+import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import replace
+from functools import partial
 
 import torch
 
 from common.config import EngineConfig, add_engine_args
 from common.sampling_params import SamplingParams
+
+TARGET_TP2_STEP_RATIO = 0.6  # issue 29: a TP=2 decode step at most 0.6x TP=1's
 
 CHECK_PROMPT_LENS = [5, 13, 17, 23, 31, 35, 47, 50]
 
@@ -49,12 +62,94 @@ def measure(config: EngineConfig, args: argparse.Namespace) -> dict:
             llm.step()
             sync()
             times.append(time.perf_counter() - start)
+        tp = llm._followers.tp if llm._followers is not None else None
         return {
             "device": str(llm.runner.device),
             "cuda_graphs": llm.runner.graphs is not None,
+            "one_shot_all_reduce": tp is not None and tp.peer is not None,
             "decode_step_ms": statistics.median(times) * 1e3,
             "tokens": tokens,
         }
+
+
+def all_reduce_latencies(size: int, batches: list[int], hidden: int, repeats: int) -> list[dict]:
+    """Per batch: µs per all-reduce through NCCL, and one-shot where it could be set up, on `size` GPUs."""
+    import torch.multiprocessing as mp
+
+    with tempfile.TemporaryDirectory() as tmp:
+        out = os.path.join(tmp, "latencies.json")
+        mp.spawn(_all_reduce_rank, args=(size, tmp, batches, hidden, repeats, out), nprocs=size)
+        with open(out) as f:
+            return json.load(f)
+
+
+def _all_reduce_rank(rank: int, size: int, tmp: str, batches: list[int], hidden: int, repeats: int, out: str):
+    import torch.distributed as dist
+
+    from gpu_worker.all_reduce import PeerAllReduce
+    from gpu_worker.parallel import close_tensor_parallel, init_tensor_parallel
+
+    tp = init_tensor_parallel(rank, size, os.path.join(tmp, "store"), "cuda")
+    device = torch.device("cuda", rank)
+    # Buffers for the largest batch, beyond the engine's threshold: where the two cross is what this measures.
+    peer = PeerAllReduce.create(device, max_bytes=max(batches) * hidden * 2)
+    rows = []
+    for batch in batches:
+        x = torch.randn(batch, hidden, dtype=torch.bfloat16, device=device)
+        summed = x.clone()
+        dist.all_reduce(summed)
+        nccl_x = x.clone()
+        row = {"batch": batch, "bytes": x.nbytes, "nccl_us": _graphed_us(partial(dist.all_reduce, nccl_x), repeats)}
+        if peer is not None and peer.takes(x):
+            row["one_shot_us"] = _graphed_us(partial(peer, x), repeats)
+            row["one_shot_equals_nccl"] = bool(torch.equal(peer(x), summed))
+        rows.append(row)
+    if rank == 0:
+        with open(out, "w") as f:
+            json.dump(rows, f)
+    close_tensor_parallel(tp)
+
+
+def _graphed_us(all_reduce: Callable[[], object], repeats: int) -> float:
+    """Mean µs of one call among `repeats` captured in one CUDA graph, over 5 replays after a warm one."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for _ in range(3):  # eager warm-up (NCCL sets up its channels on first use)
+            all_reduce()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(repeats):
+            all_reduce()
+    graph.replay()
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(5):
+        graph.replay()
+    end.record()
+    torch.cuda.synchronize()
+    return start.elapsed_time(end) * 1e3 / (5 * repeats)
+
+
+def print_all_reduce_latencies(size: int, rows: list[dict]) -> None:
+    from gpu_worker.all_reduce import PEER_ALL_REDUCE_MAX_BYTES
+
+    print(
+        f"all-reduce on {size} GPUs, bf16, µs per call (the engine goes one-shot up to "
+        f"{PEER_ALL_REDUCE_MAX_BYTES // 1024} KiB):"
+    )
+    print(f"{'batch':>6} {'KiB':>7} {'NCCL':>8} {'one-shot':>9} {'ratio':>6}  same sum")
+    for row in rows:
+        one_shot = row.get("one_shot_us")
+        ratio = f"{one_shot / row['nccl_us']:6.2f}" if one_shot else "     -"
+        shot = f"{one_shot:9.1f}" if one_shot else "        -"
+        print(
+            f"{row['batch']:>6} {row['bytes'] / 1024:>7.0f} {row['nccl_us']:>8.1f} {shot} {ratio}  "
+            f"{row.get('one_shot_equals_nccl', '-')}",
+            flush=True,
+        )
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -67,16 +162,32 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--prompt-len", type=int, default=64)
     parser.add_argument("--decode-steps", type=int, default=50)
     parser.add_argument("--check-tokens", type=int, default=32, help="greedy tokens per prompt compared across sizes")
+    parser.add_argument(
+        "--all-reduce-batches", default="1,2,4,8,16,32,64,128,256", help="decode batch sizes timed, comma-separated"
+    )
+    parser.add_argument("--hidden-size", type=int, default=4096, help="of the all-reduced tensors (Llama-3-8B's)")
+    parser.add_argument("--all-reduce-repeats", type=int, default=50)
     add_engine_args(parser)
     args = parser.parse_args(argv)
     base = EngineConfig.from_args(args)
     report: dict = {}
+    largest = max(int(x) for x in args.tp_sizes.split(","))
+    latencies = None
+    if largest < 2 or base.device == "cpu":
+        print("all-reduce latencies: skipped (they need --tp-sizes above 1 on CUDA)")
+    elif torch.cuda.device_count() < largest:
+        print(f"all-reduce latencies: skipped ({largest} GPUs wanted, {torch.cuda.device_count()} visible)")
+    else:
+        batches = [int(x) for x in args.all_reduce_batches.split(",")]
+        latencies = all_reduce_latencies(largest, batches, args.hidden_size, args.all_reduce_repeats)
+        print_all_reduce_latencies(largest, latencies)
     for size in (int(x) for x in args.tp_sizes.split(",")):
         result = measure(replace(base, tensor_parallel_size=size), args)
         report[size] = result
         print(
-            f"TP={size} on {result['device']} (CUDA graphs: {result['cuda_graphs']}): decode step of "
-            f"{args.batch} sequences {result['decode_step_ms']:.2f} ms (median of {args.decode_steps})",
+            f"TP={size} on {result['device']} (CUDA graphs: {result['cuda_graphs']}, one-shot all-reduce: "
+            f"{result['one_shot_all_reduce']}): decode step of {args.batch} sequences "
+            f"{result['decode_step_ms']:.2f} ms (median of {args.decode_steps})",
             flush=True,
         )
     sizes = list(report)
@@ -94,8 +205,16 @@ def main(argv: list[str] | None = None) -> dict:
             "first_mismatch (prompt, position)": mismatched,
             "step_ratio": ratio,
         }
-        print(f"TP={size} vs TP={sizes[0]}: token-exact {not mismatched} {mismatched or ''}; decode step x{ratio:.2f}")
-    out = {"decode_step_ms": {s: r["decode_step_ms"] for s, r in report.items()}, "compare": summary}
+        target = f" (target for TP=2 against TP=1: <= x{TARGET_TP2_STEP_RATIO})" if (sizes[0], size) == (1, 2) else ""
+        print(
+            f"TP={size} vs TP={sizes[0]}: token-exact {not mismatched} {mismatched or ''}; "
+            f"decode step x{ratio:.2f}{target}"
+        )
+    out = {
+        "decode_step_ms": {s: r["decode_step_ms"] for s, r in report.items()},
+        "compare": summary,
+        "all_reduce_us": latencies,
+    }
     print(json.dumps(out, indent=1))
     return out
 

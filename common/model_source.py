@@ -63,11 +63,24 @@ def resolve_model(model: str | None) -> Path:
     return _from_hub(model)
 
 
+SAFETENSORS_INDEX = "model.safetensors.index.json"
+
+
 def checkpoint_files(folder: str | Path) -> list[str]:
-    """The folder's weight files: *.safetensors, else pytorch_model*.bin. ModelNotFound when it has none
-    (checked by the launcher before any process starts, and by the loader)."""
+    """The folder's weight files: the shards its model.safetensors.index.json names (a folder may hold other
+    .safetensors beside them, such as Mistral's consolidated copy), else every *.safetensors, else
+    pytorch_model*.bin. ModelNotFound when it has none, or when the index names a missing shard (checked by
+    the launcher before any process starts, and by the loader)."""
     import glob
 
+    index = Path(folder) / SAFETENSORS_INDEX
+    if index.is_file():
+        names = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        files = [str(Path(folder) / name) for name in names]
+        missing = [name for name, path in zip(names, files) if not os.path.isfile(path)]
+        if missing:
+            raise ModelNotFound(f"{index} names shards that are not there: {', '.join(missing[:3])}")
+        return files
     files = sorted(glob.glob(os.path.join(folder, "*.safetensors")))
     if not files:
         files = sorted(glob.glob(os.path.join(folder, "pytorch_model*.bin")))

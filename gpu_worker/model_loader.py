@@ -1,15 +1,15 @@
-"""Build our model for a folder and fill its weights: from safetensors/.bin files, or random (dummy)."""
+"""Build our model for a folder and fill its weights: from safetensors/.bin files (read tensor by tensor onto
+the device, each rank its part: checkpoint_reader.py), or random (dummy)."""
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
 
 import torch
-from tqdm import tqdm
-from transformers import AutoConfig
+from transformers import AutoConfig, PretrainedConfig
 
 from common.model_source import checkpoint_files
+from gpu_worker.checkpoint_reader import CheckpointReader
 from gpu_worker.models import fp8, model_class_for
 from gpu_worker.models.weights import load_tensor
 from gpu_worker.parallel import SINGLE, TensorParallel
@@ -35,26 +35,32 @@ def load_model(
     """fused_kernels: the model's Triton kernels for elementwise steps (CUDA) instead of torch ops.
     tp: this rank's share of the model (each layer takes its share of the whole tensors it is given).
     quantization: "fp8" quantizes the projections' loaded (or random) weights, each rank its own shard."""
-    hf_config = AutoConfig.from_pretrained(folder)
-    cls = model_class_for(hf_config)
-    with _default_dtype(dtype), device:
-        model = cls(hf_config, fused_kernels=fused_kernels, tp=tp)
+    model, hf_config = build_model(folder, dtype, device, fused_kernels, tp)
     if load_format == "dummy":
         _init_dummy(model, hf_config, seed)
     else:
-        files = checkpoint_files(folder)
-        model.load_weights(
-            tqdm(
-                _read_tensors(files),
-                desc="Loading weights",
-                unit=" tensors",
-                disable=not progress,
-                total=_count_tensors(files),
-            )
-        )
+        read_weights(model, folder, device, progress)
     if quantization is not None:
         fp8.quantize_weights(model, quantization)
     return model.eval().requires_grad_(False)
+
+
+def build_model(
+    folder: str, dtype: torch.dtype, device: torch.device, fused_kernels: bool = False, tp: TensorParallel = SINGLE
+) -> tuple[torch.nn.Module, PretrainedConfig]:
+    """The model's layers on `device` in `dtype`, their weights not yet loaded; and its config."""
+    hf_config = AutoConfig.from_pretrained(folder)
+    with _default_dtype(dtype), device:
+        model = model_class_for(hf_config)(hf_config, fused_kernels=fused_kernels, tp=tp)
+    return model, hf_config
+
+
+def read_weights(model: torch.nn.Module, folder: str, device: torch.device, progress: bool = False) -> int:
+    """Fill the model from the folder's weight files, each tensor's part this rank keeps read straight onto
+    `device` (gpu_worker/checkpoint_reader.py). Returns the bytes read."""
+    reader = CheckpointReader(checkpoint_files(folder), device, progress)
+    model.load_weights(reader)
+    return reader.bytes_read
 
 
 @contextlib.contextmanager
@@ -65,30 +71,6 @@ def _default_dtype(dtype: torch.dtype):
         yield
     finally:
         torch.set_default_dtype(previous)
-
-
-def _count_tensors(files: list[str]) -> int | None:
-    if not files[0].endswith(".safetensors"):
-        return None
-    from safetensors import safe_open
-
-    total = 0
-    for path in files:
-        with safe_open(path, framework="pt") as f:
-            total += len(f.keys())
-    return total
-
-
-def _read_tensors(files: list[str]) -> Iterator[tuple[str, torch.Tensor]]:
-    for path in files:
-        if path.endswith(".safetensors"):
-            from safetensors import safe_open
-
-            with safe_open(path, framework="pt") as f:
-                for name in f.keys():  # noqa: SIM118 (safe_open is not iterable)
-                    yield name, f.get_tensor(name)
-        else:
-            yield from torch.load(path, map_location="cpu", weights_only=True, mmap=True).items()
 
 
 def _init_dummy(model: torch.nn.Module, hf_config, seed: int) -> None:

@@ -12,34 +12,41 @@ models/parallel_layers.py). Where a forward communicates, Megatron-style:
 
 A group of size 1 (SINGLE) communicates nothing: TP=1 runs the same code.
 The process group is torch.distributed's default group: gloo on a CPU, NCCL on CUDA (rank r on cuda:r, after the
-GPUs of the engine replicas before its own).
+GPUs of the engine replicas before its own). On CUDA the small all-reduces (a decode step's) go one-shot over
+NVLink peer memory instead of NCCL's ring (gpu_worker/all_reduce.py).
 """
 
 from __future__ import annotations
 
 import os
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 import torch.distributed as dist
 
 from common.model_info import shard_size
+from gpu_worker.all_reduce import PeerAllReduce
 
 
 @dataclass(frozen=True, slots=True)
 class TensorParallel:
     rank: int = 0
     size: int = 1
+    # CUDA: the one-shot all-reduce for small tensors (gpu_worker/all_reduce.py); None: NCCL or gloo for all.
+    peer: PeerAllReduce | None = field(default=None, compare=False, repr=False)
 
     def shard(self, total: int, what: str) -> int:
         """Each rank's share of `total` (heads, features); an error naming both numbers if it does not divide."""
         return shard_size(total, self.size, what)
 
     def all_reduce(self, x: torch.Tensor) -> torch.Tensor:
-        """Sum over the ranks, in place."""
-        if self.size > 1:
-            dist.all_reduce(x)
+        """Sum over the ranks: `x` itself, summed in place, or (one-shot over peer memory) a new tensor."""
+        if self.size == 1:
+            return x
+        if self.peer is not None and self.peer.takes(x):
+            return self.peer(x)
+        dist.all_reduce(x)
         return x
 
     def all_gather_columns(self, x: torch.Tensor) -> torch.Tensor:
@@ -88,7 +95,8 @@ def init_tensor_parallel(
             # Every rank is on this host: loopback, not whatever interface the hostname resolves to (if any).
             os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
     dist.init_process_group(backend, init_method=f"file://{init_file}", rank=rank, world_size=size)
-    return TensorParallel(rank, size)
+    peer = PeerAllReduce.create(torch.device("cuda", index)) if backend == "nccl" else None
+    return TensorParallel(rank, size, peer)
 
 
 def dist_backend(tp: TensorParallel) -> str | None:

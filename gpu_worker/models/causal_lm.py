@@ -18,7 +18,7 @@ from torch import nn
 from gpu_worker.models.forward_context import ForwardContext
 from gpu_worker.models.norms import NormStyle, RMSNorm
 from gpu_worker.models.parallel_layers import VocabParallelEmbedding
-from gpu_worker.models.weights import Placement, load_checkpoint
+from gpu_worker.models.weights import Placement, TensorSource, load_checkpoint
 from gpu_worker.parallel import TensorParallel
 
 # Checkpoint names (after "model.") -> ours, with the part of a fused tensor they fill. Phi-3 stores
@@ -103,7 +103,7 @@ class CausalLM(nn.Module):
             logits = logits.div_(self.final_softcap).tanh_().mul_(self.final_softcap)
         return logits
 
-    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
+    def load_weights(self, weights: Iterable[tuple[str, TensorSource]]) -> None:
         def place(name: str) -> Placement:
             if self.tied and name == "lm_head.weight":
                 return None

@@ -11,7 +11,7 @@ from torch import nn
 
 from gpu_worker.models.forward_context import ForwardContext
 from gpu_worker.models.parallel_layers import ColumnParallelLinear, RowParallelLinear, VocabParallelEmbedding
-from gpu_worker.models.weights import check_all_loaded, load_tensor
+from gpu_worker.models.weights import TensorSource, check_all_loaded, load_tensor
 from gpu_worker.parallel import SINGLE, TensorParallel
 
 
@@ -76,7 +76,7 @@ class GPT2ForCausalLM(nn.Module):
     def compute_logits(self, hidden: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
         return self.wte.logits(hidden, out)
 
-    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
+    def load_weights(self, weights: Iterable[tuple[str, TensorSource]]) -> None:
         """Hugging Face GPT-2 names -> ours. HF's Conv1D stores [in, out]; nn.Linear wants [out, in]."""
         renames = {"attn.c_attn": "qkv", "attn.c_proj": "attn_out", "mlp.c_fc": "fc_in", "mlp.c_proj": "fc_out"}
         params = dict(self.named_parameters())

@@ -25,6 +25,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from gpu_worker.models.mlp import act_and_mul, activation_of
+from gpu_worker.models.weights import TensorSource
 from gpu_worker.parallel import TensorParallel
 
 
@@ -53,26 +54,26 @@ class MoEExperts(nn.Module):
     def part_count(self, name: str) -> int:
         return self.num_experts * (2 if name == "gate_up_proj" else 1)
 
-    def load(self, name: str, full: torch.Tensor, part: tuple[int, int | None] | None = None) -> None:
-        """Whole stacked tensors (part None), or one expert's gate (part (e, 0)), up ((e, 1)) or down ((e, None))."""
+    def load(self, name: str, full: TensorSource, part: tuple[int, int | None] | None = None) -> None:
+        """Whole stacked tensors (part None), or one expert's gate (part (e, 0)), up ((e, 1)) or down ((e, None)).
+        Reads only this rank's rows of gate and up, its columns of down."""
         param = getattr(self, name)
+        r, n, i = self.tp.rank, self.local, self.intermediate
         if part is None:
             _check(full.shape, self.full_shape(name))
-            for expert in range(self.num_experts):
-                if name == "gate_up_proj":
-                    gate, up = full[expert].chunk(2)
-                    self.load(name, gate, (expert, 0))
-                    self.load(name, up, (expert, 1))
-                else:
-                    self.load(name, full[expert], (expert, None))
+            if name == "gate_up_proj":
+                for which in (0, 1):  # gate rows, then up rows
+                    start = which * i + r * n
+                    param.data[:, which * n : (which + 1) * n].copy_(full[:, start : start + n])
+            else:
+                param.data.copy_(full[:, :, r * n : (r + 1) * n])
             return
         expert, which = part
-        r, n = self.tp.rank, self.local
         if name == "gate_up_proj":
-            _check(full.shape, (self.intermediate, self.hidden))
+            _check(full.shape, (i, self.hidden))
             param.data[expert, which * n : (which + 1) * n].copy_(full[r * n : (r + 1) * n])
         else:
-            _check(full.shape, (self.hidden, self.intermediate))
+            _check(full.shape, (self.hidden, i))
             param.data[expert].copy_(full[:, r * n : (r + 1) * n])
 
     def forward(self, x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:

@@ -19,6 +19,7 @@ from gpu_worker.models.mlp import GatedMLP
 from gpu_worker.models.norms import RMSNorm
 from gpu_worker.models.rotary import RotaryEmbedding
 from gpu_worker.models.self_attention import SelfAttention, head_dim_of
+from gpu_worker.models.weights import TensorSource
 from gpu_worker.parallel import SINGLE, TensorParallel
 
 
@@ -34,7 +35,7 @@ class WholeProjectionNorm(RMSNorm):
     def full_shape(self, name: str) -> tuple[int, ...]:
         return (self.full_size,)
 
-    def load(self, name: str, full: torch.Tensor, part: None = None) -> None:
+    def load(self, name: str, full: TensorSource, part: None = None) -> None:
         if tuple(full.shape) != (self.full_size,):
             raise ValueError(f"checkpoint shape {tuple(full.shape)} != model shape {(self.full_size,)}")
         n = self.weight.shape[0]

@@ -1,10 +1,11 @@
 """Layers split across tensor-parallel ranks (the collectives and where they happen: gpu_worker/parallel.py).
 
-Each layer loads the checkpoint's whole tensor (`load`) and keeps its rank's part; `full_shape` is that
-tensor's shape, so that random (dummy) weights are drawn whole and split the same way: every
-tensor-parallel size then holds the same model. Each is the torch layer it replaces (nn.Linear, nn.Embedding)
-with this rank's sizes, so code that looks for those finds them; with one rank it is exactly that layer. The
-projections take FP8 weights when the engine quantizes them (models/fp8.py: their `weight_scale`).
+Each layer is given the checkpoint's whole tensor (`load`) and reads only its rank's part, by indexing it
+(models/weights.py: TensorSource); `full_shape` is that tensor's shape, so that random (dummy) weights are
+drawn whole and split the same way: every tensor-parallel size then holds the same model. Each is the torch
+layer it replaces (nn.Linear, nn.Embedding) with this rank's sizes, so code that looks for those finds them;
+with one rank it is exactly that layer. The projections take FP8 weights when the engine quantizes them
+(models/fp8.py: their `weight_scale`).
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from gpu_worker.models import fp8
-from gpu_worker.models.weights import padded_vocab_size
+from gpu_worker.models.weights import TensorSource, padded_vocab_size
 from gpu_worker.parallel import TensorParallel
 
 
@@ -44,7 +45,7 @@ class ColumnParallelLinear(nn.Linear):
     def part_count(self, name: str) -> int:
         return len(self.parts)
 
-    def load(self, name: str, full: torch.Tensor, part: int | None = None) -> None:
+    def load(self, name: str, full: TensorSource, part: int | None = None) -> None:
         """Copy this rank's rows of part `part` of the whole tensor (all parts, stacked, when None)."""
         param = getattr(self, name)
         indices = range(len(self.parts)) if part is None else [part]
@@ -78,13 +79,11 @@ class RowParallelLinear(nn.Linear):
     def full_shape(self, name: str) -> tuple[int, ...]:
         return (self.out_features, self.full_in_features) if name == "weight" else (self.out_features,)
 
-    def load(self, name: str, full: torch.Tensor, part: int | None = None) -> None:
-        param = getattr(self, name)
+    def load(self, name: str, full: TensorSource, part: int | None = None) -> None:
         _check_shape(full.shape, self.full_shape(name))
-        if name == "weight":
-            local = self.in_features
-            full = full[:, self.tp.rank * local : (self.tp.rank + 1) * local]
-        param.data.copy_(full)
+        local = self.in_features
+        mine = full[:, self.tp.rank * local : (self.tp.rank + 1) * local] if name == "weight" else full[...]
+        getattr(self, name).data.copy_(mine)
 
 
 class VocabParallelEmbedding(nn.Embedding):
@@ -117,8 +116,8 @@ class VocabParallelEmbedding(nn.Embedding):
     def full_shape(self, name: str) -> tuple[int, ...]:
         return (self.vocab_size, self.embedding_dim)
 
-    def load(self, name: str, full: torch.Tensor, part: int | None = None) -> None:
+    def load(self, name: str, full: TensorSource, part: int | None = None) -> None:
         _check_shape(full.shape, self.full_shape(name))
         mine = full[self.start : self.start + self.rows]
-        self.weight.data.zero_()
         self.weight.data[: len(mine)].copy_(mine)
+        self.weight.data[len(mine) :].zero_()

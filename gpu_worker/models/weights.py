@@ -3,16 +3,30 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 from torch import nn
+
+
+class TensorSource(Protocol):
+    """A whole checkpoint tensor as a layer's `load` sees it: its shape, and the parts it keeps, read by
+    indexing (`t[rows]`, `t[:, cols]`, `t[...]` for all of it). A torch.Tensor is one (random weights); so is
+    gpu_worker/checkpoint_reader.py's CheckpointTensor, which reads only the part indexed."""
+
+    @property
+    def shape(self) -> torch.Size: ...
+
+    def __getitem__(self, index: Any) -> torch.Tensor: ...
+
+    def t(self) -> TensorSource: ...  # a 2-D tensor's transpose, read the same way
+
 
 # Where a checkpoint tensor goes: our parameter's name and which part of it (None: all of it), or None to skip.
 Placement = tuple[str, Any] | None
 
 
-def copy_param(params: dict[str, nn.Parameter], name: str, tensor: torch.Tensor) -> None:
+def copy_param(params: dict[str, nn.Parameter], name: str, tensor: TensorSource) -> None:
     """Copy `tensor` into parameter `name`."""
     param = params.get(name)
     if param is None:
@@ -20,10 +34,10 @@ def copy_param(params: dict[str, nn.Parameter], name: str, tensor: torch.Tensor)
     target = param.data
     if target.shape != tensor.shape:
         raise ValueError(f"{name}: checkpoint shape {tuple(tensor.shape)} != model shape {tuple(target.shape)}")
-    target.copy_(tensor)
+    target.copy_(tensor[...])
 
 
-def load_tensor(model: nn.Module, params: dict[str, nn.Parameter], name: str, tensor: torch.Tensor, part=None) -> None:
+def load_tensor(model: nn.Module, params: dict[str, nn.Parameter], name: str, tensor: TensorSource, part=None) -> None:
     """Copy checkpoint tensor `name` into the model: a tensor-parallel layer keeps its rank's share (of part
     `part` of a fused projection, or all of it); any other parameter takes it whole."""
     owner, _, attr = name.rpartition(".")
@@ -38,7 +52,7 @@ def load_tensor(model: nn.Module, params: dict[str, nn.Parameter], name: str, te
 
 
 def load_checkpoint(
-    model: nn.Module, weights: Iterable[tuple[str, torch.Tensor]], place: Callable[[str], Placement]
+    model: nn.Module, weights: Iterable[tuple[str, TensorSource]], place: Callable[[str], Placement]
 ) -> None:
     """Copy every checkpoint tensor where `place` puts it, then check that nothing is missing: a parameter
     loaded in parts (q|k|v, gate|up, one expert at a time) must have received every part its layer has
