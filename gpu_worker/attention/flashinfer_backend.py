@@ -101,6 +101,8 @@ class PagedSeqs:
 
     def padded(self, count: int, one_token: bool) -> PagedSeqs:
         """`count` sequences more: one query over one key in block 0 each (one_token), else no query and no key."""
+        if not count:
+            return self
         n = int(one_token)
         return PagedSeqs(
             np.concatenate([self.qo_indptr, self.qo_indptr[-1] + n * np.arange(1, count + 1, dtype=np.int32)]),
@@ -155,6 +157,7 @@ class _HostStaging:
         self.device = device
         self._pinned = device.type == "cuda"  # (a CPU, in tests: plain memory)
         self._slots = [torch.empty(0, dtype=torch.int32) for _ in range(host_ring_size())]
+        self._arrays = [slot.numpy() for slot in self._slots]  # the same memory, written with numpy (cheaper)
         self._turn = 0
         self._offset = 0
         self._device_indices = torch.empty(0, dtype=torch.int32, device=device)
@@ -172,9 +175,9 @@ class _HostStaging:
         if end > len(slot):
             # A larger slot; the old one's pending copies keep it alive (torch's pinned allocator tracks them).
             slot = torch.empty(max(2 * end, 4096), dtype=torch.int32, pin_memory=self._pinned)
-            self._slots[self._turn] = slot
+            self._slots[self._turn], self._arrays[self._turn] = slot, slot.numpy()
+        self._arrays[self._turn][self._offset : end] = array
         view = slot[self._offset : end]
-        view.numpy()[:] = array
         self._offset = end
         return view
 
@@ -392,6 +395,11 @@ class FlashInferAttention(AttentionBackend):
                 np.array([graph.tokens - (pages_all - 1) * self.block_size], dtype=np.int32),
             )
             self._plan("prefill", wrappers, every_token.padded(graph.seqs - 1, one_token=False), split_kv=False)
+        if self.device.type == "cuda":
+            # Graphs are captured one after another with no step finishing in between: without this wait, a later
+            # graph's plans could reuse this plan's pinned buffers before their copies ran (the runner's steps
+            # keep the rings' discipline, start-up does not).
+            torch.cuda.synchronize(self.device)
         return metadata
 
     def prepare_replay(self, metadata: FlashInferMetadata, layout: BatchLayout) -> None:
