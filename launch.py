@@ -231,6 +231,11 @@ def parse_args(argv: list[str] | None = None, prog: str | None = None) -> argpar
         parser.error("--profile-steps needs --profile-dir and a count of at least 1")
     if args.enable_auto_tool_choice and args.tool_call_parser is None:
         parser.error("--enable-auto-tool-choice needs --tool-call-parser (how the model writes its calls)")
+    from common.config import attention_backend_problem
+
+    problem = attention_backend_problem(args.attention_backend, args.device)
+    if problem is not None:
+        parser.error(problem)
     return args
 
 

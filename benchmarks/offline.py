@@ -26,7 +26,7 @@ from tqdm import tqdm
 from benchmarks.host_steps import HOST_PARTS, HostStepLog
 from benchmarks.roofline import ModelCost, gpu_peak, run_floor
 from benchmarks.workloads import parse_range, random_token_prompts
-from common.config import EngineConfig, add_engine_args
+from common.config import EngineConfig, add_engine_args, attention_backend_problem
 from common.garbage import freeze_startup_objects
 from common.model_info import ModelInfo
 from common.model_source import resolve_model
@@ -284,6 +284,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--json", help="write the results here")
     add_engine_args(parser)
     args = parser.parse_args(argv)
+    problem = attention_backend_problem(args.attention_backend, args.device)
+    if problem is not None:
+        parser.error(problem)
 
     folder = str(resolve_model(args.model))
     engine = EngineConfig.from_args(args)

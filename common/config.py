@@ -44,7 +44,7 @@ class EngineConfig:
     # A request without max_tokens generates at most this many (and never past the context); None: up to the
     # context, as vLLM. The server's flag defaults to SERVER_DEFAULT_MAX_TOKENS.
     default_max_tokens: int | None = None
-    attention_backend: str = "auto"  # "auto" | "torch" | "triton"
+    attention_backend: str = "auto"  # "auto" | "triton" | "flashinfer" | "torch" (gpu_worker/attention: the choice)
     enforce_eager: bool = False  # CUDA only: no CUDA graphs for decode
     tensor_parallel_size: int = 1  # GPU worker ranks, one device each, sharing one model (gpu_worker/parallel.py)
     # Structured output (scheduler/grammars.py): a grammar's source beyond this many bytes is refused where the
@@ -193,10 +193,12 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
     )
     model.add_argument(
         "--attention-backend",
-        choices=["auto", "torch", "triton"],
+        choices=["auto", "triton", "flashinfer", "torch"],
         default=d.attention_backend,
-        help="torch: scaled_dot_product_attention over the paged KV store, the reference (any device); triton: "
-        "the paged Triton kernels (CUDA); auto: triton on CUDA, torch elsewhere",
+        help="triton: the paged Triton kernels (CUDA); flashinfer: FlashInfer's paged kernels (CUDA, the "
+        "flashinfer-python package; float16/bfloat16, head_dim 64/128/256); torch: scaled_dot_product_attention "
+        "over the paged KV store, the reference (any device); auto: flashinfer on CUDA where it runs the model, "
+        "else triton, torch elsewhere (the GPU worker logs which and why)",
     )
     model.add_argument(
         "--enforce-eager", action="store_true", help="CUDA: run every step op by op, without CUDA graphs"
@@ -223,3 +225,24 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
         help="GPU worker processes, one GPU each (cuda:0 ...), each holding 1/N of the model's heads and "
         "vocabulary; on a CPU they share it (gloo)",
     )
+
+
+def attention_backend_problem(backend: str, device: str) -> str | None:
+    """Why --attention-backend `backend` cannot run on --device `device`, as far as can be told before any process
+    starts (the GPU worker decides the rest, with the model: gpu_worker/attention); None: no objection. Imports
+    torch only for an explicit triton or flashinfer, and flashinfer never (its import is the worker's)."""
+    if backend not in ("triton", "flashinfer"):
+        return None
+    flag = f"--attention-backend {backend}"
+    if device == "cpu":
+        return f"{flag} runs on CUDA only (--device cpu)"
+    if backend == "flashinfer":
+        import importlib.util
+
+        if importlib.util.find_spec("flashinfer") is None:
+            return f"{flag}: the flashinfer package is not installed (pip install flashinfer-python)"
+    import torch
+
+    if not torch.cuda.is_available():
+        return f"{flag} runs on CUDA only, and no CUDA device is visible"
+    return None

@@ -8,6 +8,8 @@ captured after it (their memory pool is what the sizing left room for).
 
 from __future__ import annotations
 
+import logging
+
 import torch
 
 from common.config import EngineConfig
@@ -16,7 +18,7 @@ from common.model_info import ModelInfo
 from common.pipeline import max_live_mirrors
 from common.sampling_params import MAX_LOGIT_BIAS, MAX_STOP_TOKEN_IDS
 from common.startup import PhaseClock
-from gpu_worker.attention import AttentionBackend, make_attention_backend, resolve_attention_backend
+from gpu_worker.attention import AttentionBackend, choose_attention_backend, make_attention_backend
 from gpu_worker.cuda_graphs import DecodeGraphs
 from gpu_worker.eager_forward import EagerForward
 from gpu_worker.graph_capture import StepGraphs
@@ -29,6 +31,8 @@ from gpu_worker.model_runner import ModelRunner
 from gpu_worker.parallel import SINGLE, TensorParallel
 from gpu_worker.request_mirrors import RequestMirrors
 from gpu_worker.warm_up import WARM_UP_REQUESTS, warm_up
+
+log = logging.getLogger(__name__)
 
 
 def build_worker(
@@ -47,9 +51,8 @@ def build_worker(
     device = resolve_device(config.device, device_index)
     on_gpu = device.type == "cuda"
     dtype = resolve_dtype(config.dtype, device)
-    # The Triton path is the whole forward: attention kernels and the models' fused elementwise ones;
-    # the torch path is the reference throughout.
-    backend = resolve_attention_backend(config.attention_backend, device.type)
+    # On CUDA the models' elementwise ops are fused Triton kernels whichever kernels attend; the torch
+    # backend is the reference throughout.
     model = load_model(
         config.model,
         config.load_format,
@@ -57,7 +60,7 @@ def build_worker(
         device,
         config.seed,
         progress=phases is not None,
-        fused_kernels=backend == "triton",
+        fused_kernels=on_gpu and config.attention_backend != "torch",
         tp=tp,
         quantization=config.quantization,
     )
@@ -66,7 +69,9 @@ def build_worker(
         what = "random weights" if config.load_format == "dummy" else "weights loaded"
         phases.done(f"{what}: {params / 1e6:.0f}M parameters, {dtype} on {device}")
     num_layers, kv_heads, head_dim = model.kv_shape  # this rank's KV heads
-    attention = make_attention_backend(backend, device, config.block_size, kv_heads)
+    choice = choose_attention_backend(config.attention_backend, device.type, model.attention_layers, dtype)
+    log.info("attention backend: %s (%s)", choice.name, choice.reason)
+    attention = make_attention_backend(choice.name, device, config.block_size, model.attention_layers, dtype)
     captures_graphs = on_gpu and attention.supports_cuda_graphs and not config.enforce_eager
     # Every rank must have every block the scheduler hands out: the smallest store of any rank.
     num_kv_blocks = tp.min(

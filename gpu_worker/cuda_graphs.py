@@ -93,6 +93,7 @@ class DecodeGraphs:
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self.logits: dict[int, torch.Tensor] = {}  # each bucket's rows of the shared buffer
         self.greedy: dict[int, torch.Tensor] = {}  # each bucket's greedy tokens
+        self.attention_metadata: dict[int, object] = {}  # each bucket's, planned before a replay (prepare_replay)
         vocab = model.vocab_size
         self._logits = torch.empty(max_batch, vocab, dtype=torch.float32, device=self.device)
         self._capture(attention, kv_cache, max_model_len, pool)
@@ -119,8 +120,10 @@ class DecodeGraphs:
                 block_tables=d["block_tables"][:bucket],
                 decode_programs=bucket,
                 padding_outside_sequences=False,
+                decode_only=True,
             )
-            ctx = ForwardContext(attention, attention.static_metadata(buffers, max_model_len), kv_cache)
+            metadata = self.attention_metadata[bucket] = attention.static_metadata(buffers, max_model_len)
+            ctx = ForwardContext(attention, metadata, kv_cache)
             ids, gather, pos = d["input_ids"][:bucket], d["gather_slots"][:bucket], d["positions"][:bucket]
             sample_slots, out = d["sample_slots"][:bucket], self._logits[:bucket]
 
@@ -171,6 +174,7 @@ class DecodeGraphs:
             self._fill_padding(host, n, bucket)
         self._fill_slices(host, bucket)
         self.inputs.upload()
+        self.attention.prepare_replay(self.attention_metadata[bucket], layout)
         self.graphs[bucket].replay()
         return self.logits[bucket][:n], self.greedy[bucket][:n]
 

@@ -108,6 +108,7 @@ class MixedStepLayout:
             block_tables=fields["block_tables"][:seqs],
             decode_programs=seqs,
             padding_outside_sequences=True,
+            decode_only=False,
         )
 
     def slice_capacity(self, bucket: int) -> int:
@@ -196,6 +197,7 @@ class MixedGraphs:
         dtype = next(model.parameters()).dtype
         self.selected = torch.zeros(max_seqs, _hidden_size(model), dtype=dtype, device=self.device)
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
+        self.attention_metadata: dict[int, object] = {}  # each bucket's, planned before a replay (prepare_replay)
         self._capture(attention, kv_cache, max_model_len, pool)
 
     def _capture(self, attention: AttentionBackend, kv_cache: PagedKVCache, max_model_len: int, pool) -> None:
@@ -206,6 +208,7 @@ class MixedGraphs:
 
         def forward_of(bucket: int):
             metadata = attention.static_metadata(self.step_layout.attention_buffers(d, bucket), max_model_len)
+            self.attention_metadata[bucket] = metadata
             ctx = ForwardContext(attention, metadata, kv_cache)
             seqs = min(bucket, self.step_layout.max_seqs)
             ids, gather, pos = d["input_ids"][:bucket], d["gather_slots"][:bucket], d["positions"][:bucket]
@@ -238,6 +241,7 @@ class MixedGraphs:
             inputs.pending_slots,
         )
         self.inputs.upload()
+        self.step_layout.attention.prepare_replay(self.attention_metadata[bucket], inputs.layout)
         self.graphs[bucket].replay()
         r = len(inputs.logit_rows)
         if not r:

@@ -81,6 +81,19 @@ class StaticAttentionBuffers:
     # Whether padding tokens belong to no sequence (their outputs are zeros) rather than to one-token
     # sequences of their own in a scratch block.
     padding_outside_sequences: bool
+    decode_only: bool  # every sequence of the graph's steps computes one token (a decode graph)
+
+
+@dataclass(frozen=True, slots=True)
+class LayerAttention:
+    """What one layer asks of attention (this rank's heads): the options forward receives, and the shapes."""
+
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    scale: float
+    sliding_window: int | None = None
+    softcap: float | None = None
 
 
 class AttentionBackend(ABC):
@@ -111,6 +124,11 @@ class AttentionBackend(ABC):
     @abstractmethod
     def build_metadata(self, layout: BatchLayout, slot_mapping: np.ndarray, upload: Upload) -> Any:
         """Everything the layers need, on the device `upload` copies to; called once per forward."""
+
+    def prepare_replay(self, metadata: Any, layout: BatchLayout) -> None:  # noqa: B027 (optional: most need none)
+        """Before a graph replays a step: whatever the host plans for it beyond the static buffers (FlashInfer's
+        plan()), after the buffers' upload and outside the capture. metadata: the graph's static_metadata; layout:
+        the step's own sequences (the graph's padding is the backend's to add). Nothing by default."""
 
     @abstractmethod
     def forward(

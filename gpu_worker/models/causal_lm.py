@@ -15,6 +15,7 @@ from collections.abc import Callable, Iterable
 import torch
 from torch import nn
 
+from gpu_worker.attention.base import LayerAttention
 from gpu_worker.models.forward_context import ForwardContext
 from gpu_worker.models.norms import NormStyle, RMSNorm
 from gpu_worker.models.parallel_layers import VocabParallelEmbedding
@@ -87,6 +88,11 @@ class CausalLM(nn.Module):
         """(layers, this rank's KV heads, head dim): the same in every layer of these families."""
         attention = self.layers[0].self_attn
         return len(self.layers), attention.num_kv_heads, attention.head_dim
+
+    @property
+    def attention_layers(self) -> list[LayerAttention]:
+        """Each layer's attention, as the backends see it (gpu_worker/attention: which one can run the model)."""
+        return [layer.self_attn.layer_attention for layer in self.layers]
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, ctx: ForwardContext) -> torch.Tensor:
         x = self.embed_tokens(input_ids)

@@ -9,6 +9,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from gpu_worker.attention.base import LayerAttention
 from gpu_worker.models.forward_context import ForwardContext
 from gpu_worker.models.parallel_layers import ColumnParallelLinear, RowParallelLinear, VocabParallelEmbedding
 from gpu_worker.models.weights import TensorSource, check_all_loaded, load_tensor
@@ -66,6 +67,11 @@ class GPT2ForCausalLM(nn.Module):
         """(layers, this rank's kv heads, head dim)"""
         block = self.blocks[0]
         return len(self.blocks), block.num_heads, block.head_dim
+
+    @property
+    def attention_layers(self) -> list[LayerAttention]:
+        """Each layer's attention, as the backends see it (gpu_worker/attention: which one can run the model)."""
+        return [LayerAttention(b.num_heads, b.num_heads, b.head_dim, b.scale) for b in self.blocks]
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, ctx: ForwardContext) -> torch.Tensor:
         x = self.wte(input_ids) + self.wpe(positions)

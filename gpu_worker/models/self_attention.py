@@ -16,6 +16,7 @@ from typing import Literal
 import torch
 from torch import nn
 
+from gpu_worker.attention.base import LayerAttention
 from gpu_worker.models.forward_context import ForwardContext
 from gpu_worker.models.parallel_layers import ColumnParallelLinear, RowParallelLinear
 from gpu_worker.models.rotary import RotaryEmbedding
@@ -73,6 +74,12 @@ class SelfAttention(nn.Module):
         self.o_proj = RowParallelLinear(q_full, h, tp, o_bias, "attention features")
         self.q_norm, self.k_norm = q_norm, k_norm
         self.qk_norm = qk_norm
+
+    @property
+    def layer_attention(self) -> LayerAttention:
+        return LayerAttention(
+            self.num_heads, self.num_kv_heads, self.head_dim, self.scale, self.sliding_window, self.softcap
+        )
 
     def forward(self, x: torch.Tensor, positions: torch.Tensor, ctx: ForwardContext) -> torch.Tensor:
         t = x.shape[0]
