@@ -419,6 +419,8 @@ class Launcher:
         from common.node_link import NodeLink
 
         engine_flags = {k: v for k, v in asdict(config).items() if k != "model"}  # the model's folder may differ
+        if self.nodes.node_rank > 0:
+            log.info("joining node 0 at %s (waiting for it up to torch's default, 300 s)", self.nodes.master)
         link = NodeLink.host if self.nodes.node_rank == 0 else NodeLink.join
         self.node_link = link(self.nodes, engine_flags, config.tensor_parallel_size, self.args.watchdog_timeout)
         log.info("node %d of %d, rendezvous at %s", self.nodes.node_rank, self.nodes.nnodes, self.nodes.master)
