@@ -4,17 +4,18 @@ meets at): no socket of our own crosses hosts. Keys:
 
     config              node 0's engine config (JSON): a node started with other flags is refused at once
     node/{r}/joined     counts node r's launchers: a second node with the same --node-rank is refused
-    node/{r}/beat       node r's heartbeat, a counter its launcher adds 1 to every watch tick
+    node/{r}/beat       node r's heartbeat, a counter its launcher adds 1 to every second (a thread of its own)
     node/{r}/stopped    why node r's launcher stopped (JSON {"reason", "failed"}), set before it stops its ranks
 
-Each launcher ticks once a second: node 0 checks every other node, a headless node checks node 0. A node that
-stopped, or whose counter has not moved for --watchdog-timeout seconds, is lost: the server stops and exits
-non-zero naming it, and a headless node stops when node 0 goes (its ranks could never run another step).
+Each launcher checks once a second (its watch loop's tick): node 0 every other node, a headless node node 0. A
+node that stopped, or whose counter has not moved for --watchdog-timeout seconds, is lost: the server stops and
+exits non-zero naming it, and a headless node stops when node 0 goes (its ranks could never run another step).
 """
 
 from __future__ import annotations
 
 import json
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -28,6 +29,7 @@ if TYPE_CHECKING:
 
 # A store operation that takes longer means node 0 is unreachable (it answers in microseconds when it is up).
 STORE_OP_TIMEOUT = timedelta(seconds=10)
+HEARTBEAT_S = 1.0
 # How long node 0, stopping, waits for the other nodes to read its word (they tick once a second).
 STOP_NOTICE_S = 3.0
 CONFIG = "config"
@@ -56,6 +58,21 @@ class NodeLink:
     silence_timeout_s: float  # 0: no silence check
     clock: Callable[[], float] = time.monotonic
     _beats: dict[int, _Heartbeat] = field(default_factory=dict)
+    _stopping: threading.Event = field(default_factory=threading.Event)
+
+    def __post_init__(self) -> None:
+        # The heartbeat has a thread of its own: a launcher's main thread spends seconds at a time importing the
+        # processes' modules or waiting on its children, and must not look lost meanwhile.
+        threading.Thread(target=self._beat, name="node-heartbeat", daemon=True).start()
+
+    def _beat(self) -> None:
+        key = f"node/{self.nodes.node_rank}/beat"
+        while not self._stopping.is_set():
+            try:
+                self.store.add(key, 1)
+            except (RuntimeError, OSError):
+                return  # node 0's store is gone: the main thread's next tick says so
+            self._stopping.wait(HEARTBEAT_S)
 
     @classmethod
     def host(cls, nodes: Nodes, config: dict, tensor_parallel_size: int, silence_timeout_s: float) -> NodeLink:
@@ -93,9 +110,8 @@ class NodeLink:
         return link
 
     def tick(self) -> None:
-        """Beat this node's heartbeat and check the nodes it watches; raises PeerStopped naming a lost one."""
+        """Check the nodes this one watches; raises PeerStopped naming a lost one."""
         try:
-            self.store.add(f"node/{self.nodes.node_rank}/beat", 1)
             for node in self._watched():
                 self._check(node)
         except (RuntimeError, OSError) as exc:  # the store is node 0's: only a headless node can lose it
@@ -141,6 +157,7 @@ class NodeLink:
     def stop(self, reason: str, failed: bool) -> None:
         """Say why this node stops, before its ranks do. Node 0 then gives the others a moment to read it: its
         store goes with it."""
+        self._stopping.set()
         try:
             word = json.dumps({"reason": reason, "failed": failed})
             self.store.set(f"node/{self.nodes.node_rank}/stopped", word)
