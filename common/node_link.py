@@ -56,14 +56,16 @@ class NodeLink:
     store: TCPStore
     tensor_parallel_size: int
     silence_timeout_s: float  # 0: no silence check
-    clock: Callable[[], float] = time.monotonic
+    clock: Callable[[], float] = time.monotonic  # the heartbeats' ages
     _beats: dict[int, _Heartbeat] = field(default_factory=dict)
     _stopping: threading.Event = field(default_factory=threading.Event)
+    _heart: threading.Thread = field(init=False)
 
     def __post_init__(self) -> None:
         # The heartbeat has a thread of its own: a launcher's main thread spends seconds at a time importing the
         # processes' modules or waiting on its children, and must not look lost meanwhile.
-        threading.Thread(target=self._beat, name="node-heartbeat", daemon=True).start()
+        self._heart = threading.Thread(target=self._beat, name="node-heartbeat", daemon=True)
+        self._heart.start()
 
     def _beat(self) -> None:
         key = f"node/{self.nodes.node_rank}/beat"
@@ -119,8 +121,8 @@ class NodeLink:
 
     def wait_for_word(self, seconds: float) -> None:
         """Tick for up to `seconds`: a peer's word of why it stopped may be on its way (raises PeerStopped)."""
-        deadline = self.clock() + seconds
-        while self.clock() < deadline:
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline:
             self.tick()
             time.sleep(0.1)  # polling the store, bounded by the deadline
 
@@ -158,6 +160,7 @@ class NodeLink:
         """Say why this node stops, before its ranks do. Node 0 then gives the others a moment to read it: its
         store goes with it."""
         self._stopping.set()
+        self._heart.join()  # before the store can go: a thread left in a store call aborts the interpreter's exit
         try:
             word = json.dumps({"reason": reason, "failed": failed})
             self.store.set(f"node/{self.nodes.node_rank}/stopped", word)
@@ -165,9 +168,9 @@ class NodeLink:
             return  # node 0 is gone already: nobody to tell
         if self.nodes.node_rank == 0:
             # Every node that read the word answers with its own as it stops.
-            deadline = self.clock() + STOP_NOTICE_S
+            deadline = time.monotonic() + STOP_NOTICE_S
             others = [node for node in self._watched() if self.store.check([f"node/{node}/joined"])]
-            while others and self.clock() < deadline:
+            while others and time.monotonic() < deadline:
                 others = [node for node in others if not self.store.check([f"node/{node}/stopped"])]
                 time.sleep(0.05)  # polling the local store, bounded by the deadline
 
