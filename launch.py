@@ -31,6 +31,7 @@ if TYPE_CHECKING:
     from common.control import Stuck
     from common.engine_replica import ReplicaFailure
     from common.messages import ProcessReady, WorkerLimits, WorkerReady
+    from common.node_link import NodeLink
     from common.profiling import ProfileConfig
 
 log = logging.getLogger("launcher")
@@ -38,11 +39,13 @@ SUMMARY_TIMEOUT_S = 1.0  # at shutdown: a process that died is not waited for lo
 STOP_GRACE_S = 5.0  # at shutdown: from SIGTERM to SIGKILL
 PROFILE_WRITE_GRACE_S = 60.0  # the same where profiling is on: a GPU worker's trace of hundreds of steps is large
 WATCHDOG_TICK_S = 1.0  # how often every process is pinged
+NODE_WORD_GRACE_S = 2.0  # a rank died: how long to wait for another node's word of why (it ticks once a second)
 
 
 def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
     from common.config import add_engine_args
     from common.flags import FRONTEND, MODEL, OBSERVABILITY, PARALLEL, HelpFormatter, add_flag_groups, flag_group
+    from common.nodes import add_node_args
     from frontend.limits import add_http_limit_args
     from frontend.parser_names import REASONING_PARSERS, TOOL_CALL_PARSERS
 
@@ -191,6 +194,7 @@ def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
         "fails; by default the failed replica is taken out and the others keep serving",
     )
     add_engine_args(parser)
+    add_node_args(parser)
     add_http_limit_args(parser)
     return parser
 
@@ -227,6 +231,7 @@ def parse_args(argv: list[str] | None = None, prog: str | None = None) -> argpar
         parser.error("--cpu-threads must be at least 1")
     if args.tensor_parallel_size < 1:
         parser.error("--tensor-parallel-size must be at least 1")
+    check_node_flags(parser, args)
     if args.profile_steps is not None and (args.profile_steps < 1 or args.profile_dir is None):
         parser.error("--profile-steps needs --profile-dir and a count of at least 1")
     if args.enable_auto_tool_choice and args.tool_call_parser is None:
@@ -237,6 +242,15 @@ def parse_args(argv: list[str] | None = None, prog: str | None = None) -> argpar
     if problem is not None:
         parser.error(problem)
     return args
+
+
+def check_node_flags(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """--nnodes, --node-rank, --headless (common/nodes.py): one line and exit 2 where they do not fit together."""
+    from common.nodes import node_flags_error
+
+    error = node_flags_error(args)
+    if error is not None:
+        parser.error(error)
 
 
 def model_sampling_defaults(choice: str, model_folder) -> dict[str, float]:
@@ -291,11 +305,13 @@ class Engine:
 class Launcher:
     def __init__(self, args: argparse.Namespace):
         from common.cpu_threads import gpu_worker_threads, machine_cores
+        from common.nodes import Nodes
         from common.transport import Endpoints, make_run_dir
 
         self.args = args
         self.profile = profile_config(args)
-        self.listener = bind_listener(args.host, args.port)  # first: a port in use fails before anything starts
+        # First: a port in use fails before anything starts. A headless node serves no HTTP.
+        self.listener = None if args.headless else bind_listener(args.host, args.port)
         self.run_dir = make_run_dir()
         self.endpoints = Endpoints(self.run_dir)
         self.spawn = mp.get_context("spawn")
@@ -306,8 +322,11 @@ class Launcher:
         self.stuck: set[str] = set()  # roles the watchdog declared dead: killed at shutdown, never waited for
         self.replica_roles: dict[int, list[str]] = {}  # each engine replica's processes
         self.failed_replicas: set[int] = set()  # taken out (fail_replica): their processes are stopped
+        self.nodes = Nodes.from_args(args)
+        self.node_link: NodeLink | None = None  # with --nnodes above 1: the other nodes' launchers
+        self.stop_reason = "stopped"  # what this launcher tells the other nodes when it stops
         self.gpu_worker_threads = gpu_worker_threads(
-            args.cpu_threads or machine_cores(), args.data_parallel_size * args.tensor_parallel_size
+            args.cpu_threads or machine_cores(), args.data_parallel_size * args.tensor_parallel_size // args.nnodes
         )
 
     # ------------------------------------------------------------------ start
@@ -350,6 +369,11 @@ class Launcher:
         check_tensor_parallel(folder, config.tensor_parallel_size)  # before any rank starts
         ready = pull_socket(zmq.Context.instance(), self.endpoints.launcher_ready)
         tail = (self.run_dir, args.log_level, os.getpid(), self.profile)
+        if self.nodes.multi_node:
+            self._link_nodes(config)
+        if args.headless:
+            self._start_headless_ranks(ready, config, info, tail, clock)
+            return
         num_frontends = args.api_server_count
         num_replicas = args.data_parallel_size
         log.info("starting %d tokenizer workers", args.tokenizer_workers)
@@ -391,6 +415,38 @@ class Launcher:
         ready.close()
         self.serving = True
         self._announce(limits, engines, clock.total_s())
+
+    def _link_nodes(self, config) -> None:
+        """Node 0 hosts the rendezvous store, every other node joins it (common/node_link.py): before any rank
+        starts, since the ranks meet there."""
+        from dataclasses import asdict
+
+        from common.node_link import NodeLink
+
+        engine_flags = {k: v for k, v in asdict(config).items() if k != "model"}  # the model's folder may differ
+        if self.nodes.node_rank > 0:
+            log.info("joining node 0 at %s (waiting for it up to torch's default, 300 s)", self.nodes.master)
+        link = NodeLink.host if self.nodes.node_rank == 0 else NodeLink.join
+        self.node_link = link(self.nodes, engine_flags, config.tensor_parallel_size, self.args.watchdog_timeout)
+        log.info("node %d of %d, rendezvous at %s", self.nodes.node_rank, self.nodes.nnodes, self.nodes.master)
+
+    def _start_headless_ranks(self, ready_socket, config, info, tail: tuple, clock) -> None:
+        """A headless node: this node's tensor-parallel ranks only, ready once each has built its share of the
+        model (with every other rank: they build together)."""
+        from common.engine_replica import EngineReplica
+        from gpu_worker import process as gpu_process
+
+        tp = config.tensor_parallel_size
+        ranks = self._start_gpu_workers(EngineReplica(), tp, gpu_process.main, (config, info, *tail))
+        self._wait_ready(ready_socket, ranks)
+        ready_socket.close()
+        self.serving = True
+        print(
+            f"clearserve node {self.nodes.node_rank} ready: tensor-parallel ranks "
+            f"{list(self.nodes.local_ranks(tp))} of {tp}, "
+            f"serving for node 0 at {self.nodes.master} (started in {clock.total_s():.1f} s)",
+            flush=True,
+        )
 
     def _start_engine_replicas(self, ready_socket, config, info, num_replicas: int, tail: tuple) -> dict[str, Engine]:
         """Start every replica's GPU worker, then, once each has sized its KV store, its scheduler; returns
@@ -438,9 +494,9 @@ class Launcher:
         gpu_worker/process.py), each a child watched like any other: a rank that dies takes the server down.
         Returns their roles."""
         roles = set()
-        for rank in range(ranks):
+        for rank in self.nodes.local_ranks(ranks):  # every rank, on one node
             role = replica.gpu_worker_rank_role(rank)
-            self._start(role, target, (*args, replica, rank), self.gpu_worker_threads)
+            self._start(role, target, (*args, replica, rank, self.nodes), self.gpu_worker_threads)
             roles.add(role)
         return roles
 
@@ -459,6 +515,8 @@ class Launcher:
 
         while roles - set(self.ready):
             self._raise_if_a_child_died()
+            if self.node_link is not None:
+                self.node_link.tick()  # a node that failed to start: its ranks never join the group
             if ready_socket.poll(timeout=200):
                 message = recv(ready_socket)
                 self.ready[message.role] = message
@@ -496,12 +554,15 @@ class Launcher:
         try:
             while True:
                 sentinels = {p.sentinel: role for role, p in self.children.items() if not self._retired(role)}
-                ended = mp.connection.wait(list(sentinels), timeout=WATCHDOG_TICK_S if watchdog else None)
+                ticking = watchdog is not None or self.node_link is not None
+                ended = mp.connection.wait(list(sentinels), timeout=WATCHDOG_TICK_S if ticking else None)
                 if ended:
                     role = sentinels[ended[0]]
                     process = self.children[role]
                     process.join(timeout=1)  # its sentinel can close a moment before it can be reaped
                     self.on_death(role, f"process {role} (pid {process.pid}) died with exit code {process.exitcode}")
+                if self.node_link is not None:
+                    self.node_link.tick()
                 if watchdog is None:
                     continue
                 for stuck in watchdog.tick():
@@ -529,6 +590,9 @@ class Launcher:
     def on_death(self, role: str, reason: str) -> None:
         """A child died (or was declared stuck): the server stops (ChildDied), unless it belongs to an engine
         replica and another replica still serves, where that replica alone is taken out."""
+        if self.node_link is not None:
+            # A rank that died because another node went: that node is the cause to name.
+            self.node_link.wait_for_word(NODE_WORD_GRACE_S)
         replica = self._replica_of(role)
         if replica is None or self.args.exit_on_replica_failure:
             raise ChildDied(reason)
@@ -598,6 +662,8 @@ class Launcher:
         that exited, and not waited for), SIGTERM every other child still running (frontends first: they answer
         new requests with 503s, then stop taking them), wait a little, then SIGKILL; remove the socket
         directory."""
+        if self.node_link is not None:
+            self.node_link.stop(self.stop_reason, self.exit_code != 0)  # first: they hear why, not a lost rank
         for role in sorted(self.stuck):
             process = self.children[role]
             if process.exitcode is None:
@@ -610,7 +676,8 @@ class Launcher:
         # The frontends answer 503s for a moment before they close their copies (frontend/stopping.py): the
         # listening socket closes with the last of them, not later with this one, when waiting clients would
         # be reset.
-        self.listener.close()
+        if self.listener is not None:
+            self.listener.close()
         # A process writing its profile trace finishes it first (common/process.py: sigterm_deferred): seconds
         # for a large one.
         deadline = time.monotonic() + (PROFILE_WRITE_GRACE_S if self.profile.dir else STOP_GRACE_S)
@@ -658,6 +725,7 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
     configure_logging("launcher", args.log_level)
     from common.model_info import TensorParallelError, UnsupportedModel
     from common.model_source import ModelNotFound
+    from common.node_link import NodeLinkError, PeerStopped
     from tokenizer_worker.chat_template import ChatTemplateError
 
     try:
@@ -677,9 +745,14 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
         launcher.exit_code = 2
     except ChildDied as exc:
         log.error("%s: stopping the server", exc)
-        launcher.exit_code = 1
+        launcher.exit_code, launcher.stop_reason = 1, str(exc)
+    except (PeerStopped, NodeLinkError) as exc:
+        failed = getattr(exc, "failed", True)
+        log.log(logging.ERROR if failed else logging.INFO, "%s: stopping", exc)
+        launcher.exit_code, launcher.stop_reason = int(failed), str(exc)
     except KeyboardInterrupt:
         log.info("interrupted: stopping")
+        launcher.stop_reason = "interrupted"
     finally:
         signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C must not cut the shutdown short
         signal.signal(signal.SIGTERM, signal.SIG_IGN)

@@ -12,8 +12,9 @@ models/parallel_layers.py). Where a forward communicates, Megatron-style:
 
 A group of size 1 (SINGLE) communicates nothing: TP=1 runs the same code.
 The process group is torch.distributed's default group: gloo on a CPU, NCCL on CUDA (rank r on cuda:r, after the
-GPUs of the engine replicas before its own). On CUDA the small all-reduces (a decode step's) go one-shot over
-NVLink peer memory instead of NCCL's ring (gpu_worker/all_reduce.py).
+GPUs of the engine replicas before its own; across nodes, on its node's cuda:(r mod ranks per node):
+common/nodes.py). On CUDA the small all-reduces (a decode step's) go one-shot over NVLink peer memory instead
+of NCCL's ring (gpu_worker/all_reduce.py; within one host only).
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ import torch
 import torch.distributed as dist
 
 from common.model_info import shard_size
+from common.nodes import ONE_NODE, Nodes
 from gpu_worker.all_reduce import PeerAllReduce
 
 
@@ -73,11 +75,11 @@ _all_gather_single = getattr(dist, "all_gather_single", None) or dist.all_gather
 
 
 def init_tensor_parallel(
-    rank: int, size: int, init_file: str, device_type: str, device_index: int | None = None
+    rank: int, size: int, init_file: str, device_type: str, device_index: int | None = None, nodes: Nodes = ONE_NODE
 ) -> TensorParallel:
-    """Join the group of `size` ranks that meet at `init_file` (a file:// store no other run uses). Blocks
-    until every rank has joined. device_index: this rank's GPU (default: cuda:rank; an engine replica's
-    ranks take the GPUs after the previous replicas')."""
+    """Join the group of `size` ranks that meet at `init_file` (a file:// store no other run uses), or, across
+    nodes, at node 0's store (common/nodes.py). Blocks until every rank has joined. device_index: this rank's GPU
+    (default: cuda:rank; an engine replica's ranks take the GPUs after the previous replicas')."""
     if size == 1:
         return SINGLE
     if device_type == "cuda":
@@ -91,10 +93,17 @@ def init_tensor_parallel(
         backend = "nccl"
     else:
         backend = "gloo"
-        if sys.platform.startswith("linux"):
-            # Every rank is on this host: loopback, not whatever interface the hostname resolves to (if any).
-            os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
-    dist.init_process_group(backend, init_method=f"file://{init_file}", rank=rank, world_size=size)
+    if sys.platform.startswith("linux") and (not nodes.multi_node or nodes.loopback):
+        # Every rank is on this host: loopback, not whatever interface the hostname resolves to (if any). Across
+        # hosts the interface is the user's to name where the hostname's is not it (docs/deployment.md).
+        os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+        if nodes.multi_node:
+            os.environ.setdefault("NCCL_SOCKET_IFNAME", "lo")
+    if nodes.multi_node:
+        store = dist.TCPStore(nodes.master_addr, nodes.master_port, is_master=False)  # waits for node 0 (300 s)
+        dist.init_process_group(backend, store=dist.PrefixStore("tensor-parallel/", store), rank=rank, world_size=size)
+    else:
+        dist.init_process_group(backend, init_method=f"file://{init_file}", rank=rank, world_size=size)
     peer = PeerAllReduce.create(torch.device("cuda", index)) if backend == "nccl" else None
     return TensorParallel(rank, size, peer)
 

@@ -14,7 +14,9 @@ only rank 0 sends StepResults:
         ▲             │       └─ worker-0-plans-rank2 ──▶ gpu_worker-rank2
         └─StepResult──┘
 
-On CUDA, replica r's rank t runs on cuda:(r·N + t).
+On CUDA, replica r's rank t runs on cuda:(r·N + t). Across nodes (--nnodes, common/nodes.py) the ranks on
+other nodes than rank 0's get each plan by broadcast instead (gpu_worker/plan_broadcast.py), and each rank runs
+on its node's cuda:(t mod ranks per node).
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from common.garbage import freeze_startup_objects
 from common.loop_progress import LoopProgress
 from common.messages import LeaveGroup, StepPlan, StepResult, WorkerReady
 from common.model_info import ModelInfo
+from common.nodes import ONE_NODE, Nodes
 from common.process import announce_ready, exit_child, init_child_process
 from common.profiling import ProcessProfiler, ProcessStats, ProfileConfig, TorchProfiler
 from common.startup import PhaseClock
@@ -39,6 +42,7 @@ from common.transport import Endpoints, pull_socket, push_socket, send
 from gpu_worker.step_observer import StepObserver
 from gpu_worker.step_queue import StepQueue
 
+PLAN_BROADCAST_ENDPOINT = "inproc://broadcast-plans"  # a follower on another node than rank 0's: its plans
 CONTROL_POLL_MS = 100  # an idle worker wakes this often to answer control commands queued for its main thread
 
 
@@ -51,15 +55,17 @@ def main(
     profile: ProfileConfig = ProfileConfig(),
     replica: EngineReplica = EngineReplica(),
     rank: int = 0,
+    nodes: Nodes = ONE_NODE,
 ) -> None:
     """`replica`: the engine this worker belongs to; `rank`: its tensor-parallel rank there (0: the only one,
-    or the one the scheduler talks to)."""
+    or the one the scheduler talks to); `nodes`: the nodes the ranks span, and this one's place."""
     role = replica.gpu_worker_rank_role(rank)
     init_child_process(role, log_level, parent_pid)
     endpoints = Endpoints(run_dir)
     ranks = config.tensor_parallel_size
-    device_index = replica.index * ranks + rank
+    device_index = replica.index * ranks + nodes.local_index(rank, ranks)
     leave_group: Callable[[], None] | None = None  # leaves the tensor-parallel process group
+    plan_group = None  # rank 0 and the ranks on other nodes (gpu_worker/plan_broadcast.py)
     if config.load_format == "null":
         from gpu_worker.null_runner import NullRunner
 
@@ -70,7 +76,11 @@ def main(
         from gpu_worker.parallel import close_tensor_parallel, init_tensor_parallel
 
         device_type = resolve_device(config.device, device_index).type
-        tp = init_tensor_parallel(rank, ranks, endpoints.tensor_parallel_init(replica.index), device_type, device_index)
+        from gpu_worker.plan_broadcast import join_plan_group
+
+        init_file = endpoints.tensor_parallel_init(replica.index)
+        tp = init_tensor_parallel(rank, ranks, init_file, device_type, device_index, nodes)
+        plan_group = join_plan_group(nodes, ranks)
         phases = PhaseClock(logging.getLogger(role)) if rank == 0 else None  # rank 0 speaks for all
         runner = build_worker(config, info, phases, tp, device_index)
 
@@ -81,13 +91,7 @@ def main(
         leave_group = release_graphs_and_leave
 
     ctx = zmq.Context.instance()
-    r = replica.index
-    if rank == 0:
-        plans = pull_socket(ctx, endpoints.worker_plans(r))
-        results: zmq.Socket | None = push_socket(ctx, endpoints.scheduler_results(r))
-        relays = [push_socket(ctx, endpoints.worker_rank_plans(r, t)) for t in range(1, ranks)]
-    else:
-        plans, results, relays = pull_socket(ctx, endpoints.worker_rank_plans(r, rank)), None, []
+    plans, results, relays = plan_sockets(ctx, endpoints, replica, rank, ranks, nodes, plan_group)
     worker = WorkerLoop(runner, plans, results, StepObserver(ProcessProfiler(profile, role, TorchProfiler)), relays)
     control = ControlServer(endpoints, role, stats=worker.stats, progress=worker.progress)
     freeze_startup_objects()  # torch, the model, the warm-up: ~200,000 objects no collection should traverse
@@ -102,6 +106,31 @@ def main(
     finally:
         worker.close()
     exit_child()
+
+
+def plan_sockets(
+    ctx: zmq.Context, endpoints: Endpoints, replica: EngineReplica, rank: int, ranks: int, nodes: Nodes, plan_group
+) -> tuple[zmq.Socket, zmq.Socket | None, list]:
+    """Where this rank's plans come from, where its results go (rank 0 only), and to whom rank 0 relays each
+    plan: the ranks on its node through their sockets, those on other nodes by one broadcast."""
+    r = replica.index
+    remote = nodes.remote_ranks(ranks) if nodes.multi_node else []
+    if rank == 0:
+        plans = pull_socket(ctx, endpoints.worker_plans(r))
+        results: zmq.Socket | None = push_socket(ctx, endpoints.scheduler_results(r))
+        relays: list = [push_socket(ctx, endpoints.worker_rank_plans(r, t)) for t in range(1, ranks) if t not in remote]
+        if plan_group is not None:
+            from gpu_worker.plan_broadcast import PlanBroadcast
+
+            relays.append(PlanBroadcast(plan_group))
+        return plans, results, relays
+    if rank in remote:
+        from gpu_worker.plan_broadcast import PlanReceiver
+
+        plans = pull_socket(ctx, PLAN_BROADCAST_ENDPOINT)
+        PlanReceiver(plan_group, ctx, PLAN_BROADCAST_ENDPOINT, rank).start()
+        return plans, None, []
+    return pull_socket(ctx, endpoints.worker_rank_plans(r, rank)), None, []
 
 
 class WorkerLoop:
