@@ -14,6 +14,13 @@ One step (schedule), in order:
      chunking is on). The first request that cannot be admitted stops admission: order is kept.
 All of a step's chunks go to the worker as one plan, computed in one forward.
 
+Prompts that arrive together are prefilled together. A plan made ahead (another is still in flight) is held
+back while the running batch is nothing but the newcomers of the plan in flight (the engine was idle): it
+would only carry their first decodes, and the prompts arriving behind the first one, while its prefill runs,
+would then wait for two plans instead of one. Held, they all join the next plan, made when the result comes
+(the worker waits one turnaround for it, once per start from idle). A batch with older requests in it, or a
+full one, is planned ahead as ever.
+
 Results arrive PIPELINE_DEPTH - 1 steps late (the next plan is made while the GPU runs this one), so a
 request that sampled EOS may be scheduled once more; that extra token is discarded here. A request that
 reaches max_tokens is known to be done without the result: the next plan can admit a successor into its
@@ -93,6 +100,7 @@ class Scheduler:
         self.stats = SchedulerStats()  # counters and the last step's sizes; snapshot() adds the state
         self._released: list[int] = []  # rids whose worker mirror must be dropped, sent with the next plan
         self._last_sampled: list[Request] = []  # planned their last sample in the latest plan
+        self._newcomers: set[int] = set()  # the rids the latest plan admitted
         self._step_id = 0
         self._seeds = random.Random()
 
@@ -219,14 +227,23 @@ class Scheduler:
             kv_blocks_used=self.blocks.num_blocks - self.blocks.num_free - evictable,
         )
 
-    def schedule(self) -> StepPlan | None:
-        """The next step's plan, or None when nothing can run."""
+    def schedule(self, ahead: bool = False) -> StepPlan | None:
+        """The next step's plan, or None when nothing can run. ahead: another plan is still in flight (the server's
+        loop); such a plan is held back while the batch is only that plan's newcomers (see the module docstring)."""
+        if ahead and self._only_newcomers_running():
+            return None
         self._retire_last_sampled()
         step = _StepDraft(budget=self.max_num_batched_tokens)
         self._schedule_running(step)
         if not step.preempted:
             self._admit(step)
         return self._emit(step)
+
+    def _only_newcomers_running(self) -> bool:
+        """The running batch has room and holds only requests the latest plan admitted."""
+        newcomers = self._newcomers
+        running = self.running
+        return bool(running) and len(running) < self.max_num_seqs and all(r.rid in newcomers for r in running)
 
     def _retire_last_sampled(self) -> None:
         """Running requests whose last sample is planned (max_tokens or the context reached) only wait
@@ -314,6 +331,7 @@ class Scheduler:
         self.stats.prompt_tokens_computed += self.stats.last_step_prefill_tokens
         self.stats.decode_tokens_computed += step.decode_tokens
         self._step_id += 1
+        self._newcomers = {spec.rid for spec in step.new_requests}
         released, self._released = self._released, []
         return StepPlan(
             self._step_id,
