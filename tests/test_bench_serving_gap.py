@@ -1,4 +1,5 @@
-"""benchmarks.serving_gap's parallel part: which server runs it asks for, in which order (no server runs)."""
+"""benchmarks.serving_gap without a server: which servers the parallel part asks for, in which order; the sweep's
+goodput verdict from its points."""
 
 from __future__ import annotations
 
@@ -32,3 +33,37 @@ def test_the_parallel_part_interleaves_the_sizes_and_gives_every_replica_256_sea
             assert launch[launch.index("-dp") + 1] == label[len("burst_dp")]
         else:
             assert launch[launch.index("-tp") + 1] == label[len("w1_tp")]
+
+
+def point(rate: float, ttft_p99_ms: float, itl_p99_ms: float = 5.0, failed: int = 0) -> dict:
+    return {
+        "rate": rate,
+        "req_s": rate,
+        "tok_s": 100.0 * rate,
+        "ttft_p99_ms": ttft_p99_ms,
+        "itl_p99_ms": itl_p99_ms,
+        "failed": failed,
+    }
+
+
+SLO = serving_gap.Slo(ttft_ms=200.0, itl_ms=50.0)
+FAST_CLIENT = [point(r, 10.0) for r in (100, 200, 400, 800)]
+
+
+def test_goodput_is_the_highest_rate_within_both_slos_with_its_throughput():
+    points = [point(100, 50.0), point(200, 120.0), point(400, 150.0, itl_p99_ms=60.0), point(800, 900.0)]
+    verdict = serving_gap.goodput(points, FAST_CLIENT, burst_tok_s=100_000.0, slo=SLO)
+    assert verdict["goodput_req_s"] == 200 and verdict["goodput_point"]["tok_s"] == 20_000.0
+    assert not verdict["client_limited"]
+    assert verdict["saturation_tok_s"] == 80_000.0 and verdict["saturation_of_burst"] == 0.8
+
+
+def test_a_rate_with_a_failed_request_does_not_count():
+    verdict = serving_gap.goodput([point(100, 50.0), point(200, 60.0, failed=1)], FAST_CLIENT, None, SLO)
+    assert verdict["goodput_req_s"] == 100
+
+
+def test_a_client_that_misses_the_slos_where_the_server_did_makes_the_verdict_the_clients():
+    points = [point(100, 50.0), point(200, 300.0)]
+    client = [point(100, 10.0), point(200, 250.0)]
+    assert serving_gap.goodput(points, client, None, SLO)["client_limited"]
