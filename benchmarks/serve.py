@@ -472,6 +472,14 @@ def print_repeats(result: dict) -> None:
     later = sorted(r["summary"]["duration_s"] for r in result["repeats"])
     median = later[len(later) // 2]
     print(f"first burst's duration / the repeated ones' median: {first['duration_s'] / median:.3f}")
+    # Which process paid for the first burst: its busy seconds against the same process's in the repeats.
+    busy = {role: [p["busy_s"]] for role, p in (result.get("processes") or {}).items()}
+    for repeat in result["repeats"]:
+        for role, p in (repeat.get("processes") or {}).items():
+            busy.setdefault(role, []).append(p["busy_s"])
+    if busy:
+        per_role = (f"{role} " + " / ".join(f"{b:.2f}" for b in seconds) for role, seconds in busy.items())
+        print("busy seconds per burst: " + "; ".join(per_role))
 
 
 def print_report(result: dict) -> None:
@@ -604,6 +612,7 @@ def run(args: argparse.Namespace, command: str) -> dict:
                     "round": round_index,
                     "summary": summary_dict(summarize(r.requests)),
                     "server": server_view(r.stats_before, r.stats_after),
+                    "processes": process_view(r.stats_before, r.stats_after),
                     "client": r.client.to_dict(),
                 }
             )

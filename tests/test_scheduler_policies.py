@@ -77,6 +77,7 @@ def test_fully_cached_prompt_still_computes_its_last_token(tiny_llama):
         {"max_prefill_requests": 1},
         {"max_num_seqs": 2},
         {"max_num_seqs": 2, "scheduling_policy": "priority"},
+        {"max_num_batched_tokens": "auto"},
     ],
 )
 def test_scheduling_options_leave_outputs_unchanged(tiny_model, engine_args):
@@ -84,6 +85,23 @@ def test_scheduling_options_leave_outputs_unchanged(tiny_model, engine_args):
     prompts.append(prompts[2][:30] + [11, 12])  # shares a prefix with another prompt
     baseline = run(make_llm(tiny_model), prompts)
     assert run(make_llm(tiny_model, **engine_args), prompts) == baseline
+
+
+def test_a_budget_that_changes_between_steps_leaves_outputs_unchanged(tiny_model):
+    # As --max-num-batched-tokens auto resizes it: prompts are chunked at whatever the budget is at each step.
+    prompts = random_prompts(6, [3, 17, 40, 9, 25, 61], vocab=512, seed=6)
+    baseline = run(make_llm(tiny_model), prompts)
+    llm = make_llm(tiny_model)
+    sizes = iter([5, 23, 8, 64, 3] * 100)
+    llm.scheduler.prefill_budget.tokens = next(sizes)
+
+    def resize() -> None:
+        llm.scheduler.check_integrity()
+        llm.scheduler.prefill_budget.tokens = next(sizes)
+
+    assert [o.token_ids for o in llm.generate(prompts, GREEDY, on_step=resize)] == baseline
+    prefill = [c.num_tokens for p in llm.plans_executed for c in p.chunks if c.num_tokens > 1]
+    assert len(prefill) > len(prompts), "some prompts were chunked"
 
 
 def test_prompt_budget_bounds_every_step_and_keeps_fifo_order(tiny_llama):
