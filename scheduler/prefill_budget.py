@@ -27,13 +27,14 @@ FLOOR = 256  # prompt tokens a step may always take: prompts keep moving when de
 class PrefillBudget:
     ceiling: int  # the worker's max_num_batched_tokens
     target_s: float | None = None  # None: the budget is the ceiling
-    tokens: int = 0  # the budget now
-    fixed_s: float = 0.0  # the line, once fitted
-    per_token_s: float = 0.0
-    _planned: dict[int, tuple[int, float]] = field(default_factory=dict)  # step_id: (prompt tokens, planned at)
-    _last_sampled: float = 0.0
-    _samples: deque[tuple[int, float]] = field(default_factory=lambda: deque(maxlen=WINDOW))
-    _since_fit: int = 0
+    tokens: int = field(init=False)  # the budget now
+    fixed_s: float = field(init=False, default=0.0)  # the line, once fitted
+    per_token_s: float = field(init=False, default=0.0)
+    # step_id: (prompt tokens, planned at), for the plans in flight
+    _planned: dict[int, tuple[int, float]] = field(init=False, default_factory=dict)
+    _last_sampled: float = field(init=False, default=0.0)
+    _samples: deque[tuple[int, float]] = field(init=False, default_factory=lambda: deque(maxlen=WINDOW))
+    _since_fit: int = field(init=False, default=0)
 
     def __post_init__(self) -> None:
         self.tokens = self.ceiling
@@ -64,11 +65,11 @@ class PrefillBudget:
         mean_x = sum(x for x, _ in self._samples) / n
         mean_y = sum(y for _, y in self._samples) / n
         var_x = sum((x - mean_x) ** 2 for x, _ in self._samples)
-        if var_x == 0:
-            return  # every step took as many prompt tokens: no slope to read
-        slope = sum((x - mean_x) * (y - mean_y) for x, y in self._samples) / var_x
+        # Every step took as many prompt tokens (a backlog, each step at the budget): no slope to read, but the
+        # fixed part (the decode batch) may have grown under the slope already known.
+        slope = sum((x - mean_x) * (y - mean_y) for x, y in self._samples) / var_x if var_x else self.per_token_s
         if slope <= 0:
-            return  # prompt tokens cost nothing measurable (noise): keep what there is
+            return  # prompt tokens cost nothing measurable (noise), or no slope yet: keep what there is
         self.per_token_s, self.fixed_s = slope, mean_y - slope * mean_x
         budget = int((self.target_s - self.fixed_s) / slope)
         self.tokens = max(min(FLOOR, self.ceiling), min(self.ceiling, budget))
