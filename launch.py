@@ -478,9 +478,12 @@ class Launcher:
             scheduler_args = (config, info, worker.limits, self.args.tokenizer_workers, self.args.api_server_count)
             self._start(replica.scheduler_role, scheduler_process.main, (*scheduler_args, *tail, replica))
         self._wait_ready(ready_socket, {replica.scheduler_role for replica in replicas})
+        budget = "%d prompt tokens per step"
+        if config.adaptive_prefill_budget:
+            budget = f"up to {budget}, as many as keep a step within {config.target_itl_ms:g} ms"
         for engine in engines.values():
             log.info(
-                "engine replica %d: %d KV blocks on %s, up to %d running requests, %d prompt tokens per step",
+                "engine replica %d: %d KV blocks on %s, up to %d running requests, " + budget,
                 engine.index,
                 engine.limits.num_kv_blocks,
                 engine.device,

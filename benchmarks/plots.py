@@ -2,6 +2,8 @@
 
 latency_cdf.png       empirical CDFs of TTFT, ITL and end-to-end latency
 tokens_over_time.png  tokens streamed so far (all requests) against time since the first submit
+sweep.png             a Poisson sweep (benchmarks.serving_gap): p99 latencies and throughput by offered rate,
+                      the server's beside the client's own (the mock server), the SLOs and the goodput
 """
 
 from __future__ import annotations
@@ -65,6 +67,40 @@ def _tokens_over_time(requests: list[RequestTimings], path: Path, title: str) ->
     ax.set_title(_wrapped(title, fig), fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
+
+
+def write_sweep_plot(verdict: dict, path: Path, title: str) -> Path:
+    """verdict: benchmarks.serving_gap.goodput's dictionary."""
+    server, client, slo = verdict["points"], verdict["client_points"], verdict["slo"]
+    fig, (latency, throughput) = plt.subplots(1, 2, figsize=(13, 4.8))
+    for points, style, who in ((server, "-", "server"), (client, "--", "client alone (mock server)")):
+        rates = [p["rate"] for p in points]
+        latency.plot(rates, [p["ttft_p99_ms"] for p in points], "o" + style, color="C0", label=f"TTFT p99, {who}")
+        latency.plot(rates, [p["itl_p99_ms"] for p in points], "s" + style, color="C1", label=f"ITL p99, {who}")
+        throughput.plot(rates, [p["tok_s"] for p in points], "o" + style, color="C2", label=f"completion tok/s, {who}")
+    latency.axhline(slo["ttft_p99_ms"], color="C0", alpha=0.4, linewidth=0.8)
+    latency.axhline(slo["itl_p99_ms"], color="C1", alpha=0.4, linewidth=0.8)
+    if verdict["burst_tok_s"]:
+        throughput.axhline(verdict["burst_tok_s"], color="grey", linestyle=":", label="the burst (1,024 at once)")
+    for ax in (latency, throughput):
+        if verdict["goodput_req_s"]:
+            ax.axvline(verdict["goodput_req_s"], color="k", alpha=0.5, linewidth=0.8)
+        ax.set_xlabel("offered rate (Poisson), requests/s")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    latency.set_yscale("log")
+    latency.set_ylabel("ms")
+    latency.set_title(
+        f"goodput {verdict['goodput_req_s']:g} req/s at TTFT p99 <= {slo['ttft_p99_ms']:g} ms, "
+        f"ITL p99 <= {slo['itl_p99_ms']:g} ms",
+        fontsize=9,
+    )
+    throughput.set_ylabel("completion tokens/s")
+    fig.suptitle(_wrapped(title, fig), fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
     plt.close(fig)
     return path
 

@@ -29,7 +29,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import httpx
@@ -139,6 +139,13 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     work.add_argument(
         "--warmup-requests", type=int, default=1, help="short requests sent before the run and left out of every figure"
     )
+    work.add_argument(
+        "--bursts",
+        type=int,
+        default=1,
+        help="run the workload this many times on one server, each with prompts of its own (seed + the round); "
+        "the first is reported apart from the repeated ones: what a server's first load pays",
+    )
 
     out = parser.add_argument_group("output")
     out.add_argument("--output-json", help="per-request timings, summary, server counters and the command")
@@ -153,6 +160,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     args = parser.parse_args(argv)
     if args.num_requests < 1:
         parser.error("--num-requests must be at least 1")
+    if args.bursts < 1:
+        parser.error("--bursts must be at least 1")
     if args.max_concurrency is not None and args.max_concurrency < 1:
         parser.error("--max-concurrency must be at least 1")
     if args.prompts_file and args.input_len_range:
@@ -163,7 +172,15 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 # ---------------------------------------------------------------------------------------------- workload
 
 
-def build_workload(args: argparse.Namespace) -> list[WorkloadRequest]:
+def build_workload(args: argparse.Namespace, round_index: int = 0) -> list[WorkloadRequest]:
+    """The run's requests; round_index > 0 (--bursts): the same shape with other prompts, sharing no KV block
+    with another round's (other random ids; text prompts marked with the round)."""
+    if round_index:
+        args = argparse.Namespace(**{**vars(args), "seed": args.seed + 7919 * round_index})
+        return [
+            replace(r, prompt=f"round {round_index}: {r.prompt}") if r.prompt is not None else r
+            for r in build_workload(args)
+        ]
     n = args.num_requests
     if args.output_len_range:
         # seed + 1: output lengths drawn independently of the input lengths below
@@ -435,6 +452,36 @@ def _fmt(value: float | None) -> str:
     return "-" if value is None else f"{value:.1f}"
 
 
+def print_repeats(result: dict) -> None:
+    """The first burst against the repeated ones (--bursts): a warm server's first load costs what its later ones do."""
+    if not result.get("repeats"):
+        return
+    first = result["summary"]
+
+    def line(name: str, s: dict) -> str:
+        ms = s["latencies_ms"]
+        return (
+            f"{name:<12}{s['completion_throughput']:>14,.0f}{_fmt(ms['ttft']['p50']):>12}{_fmt(ms['ttft']['p99']):>12}"
+            f"{_fmt(ms['itl']['p99']):>12}{s['duration_s']:>10.2f}"
+        )
+
+    print(f"\n{'burst':<12}{'tok/s':>14}{'TTFT p50':>12}{'TTFT p99':>12}{'ITL p99':>12}{'seconds':>10}")
+    print(line("first", first))
+    for repeat in result["repeats"]:
+        print(line(f"repeat {repeat['round']}", repeat["summary"]))
+    later = sorted(r["summary"]["duration_s"] for r in result["repeats"])
+    median = later[len(later) // 2]
+    print(f"first burst's duration / the repeated ones' median: {first['duration_s'] / median:.3f}")
+    # Which process paid for the first burst: its busy seconds against the same process's in the repeats.
+    busy = {role: [p["busy_s"]] for role, p in (result.get("processes") or {}).items()}
+    for repeat in result["repeats"]:
+        for role, p in (repeat.get("processes") or {}).items():
+            busy.setdefault(role, []).append(p["busy_s"])
+    if busy:
+        per_role = (f"{role} " + " / ".join(f"{b:.2f}" for b in seconds) for role, seconds in busy.items())
+        print("busy seconds per burst: " + "; ".join(per_role))
+
+
 def print_report(result: dict) -> None:
     s = result["summary"]
     print(
@@ -544,6 +591,7 @@ def run(args: argparse.Namespace, command: str) -> dict:
     else:
         root = Path(args.launch_root).resolve() if args.launch_root else ROOT
         server = LaunchedServer(args.launch, args.server_log, root=root) if args.launch else None
+    repeats: list[dict] = []
     with server if server is not None else contextlib.nullcontext():
         url = server.url if server is not None else args.url
         m = measure(
@@ -556,6 +604,18 @@ def run(args: argparse.Namespace, command: str) -> dict:
             args.warmup_requests,
             args.client_processes,
         )
+        for round_index in range(1, args.bursts):
+            again = build_workload(args, round_index)
+            r = measure(url, again, offsets, sampling, args.max_concurrency, headers, 0, args.client_processes)
+            repeats.append(
+                {
+                    "round": round_index,
+                    "summary": summary_dict(summarize(r.requests)),
+                    "server": server_view(r.stats_before, r.stats_after),
+                    "processes": process_view(r.stats_before, r.stats_after),
+                    "client": r.client.to_dict(),
+                }
+            )
     result = {
         "command": command,
         "label": args.label,
@@ -569,6 +629,7 @@ def run(args: argparse.Namespace, command: str) -> dict:
         "client": m.client.to_dict(),
         "server_log": str(server.log_path) if server is not None else None,
         "requests": [request_dict(i, w, t) for i, (w, t) in enumerate(zip(workload, m.requests))],
+        "repeats": repeats,  # --bursts: the later runs of the workload, after the first (above)
     }
     if args.plot_dir:
         from benchmarks.plots import write_plots
@@ -588,6 +649,7 @@ def main(argv: list[str] | None = None) -> dict | None:
         return None
     result = run(args, shlex.join(["python", "-m", "benchmarks.serve", *argv]))
     print_report(result)
+    print_repeats(result)
     return result
 
 

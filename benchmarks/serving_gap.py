@@ -25,6 +25,7 @@ import json
 import shlex
 import subprocess
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 from benchmarks.load_client import default_client_processes
@@ -33,7 +34,7 @@ W1 = "--num-requests 256 --input-len-range 64-512 --max-new-tokens 256 --no-stop
 W1_OFFLINE = "--num-requests 256 --input-len-range 64-512 --output-len 256"
 BURST = "--num-requests 1024 --input-len-range 64-512 --max-new-tokens 256 --no-stop-on-eos"
 BURST_OFFLINE = "--num-requests 1024 --input-len-range 64-512 --output-len 256"
-SWEEP_RATES = (25, 50, 100, 200, 300, 400, 600, 800)
+SWEEP_RATES = "100,200,400,600,800,1000,1200,1500,2000"  # requests/s
 
 
 def run(args: list[str], log: Path) -> None:
@@ -104,53 +105,115 @@ def offline(label: str, flags: str, out: Path, log: Path, rows: list[dict]) -> N
     )
 
 
-def sweep(model: str, k: int, clients: int, out: Path, log: Path, rows: list[dict]) -> None:
+@dataclass(slots=True)
+class Slo:
+    """The latency objectives a rate must meet to count toward goodput: p99s over the run, no failed request."""
+
+    ttft_ms: float
+    itl_ms: float
+
+    def met(self, point: dict) -> bool:
+        return (
+            point["failed"] == 0
+            and point["ttft_p99_ms"] is not None
+            and point["ttft_p99_ms"] <= self.ttft_ms
+            and (point["itl_p99_ms"] or 0.0) <= self.itl_ms
+        )
+
+
+def sweep_point(rate: float, result: dict) -> dict:
+    s = result["summary"]
+    return {
+        "rate": rate,
+        "req_s": s["request_throughput"],
+        "tok_s": s["completion_throughput"],
+        "ttft_p99_ms": s["latencies_ms"]["ttft"]["p99"],
+        "itl_p99_ms": s["latencies_ms"]["itl"]["p99"],
+        "failed": s["failed"],
+        "client_peak_cpu_pct": max(result["client"]["peak_cpu_pct"], default=0.0),
+    }
+
+
+def goodput(points: list[dict], client: list[dict], burst_tok_s: float | None, slo: Slo) -> dict:
+    """The highest rate whose server point meets the SLOs, the throughput there, and whether the client could
+    have been the limit: its own point (the same arrivals against benchmarks.mock_server) at that rate and at
+    the first rate the server missed must meet the SLOs too, or the verdict is the client's, not the server's."""
+    met = [p for p in points if slo.met(p)]
+    best = max(met, key=lambda p: p["rate"], default=None)
+    missed = [p for p in points if not slo.met(p) and (best is None or p["rate"] > best["rate"])]
+    client_at = {p["rate"]: p for p in client}
+    checked = [r for r in (best and best["rate"], missed and missed[0]["rate"]) if r]
+    client_limited = any(r not in client_at or not slo.met(client_at[r]) for r in checked)
+    saturation = max((p["tok_s"] for p in points), default=0.0)
+    return {
+        "slo": {"ttft_p99_ms": slo.ttft_ms, "itl_p99_ms": slo.itl_ms},
+        "goodput_req_s": best["rate"] if best else 0.0,
+        "goodput_point": best,
+        "client_limited": client_limited,
+        "saturation_tok_s": saturation,
+        "burst_tok_s": burst_tok_s,
+        "saturation_of_burst": saturation / burst_tok_s if burst_tok_s else None,
+        "points": points,
+        "client_points": client,
+    }
+
+
+def sweep(
+    model: str,
+    launch: str,
+    clients: int,
+    mock: int,
+    rates: list[float],
+    seconds: float,
+    slo: Slo,
+    out: Path,
+    log: Path,
+    rows: list[dict],
+) -> dict:
+    """Poisson arrivals at each rate, `seconds` of them, against one server and (the client's ceiling) against
+    benchmarks.mock_server, interleaved; then the burst on the same server. Stops after two rates in a row miss
+    the SLOs (the server is past saturation). Writes sweep.json and sweep.png."""
     from benchmarks.serve import LaunchedServer
 
-    points = []
-    with LaunchedServer(
-        f"--model {model} --load-format dummy --api-server-count {k}", str(out / "sweep_server.log")
-    ) as srv:
-        for rate in SWEEP_RATES:
-            n = min(1024, max(128, int(rate * 4)))
+    points: list[dict] = []
+    client: list[dict] = []
+    burst_tok_s = None
+    with LaunchedServer(launch, str(out / "sweep_server.log")) as srv:
+        for rate in rates:
+            n = max(256, int(rate * seconds))
             flags = (
-                f"--url {srv.url} --model {model} --num-requests {n} --input-len-range 64-512 "
-                f"--output-len-range 16-256 --request-rate {rate} --seed {rate} --client-processes {clients}"
+                f"--model {model} --num-requests {n} --input-len-range 64-512 --output-len-range 16-256 "
+                f"--request-rate {rate} --seed {int(rate)} --client-processes {clients}"
             )
-            result = serve(f"sweep_{rate}", flags, out, log, rows)
+            mocked = serve(f"sweep_client_{rate:g}", f"--mock-server {mock} {flags}", out, log, rows)
+            if mocked is not None:
+                client.append(sweep_point(rate, mocked))
+            result = serve(f"sweep_{rate:g}", f"--url {srv.url} {flags}", out, log, rows)
             if result is not None:
-                s = result["summary"]
-                points.append(
-                    {
-                        "rate": rate,
-                        "tok_s": s["completion_throughput"],
-                        "req_s": s["request_throughput"],
-                        "ttft_p99_ms": s["latencies_ms"]["ttft"]["p99"],
-                        "itl_p99_ms": s["latencies_ms"]["itl"]["p99"],
-                        "failed": s["failed"],
-                    }
-                )
-    (out / "sweep.json").write_text(json.dumps(points, indent=1))
-    try:
-        import matplotlib
+                points.append(sweep_point(rate, result))
+            if len(points) >= 2 and not slo.met(points[-1]) and not slo.met(points[-2]):
+                break
+        burst = serve(
+            "sweep_burst", f"--url {srv.url} --model {model} {BURST} --client-processes {clients}", out, log, rows
+        )
+        if burst is not None:
+            burst_tok_s = burst["summary"]["completion_throughput"]
+    verdict = goodput(points, client, burst_tok_s, slo)
+    verdict["server"] = launch
+    (out / "sweep.json").write_text(json.dumps(verdict, indent=1))
+    from benchmarks.plots import write_sweep_plot
 
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        return
-    fig, ax = plt.subplots(figsize=(7, 4))
-    tok = [p["tok_s"] for p in points]
-    ax.plot(tok, [p["ttft_p99_ms"] for p in points], "o-", label="TTFT p99")
-    ax.plot(tok, [p["itl_p99_ms"] for p in points], "s-", label="ITL p99")
-    for p in points:
-        ax.annotate(f"{p['rate']}/s", (p["tok_s"], p["ttft_p99_ms"]), fontsize=7)
-    ax.set_xlabel("completion tokens/s")
-    ax.set_ylabel("ms")
-    ax.set_yscale("log")
-    ax.set_title(f"Poisson sweep, --api-server-count {k}")
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(out / "sweep.png", dpi=120)
+    write_sweep_plot(verdict, out / "sweep.png", f"Poisson sweep: python launch.py {launch}")
+    g = verdict["goodput_point"]
+    print(
+        f"goodput: {verdict['goodput_req_s']:g} req/s (TTFT p99 <= {slo.ttft_ms:g} ms, ITL p99 <= {slo.itl_ms:g} ms)"
+        + (f", {g['tok_s']:,.0f} tok/s there" if g else "")
+        + ("; the client may be the limit (see client_points)" if verdict["client_limited"] else "; not client-limited")
+        + f"; saturation {verdict['saturation_tok_s']:,.0f} tok/s = "
+        + (f"{100 * verdict['saturation_of_burst']:.0f}% of the burst's {burst_tok_s:,.0f}" if burst_tok_s else "?"),
+        flush=True,
+    )
+    return verdict
 
 
 def table(rows: list[dict]) -> str:
@@ -181,6 +244,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--tensor-parallel-sizes", default="1,2", help="parallel: W1 with each")
     parser.add_argument("--data-parallel-sizes", default="1,2", help="parallel: the burst with each")
     parser.add_argument("--repeats", type=int, default=2, help="parallel: rounds of the sizes, interleaved")
+    parser.add_argument("--server-flags", default="", help="more flags for every server this runs")
+    parser.add_argument("--sweep-rates", default=SWEEP_RATES, help="sweep: Poisson rates, requests/s")
+    parser.add_argument("--sweep-seconds", type=float, default=8.0, help="sweep: seconds of arrivals at each rate")
+    parser.add_argument("--slo-ttft-ms", type=float, default=200.0, help="sweep: goodput's TTFT p99 bound")
+    parser.add_argument("--slo-itl-ms", type=float, default=50.0, help="sweep: goodput's ITL p99 bound")
     args = parser.parse_args(argv)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -189,7 +257,7 @@ def main(argv: list[str] | None = None) -> None:
     counts = [int(k) for k in args.api_server_counts.split(",")]
     parts = args.parts.split(",")
     rows: list[dict] = []
-    dummy = f"--model {m} --load-format dummy"
+    dummy = f"--model {m} --load-format dummy {args.server_flags}".strip()
     if "ceilings" in parts:
         serve(
             "client_ceiling_mock",
@@ -230,7 +298,10 @@ def main(argv: list[str] | None = None) -> None:
             flags = f"--launch '{dummy} --api-server-count {k}' {BURST} --client-processes {p}"
             serve(f"burst_server_k{k}", flags, out, log, rows)
     if "sweep" in parts:
-        sweep(m, max(counts), p, out, log, rows)
+        rates = [float(r) for r in args.sweep_rates.split(",")]
+        launch = f"{dummy} --api-server-count {max(counts)}"
+        slo = Slo(args.slo_ttft_ms, args.slo_itl_ms)
+        sweep(m, launch, p, args.mock_processes, rates, args.sweep_seconds, slo, out, log, rows)
     if "parallel" in parts:
         k = max(counts)
         for rep in range(1, args.repeats + 1):

@@ -33,7 +33,11 @@ class EngineConfig:
     # None: decided for the device by the GPU worker (gpu_worker/limits.py), which reports them in its
     # WorkerReady; the scheduler plans with what the worker decided.
     max_num_seqs: int | None = None  # running requests (the decode batch)
-    max_num_batched_tokens: int | None = None  # prompt tokens computed per step
+    max_num_batched_tokens: int | None = None  # prompt tokens computed per step; "auto": see below
+    # "auto" (--max-num-batched-tokens auto): the budget adapts, up to the worker's default, so that a step
+    # mixing prompts with decodes takes at most target_itl_ms (scheduler/prefill_budget.py).
+    adaptive_prefill_budget: bool = False
+    target_itl_ms: float = 50.0
     max_prefill_requests: int | None = None  # requests admitted per step; None: no limit beyond max_num_seqs
     enable_prefix_caching: bool = True
     enable_chunked_prefill: bool = True
@@ -52,6 +56,11 @@ class EngineConfig:
     max_grammar_bytes: int = MAX_GRAMMAR_BYTES
     grammar_compile_timeout: float = 10.0  # seconds
 
+    def __post_init__(self) -> None:
+        if self.max_num_batched_tokens == "auto":  # (the flag's spelling, or LLM(max_num_batched_tokens="auto"))
+            self.max_num_batched_tokens = None
+            self.adaptive_prefill_budget = True
+
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> EngineConfig:
         return cls(**{f.name: getattr(args, f.name) for f in fields(cls) if hasattr(args, f.name)})
@@ -68,6 +77,15 @@ CPU_MAX_NUM_BATCHED_TOKENS = 4096
 GPU_MAX_NUM_BATCHED_TOKENS = 16384
 GPU_MAX_NUM_SEQS = 512
 GPU_TYPICAL_REQUEST_TOKENS = 2048  # "holds N requests": N of this length (or the context, if shorter)
+
+
+def _budget(text: str) -> int | str:
+    if text == "auto":
+        return text
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of tokens or 'auto', not {text!r}") from None
 
 
 # A chat request that leaves out max_tokens should finish in seconds on a CPU, not run to an 8k context.
@@ -144,10 +162,17 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
     )
     scheduler.add_argument(
         "--max-num-batched-tokens",
-        type=int,
+        type=_budget,
         default=d.max_num_batched_tokens,
         help=f"prompt tokens computed per step; default: {GPU_MAX_NUM_BATCHED_TOKENS} on a GPU, "
-        f"{CPU_MAX_NUM_BATCHED_TOKENS} on a CPU",
+        f"{CPU_MAX_NUM_BATCHED_TOKENS} on a CPU; auto: up to that, as many as keep a step mixing prompts with "
+        "decodes within --target-itl-ms (measured as the server runs)",
+    )
+    scheduler.add_argument(
+        "--target-itl-ms",
+        type=float,
+        default=d.target_itl_ms,
+        help="--max-num-batched-tokens auto: the step time (each decode's inter-token latency) to stay within",
     )
     scheduler.add_argument(
         "--max-prefill-requests",

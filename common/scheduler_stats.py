@@ -33,6 +33,11 @@ class SchedulerStats:
         "KV cache blocks held only by the prefix cache: reusable by a matching prompt, evicted when needed",
     )
     kv_blocks_used: int = _metric("gauge", "clearserve_kv_blocks_used", "KV cache blocks held by running requests")
+    prefill_budget: int = _metric(
+        "gauge",
+        "clearserve_prefill_budget_tokens",
+        "Prompt tokens the next step may compute (sized from step times under --max-num-batched-tokens auto)",
+    )
     # The last step's sizes and the cumulative counters, kept up to date by the scheduler as it plans.
     last_step_prefill_tokens: int = _metric(
         "gauge", "clearserve_last_step_prefill_tokens", "Prompt tokens computed by the last step"

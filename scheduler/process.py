@@ -151,7 +151,7 @@ class SchedulerLoop:
     def _send_plans(self) -> None:
         while self.in_flight < PIPELINE_DEPTH:
             self.observer.before_plan()
-            plan = self.scheduler.schedule()
+            plan = self.scheduler.schedule(ahead=self.in_flight > 0)
             if plan is None:
                 break
             self.observer.on_plan(plan)

@@ -4,7 +4,8 @@ One step (schedule), in order:
   0. retire: running requests whose last sample is already planned become FINISHING: they give up their
      seat and their blocks at once and only wait for that token (see below).
   1. running (_schedule_running), oldest first (--scheduling-policy priority: most urgent first): a decode
-     computes its one new token; a prompt being chunked takes its next chunk from the prompt-token budget.
+     computes its one new token; a prompt being chunked takes its next chunk from the prompt-token budget
+     (fixed, or sized from measured step times to keep a step within an ITL target: prefill_budget.py).
      Short of blocks, the prefix cache evicts, then the last running request (the newest, or least urgent) is
      preempted (blocks freed, recomputed later with the tokens it had).
   2. admit (_admit), unless step 1 preempted: waiting requests in their queue's order (arrival, or priority
@@ -13,6 +14,13 @@ One step (schedule), in order:
      longest cached prefix and computes the rest (a chunk of it, if it does not fit the budget and
      chunking is on). The first request that cannot be admitted stops admission: order is kept.
 All of a step's chunks go to the worker as one plan, computed in one forward.
+
+Prompts that arrive together are prefilled together. A plan made ahead (another is still in flight) is held
+back while the running batch is nothing but the newcomers of the plan in flight (the engine was idle): it
+would only carry their first decodes, and the prompts arriving behind the first one, while its prefill runs,
+would then wait for two plans instead of one. Held, they all join the next plan, made when the result comes
+(the worker waits one turnaround for it, once per start from idle). A batch with older requests in it, or a
+full one, is planned ahead as ever.
 
 Results arrive PIPELINE_DEPTH - 1 steps late (the next plan is made while the GPU runs this one), so a
 request that sampled EOS may be scheduled once more; that extra token is discarded here. A request that
@@ -48,6 +56,7 @@ from common.scheduler_stats import SchedulerStats
 from scheduler.block_manager import BlockManager
 from scheduler.compile_worker import GrammarRefused
 from scheduler.grammars import Grammars
+from scheduler.prefill_budget import PrefillBudget
 from scheduler.prefix_cache import InsertCursor, PrefixCache
 from scheduler.request import Request, RequestStatus
 from scheduler.waiting_queue import WaitingQueue, priority_key
@@ -59,6 +68,7 @@ class _StepDraft:
     entries are the plan's columns (StepPlan)."""
 
     budget: int
+    start_budget: int
     rids: list[int] = field(default_factory=list)
     starts: list[int] = field(default_factory=list)
     num_tokens: list[int] = field(default_factory=list)
@@ -75,7 +85,9 @@ class Scheduler:
         """limits: as the GPU worker decided them for its device (WorkerReady); config's own are not read."""
         self.config = config
         self.max_num_seqs = limits.max_num_seqs
-        self.max_num_batched_tokens = limits.max_num_batched_tokens
+        self.max_num_batched_tokens = limits.max_num_batched_tokens  # the ceiling: the worker is sized for it
+        target = config.target_itl_ms / 1000 if config.adaptive_prefill_budget else None
+        self.prefill_budget = PrefillBudget(limits.max_num_batched_tokens, target)
         self.block_size = config.block_size
         self.blocks = BlockManager(limits.num_kv_blocks, config.block_size)
         self.cache = PrefixCache(self.blocks) if config.enable_prefix_caching else None
@@ -93,6 +105,7 @@ class Scheduler:
         self.stats = SchedulerStats()  # counters and the last step's sizes; snapshot() adds the state
         self._released: list[int] = []  # rids whose worker mirror must be dropped, sent with the next plan
         self._last_sampled: list[Request] = []  # planned their last sample in the latest plan
+        self._newcomers: set[int] = set()  # the rids the latest plan admitted
         self._step_id = 0
         self._seeds = random.Random()
 
@@ -217,16 +230,30 @@ class Scheduler:
             kv_blocks_free=self.blocks.num_free,
             kv_blocks_cached=evictable,
             kv_blocks_used=self.blocks.num_blocks - self.blocks.num_free - evictable,
+            prefill_budget=self.prefill_budget.tokens,
         )
 
-    def schedule(self) -> StepPlan | None:
-        """The next step's plan, or None when nothing can run."""
+    def schedule(self, ahead: bool = False) -> StepPlan | None:
+        """The next step's plan, or None when nothing can run. ahead: another plan is still in flight (the server's
+        loop); such a plan is held back while the batch is only that plan's newcomers (see the module docstring)."""
+        if ahead and self._only_newcomers_running():
+            return None
         self._retire_last_sampled()
-        step = _StepDraft(budget=self.max_num_batched_tokens)
+        budget = self.prefill_budget.tokens
+        step = _StepDraft(budget=budget, start_budget=budget)
         self._schedule_running(step)
         if not step.preempted:
             self._admit(step)
-        return self._emit(step)
+        plan = self._emit(step)
+        if plan is not None and plan.rids:
+            self.prefill_budget.planned(plan.step_id, self.stats.last_step_prefill_tokens, time.time())
+        return plan
+
+    def _only_newcomers_running(self) -> bool:
+        """The running batch has room and holds only requests the latest plan admitted."""
+        newcomers = self._newcomers
+        running = self.running
+        return bool(running) and len(running) < self.max_num_seqs and all(r.rid in newcomers for r in running)
 
     def _retire_last_sampled(self) -> None:
         """Running requests whose last sample is planned (max_tokens or the context reached) only wait
@@ -306,7 +333,7 @@ class Scheduler:
 
     def _emit(self, step: _StepDraft) -> StepPlan | None:
         """The draft as a plan, with the releases since the last one; the step's counters."""
-        self.stats.last_step_prefill_tokens = self.max_num_batched_tokens - step.budget
+        self.stats.last_step_prefill_tokens = step.start_budget - step.budget
         self.stats.last_step_decode_tokens = step.decode_tokens
         if not step.rids and not self._released:
             return None
@@ -314,6 +341,7 @@ class Scheduler:
         self.stats.prompt_tokens_computed += self.stats.last_step_prefill_tokens
         self.stats.decode_tokens_computed += step.decode_tokens
         self._step_id += 1
+        self._newcomers = {spec.rid for spec in step.new_requests}
         released, self._released = self._released, []
         return StepPlan(
             self._step_id,
@@ -330,7 +358,7 @@ class Scheduler:
     def _admit(self, step: _StepDraft) -> None:
         """Waiting requests, in their queue's order, into the seats, the per-step admission limit and the budget
         left. The first that cannot be admitted stops admission: order is kept."""
-        full_budget = self.max_num_batched_tokens
+        full_budget = step.start_budget
         free_seats = self.max_num_seqs - len(self.running)
         limit = min(free_seats, self.config.max_prefill_requests or self.max_num_seqs)
         admitted = 0
@@ -487,6 +515,7 @@ class Scheduler:
     def process_result(self, result: StepResult) -> TokenBatch:
         """The step's tokens appended to their requests; the batch of them to stream (those of requests that
         ended meanwhile left out), with the requests they finish."""
+        self.prefill_budget.on_result(result.step_id, result.sampled_time)
         for item in result.prompt_logprobs:
             request = self.requests.get(item.rid)
             if request is None:

@@ -38,6 +38,8 @@ def run(tiny_llama, tmp_path_factory):
             str(out / "plots"),
             "--label",
             "tiny",
+            "--bursts",
+            "2",
         ]
     )
     return result, out
@@ -100,6 +102,24 @@ def test_compare_prints_two_runs_side_by_side_with_ratios(run, capsys):
     lines = capsys.readouterr().out.splitlines()
     ttft = next(line for line in lines if line.startswith("TTFT p50"))
     assert ttft.split()[-1] == "1.00"
+
+
+def test_a_repeated_burst_is_reported_apart_from_the_first(run):
+    result, _ = run
+    assert result["summary"]["completed"] == NUM_REQUESTS, "the first burst is the run's own figures"
+    [repeat] = result["repeats"]
+    assert repeat["round"] == 1
+    assert repeat["summary"]["completed"] == NUM_REQUESTS
+    assert repeat["summary"]["completion_tokens"] == NUM_REQUESTS * NEW_TOKENS
+
+
+def test_each_repeated_burst_has_prompts_of_its_own(tiny_llama):
+    texts = serve.parse_args(["--num-requests", "3", "--prompt", "Hi", "--unique-prompts"])
+    ids = serve.parse_args(["--model", str(tiny_llama), "--num-requests", "3", "--input-len-range", "5-9"])
+    for args in (texts, ids):
+        first, again = serve.build_workload(args), serve.build_workload(args, round_index=1)
+        assert len(again) == len(first)
+        assert not {(r.prompt, str(r.input_ids)) for r in first} & {(r.prompt, str(r.input_ids)) for r in again}
 
 
 def test_random_id_workload_draws_seeded_lengths_from_the_models_vocabulary(tiny_llama):

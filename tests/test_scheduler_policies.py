@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from common.config import EngineConfig
-from common.messages import StageTimes, TokenizedRequest
+from common.messages import StageTimes, StepPlan, StepResult, StepTimings, TokenizedRequest
 from common.model_info import ModelInfo
 from common.sampling_params import SamplingParams
 from gpu_worker.limits import decide_limits
@@ -77,6 +77,7 @@ def test_fully_cached_prompt_still_computes_its_last_token(tiny_llama):
         {"max_prefill_requests": 1},
         {"max_num_seqs": 2},
         {"max_num_seqs": 2, "scheduling_policy": "priority"},
+        {"max_num_batched_tokens": "auto"},
     ],
 )
 def test_scheduling_options_leave_outputs_unchanged(tiny_model, engine_args):
@@ -84,6 +85,23 @@ def test_scheduling_options_leave_outputs_unchanged(tiny_model, engine_args):
     prompts.append(prompts[2][:30] + [11, 12])  # shares a prefix with another prompt
     baseline = run(make_llm(tiny_model), prompts)
     assert run(make_llm(tiny_model, **engine_args), prompts) == baseline
+
+
+def test_a_budget_that_changes_between_steps_leaves_outputs_unchanged(tiny_model):
+    # As --max-num-batched-tokens auto resizes it: prompts are chunked at whatever the budget is at each step.
+    prompts = random_prompts(6, [3, 17, 40, 9, 25, 61], vocab=512, seed=6)
+    baseline = run(make_llm(tiny_model), prompts)
+    llm = make_llm(tiny_model)
+    sizes = iter([5, 23, 8, 64, 3] * 100)
+    llm.scheduler.prefill_budget.tokens = next(sizes)
+
+    def resize() -> None:
+        llm.scheduler.check_integrity()
+        llm.scheduler.prefill_budget.tokens = next(sizes)
+
+    assert [o.token_ids for o in llm.generate(prompts, GREEDY, on_step=resize)] == baseline
+    prefill = [c.num_tokens for p in llm.plans_executed for c in p.chunks if c.num_tokens > 1]
+    assert len(prefill) > len(prompts), "some prompts were chunked"
 
 
 def test_prompt_budget_bounds_every_step_and_keeps_fifo_order(tiny_llama):
@@ -166,6 +184,62 @@ def test_a_request_whose_last_token_is_in_flight_hands_its_seat_over_at_once():
         "request 0 only waits for its last token; request 1 holds the one seat"
     )
     scheduler.check_integrity()
+
+
+def arrivals_scheduler(max_num_seqs: int = 64) -> Scheduler:
+    config, info = EngineConfig(block_size=4, max_num_seqs=max_num_seqs), ModelInfo("llama", 256, [0], 64)
+    return Scheduler(config, info, decide_limits(config, info, on_gpu=False, num_kv_blocks=512))
+
+
+def arrive(scheduler: Scheduler, rids, max_tokens: int = 8) -> None:
+    for rid in rids:
+        prompt = [3 + rid % 50, 4, 5, 6, 7]
+        scheduler.add_request(TokenizedRequest(rid, prompt, SamplingParams(max_tokens=max_tokens), StageTimes()))
+
+
+def result_of(plan: StepPlan) -> StepResult:
+    sampled = [c.rid for c in plan.chunks if c.sample]
+    return StepResult(plan.step_id, sampled, [9] * len(sampled), 0.0, StepTimings())
+
+
+def test_prompts_arriving_while_the_first_prefills_are_all_in_the_next_plan():
+    # As the server's loop runs (two plans in flight at most): one prompt arrives at an idle engine and is
+    # planned at once; 32 more arrive while its plan is in flight. They are all prefilled in the next plan,
+    # not behind a plan made ahead with only the first prompt's decode in it.
+    scheduler = arrivals_scheduler()
+    arrive(scheduler, [0])
+    first = scheduler.schedule()
+    assert scheduler.schedule(ahead=True) is None, "nothing is planned ahead for the first prompt alone"
+    arrive(scheduler, range(1, 33))
+    assert scheduler.schedule(ahead=True) is None, "the arrivals wait for the plan in flight, together"
+    scheduler.process_result(result_of(first))
+    second = scheduler.schedule()
+    assert sorted(s.rid for s in second.new_requests) == list(range(1, 33))
+    assert sorted(c.rid for c in second.chunks) == list(range(33)), "the first prompt decodes beside them"
+    scheduler.check_integrity()
+
+
+def test_a_batch_with_older_requests_is_planned_ahead_with_the_arrivals_in_it():
+    # Pipelining is kept once the engine is busy: the plan ahead decodes the older requests and admits
+    # whatever has arrived.
+    scheduler = arrivals_scheduler()
+    arrive(scheduler, [0])
+    scheduler.process_result(result_of(scheduler.schedule()))
+    in_flight = scheduler.schedule()  # request 0's first decode
+    arrive(scheduler, [1, 2])
+    ahead = scheduler.schedule(ahead=True)
+    assert ahead is not None and [s.rid for s in ahead.new_requests] == [1, 2]
+    assert in_flight is not None
+    scheduler.check_integrity()
+
+
+def test_a_full_batch_of_newcomers_is_planned_ahead():
+    # No seat is left for an arrival to take: holding the plan back would only idle the worker.
+    scheduler = arrivals_scheduler(max_num_seqs=4)
+    arrive(scheduler, range(4))
+    scheduler.schedule()
+    ahead = scheduler.schedule(ahead=True)
+    assert ahead is not None and sorted(c.rid for c in ahead.chunks) == [0, 1, 2, 3]
 
 
 def test_two_plans_in_flight_hand_seats_over_and_leave_outputs_unchanged(tiny_model):
