@@ -28,10 +28,11 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from common.cluster_secret import CurveKeys
     from common.control import Stuck
-    from common.engine_replica import ReplicaFailure
-    from common.messages import ProcessReady, WorkerLimits, WorkerReady
+    from common.messages import ControlRequest, ProcessReady, WorkerLimits, WorkerReady
     from common.profiling import ProfileConfig
+    from frontend.engine_client import EngineLimits
 
 log = logging.getLogger("launcher")
 SUMMARY_TIMEOUT_S = 1.0  # at shutdown: a process that died is not waited for long
@@ -45,6 +46,7 @@ def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
     from common.flags import FRONTEND, MODEL, OBSERVABILITY, PARALLEL, HelpFormatter, add_flag_groups, flag_group
     from frontend.limits import add_http_limit_args
     from frontend.parser_names import REASONING_PARSERS, TOOL_CALL_PARSERS
+    from launch_cluster import add_node_args
 
     # No prefix matching: `--tokenizer` must never be read as `--tokenizer-workers`.
     parser = argparse.ArgumentParser(
@@ -123,7 +125,8 @@ def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
         "--api-server-count",
         type=int,
         default=None,
-        help="HTTP frontend processes sharing the port (default: 2 on a machine of 8 cores or more, else 1)",
+        help="HTTP frontend processes sharing the port (default: 2 on a machine of 8 cores or more, else 1; at "
+        "least one per engine replica on this node)",
     )
     frontend_flags.add_argument(
         "--event-loop",
@@ -192,24 +195,28 @@ def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
     )
     add_engine_args(parser)
     add_http_limit_args(parser)
+    add_node_args(parser)
     return parser
 
 
 def parse_args(argv: list[str] | None = None, prog: str | None = None) -> argparse.Namespace:
+    from launch_cluster import check_node_args
+
     parser = build_parser(prog)
     args = parser.parse_args(argv)
     if args.model_positional is not None:
         if args.model is not None and args.model != args.model_positional:
             parser.error(f"two models given: {args.model_positional!r} and --model {args.model!r}")
         args.model = args.model_positional
+    if args.data_parallel_size < 1:
+        parser.error("--data-parallel-size must be at least 1")
+    check_node_args(parser, args)
     if args.api_server_count is None:
-        args.api_server_count = default_api_server_count()
+        args.api_server_count = default_api_server_count(args.data_parallel_size_local)
     if args.api_key is None:
         args.api_key = os.environ.get("CLEARSERVE_API_KEY")
     if args.tokenizer_workers < 1:
         parser.error("--tokenizer-workers must be at least 1")
-    if args.data_parallel_size < 1:
-        parser.error("--data-parallel-size must be at least 1")
     if args.generation_config not in ("auto", "vllm") and not os.path.isfile(
         os.path.join(args.generation_config, "generation_config.json")
     ):
@@ -253,11 +260,12 @@ def model_sampling_defaults(choice: str, model_folder) -> dict[str, float]:
     return defaults
 
 
-def default_api_server_count() -> int:
+def default_api_server_count(local_replicas: int = 1) -> int:
     """2 where the cores allow: one GPU's stream of tokens needs more than one HTTP process, but on the
     16-core H100 host 4 were no faster than 2 (they take cores from the scheduler, the tokenizer workers and
-    the GPU worker's host loop); docs/notes/benchmark-history.md, "Serving at engine speed"."""
-    return 2 if (os.cpu_count() or 1) >= 8 else 1
+    the GPU worker's host loop); docs/notes/benchmark-history.md, "Serving at engine speed". At least one per
+    engine replica on this node, as vLLM: each replica's stream of tokens wants its own HTTP process."""
+    return max(2 if (os.cpu_count() or 1) >= 8 else 1, local_replicas)
 
 
 def profile_config(args: argparse.Namespace) -> ProfileConfig:
@@ -284,13 +292,17 @@ class Engine:
 
 
 class Launcher:
-    def __init__(self, args: argparse.Namespace):
+    def __init__(self, args: argparse.Namespace, keys: CurveKeys | None = None):
+        """`keys`: the cluster's (common/cluster_secret.py), where replicas live on several hosts."""
         from common.cpu_threads import gpu_worker_threads, machine_cores
         from common.transport import Endpoints, make_run_dir
+        from launch_cluster import RemoteReplicas, across_hosts
 
         self.args = args
+        self.keys = keys
         self.profile = profile_config(args)
-        self.listener = bind_listener(args.host, args.port)  # first: a port in use fails before anything starts
+        # First: a port in use fails before anything starts. A headless node serves no HTTP.
+        self.listener = None if args.headless else bind_listener(args.host, args.port)
         self.run_dir = make_run_dir()
         self.endpoints = Endpoints(self.run_dir)
         self.spawn = mp.get_context("spawn")
@@ -302,8 +314,13 @@ class Launcher:
         self.replica_roles: dict[int, list[str]] = {}  # each engine replica's processes
         self.failed_replicas: set[int] = set()  # taken out (fail_replica): their processes are stopped
         self.gpu_worker_threads = gpu_worker_threads(
-            args.cpu_threads or machine_cores(), args.data_parallel_size * args.tensor_parallel_size
+            args.cpu_threads or machine_cores(), args.data_parallel_size_local * args.tensor_parallel_size
         )
+        # On the frontend node, the replicas headless nodes serve (launch_cluster.py); None: every one is here.
+        self.remote = RemoteReplicas.of(args, args.tensor_parallel_size) if across_hosts(args) else None
+        if args.headless:
+            self.remote = None
+        self.limits: EngineLimits | None = None  # what the frontends were told
 
     # ------------------------------------------------------------------ start
 
@@ -337,6 +354,7 @@ class Launcher:
         from frontend import process as frontend_process
         from frontend.engine_client import EngineLimits
         from frontend.limits import HttpLimits
+        from launch_cluster import local_replicas
         from tokenizer_worker import process as tokenizer_process
 
         config = replace(EngineConfig.from_args(args), model=str(folder))
@@ -345,15 +363,24 @@ class Launcher:
         check_tensor_parallel(folder, config.tensor_parallel_size)  # before any rank starts
         ready = pull_socket(zmq.Context.instance(), self.endpoints.launcher_ready)
         tail = (self.run_dir, args.log_level, os.getpid(), self.profile)
+        replicas = local_replicas(args)
+        if args.headless:
+            self._start_headless(ready, config, info, replicas, tail)
+            return
         num_frontends = args.api_server_count
-        num_replicas = args.data_parallel_size
         log.info("starting %d tokenizer workers", args.tokenizer_workers)
         for i in range(args.tokenizer_workers):
-            routing = (num_replicas, config.block_size)
+            routing = (args.data_parallel_size, config.block_size, [replica.index for replica in replicas])
             tokenizer_args = (i, str(tokenizer), num_frontends, *tail, chat_template, *routing)
             self._start(f"tokenizer-{i}", tokenizer_process.main, tokenizer_args)
-        engines = self._start_engine_replicas(ready, config, info, num_replicas, tail)
+        if self.remote is not None:
+            self._start_node_link(config, info, tail)
+        engines = self._start_engine_replicas(
+            ready, config, info, replicas, tail, args.tokenizer_workers, num_frontends
+        )
         self._wait_ready(ready, set(self.children))
+        if self.remote is not None:
+            engines |= self._join_nodes(wait=not engines)  # with no replica here, the first node to join
         limits = EngineLimits(
             served_model_name=args.served_model_name or default_served_name(args.model),
             max_model_len=min(engine.limits.max_model_len for engine in engines.values()),
@@ -364,8 +391,9 @@ class Launcher:
             model_root=str(folder),
             max_grammar_bytes=config.max_grammar_bytes,
         )
+        self.limits = limits
         frontends = [frontend_role(k) for k in range(num_frontends)]
-        roles = sorted(self.children) + frontends
+        roles = sorted(self.children) + frontends + self._remote_roles()
         for k, role in enumerate(frontends):
             spec = frontend_process.FrontendSpec(
                 k,
@@ -380,6 +408,7 @@ class Launcher:
                 args.http_parser,
                 args.tool_call_parser if args.enable_auto_tool_choice else None,
                 args.reasoning_parser,
+                self._replicas_view(),
             )
             self._start(role, frontend_process.main, (spec, self.listener, self.run_dir, os.getpid(), self.profile))
         self._wait_ready(ready, set(frontends))
@@ -387,15 +416,19 @@ class Launcher:
         self.serving = True
         self._announce(limits, engines, clock.total_s())
 
-    def _start_engine_replicas(self, ready_socket, config, info, num_replicas: int, tail: tuple) -> dict[str, Engine]:
-        """Start every replica's GPU worker, then, once each has sized its KV store, its scheduler; returns
-        each replica's engine under its scheduler's role, when all are ready."""
-        from common.engine_replica import engine_replicas
+    def _start_engine_replicas(
+        self, ready_socket, config, info, replicas: list, tail: tuple, num_tokenizers: int, num_frontends: int
+    ) -> dict[str, Engine]:
+        """Start every replica's GPU worker, then, once each has sized its KV store, its scheduler (sending its
+        tokens to `num_tokenizers` tokenizer workers, which serve `num_frontends` frontends); returns each
+        replica's engine under its scheduler's role, when all are ready."""
         from common.messages import WorkerReady
         from gpu_worker import process as gpu_process
         from scheduler import process as scheduler_process
 
-        replicas = engine_replicas(num_replicas)
+        num_replicas = len(replicas)
+        if not replicas:
+            return {}
         ranks = config.tensor_parallel_size
         self.replica_roles = {replica.index: replica.roles(ranks) for replica in replicas}
         log.info(
@@ -414,7 +447,7 @@ class Launcher:
             worker = workers[replica.gpu_worker_role]
             assert isinstance(worker, WorkerReady)
             engines[replica.scheduler_role] = Engine(replica.index, worker.device, worker.limits)
-            scheduler_args = (config, info, worker.limits, self.args.tokenizer_workers, self.args.api_server_count)
+            scheduler_args = (config, info, worker.limits, num_tokenizers, num_frontends)
             self._start(replica.scheduler_role, scheduler_process.main, (*scheduler_args, *tail, replica))
         self._wait_ready(ready_socket, {replica.scheduler_role for replica in replicas})
         for engine in engines.values():
@@ -464,6 +497,157 @@ class Launcher:
             if process.exitcode is not None:
                 raise ChildDied(f"process {role} (pid {process.pid}) died with exit code {process.exitcode}")
 
+    # ------------------------------------------------------------------ replicas on other hosts (launch_cluster.py)
+
+    def _start_node_link(self, config, info, tail: tuple) -> None:
+        """The frontend node's link (node_link/head.py): it listens for headless nodes and relays their traffic."""
+        assert self.remote is not None and self.keys is not None
+        self.remote.bind_events(self.endpoints)
+        target, link_args = self.remote.link_process(self.args, self.keys, config, info, tail)
+        self._start("node_link", target, link_args)
+
+    def _join_nodes(self, wait: bool) -> dict[str, Engine]:
+        """The nodes that joined so far (with `wait`, at least one), told to the routers; their engines."""
+        from common.engine_replica import EngineReplica
+
+        assert self.remote is not None
+        if wait:
+            log.info("no engine replica on this node: waiting for a headless node to join")
+        while True:
+            self._on_node_events(self.remote.take_events(timeout_ms=200 if wait else 0))
+            if self.remote.joined or not wait:
+                break
+            self._raise_if_a_child_died()
+        return {
+            EngineReplica(index, self.args.data_parallel_size).scheduler_role: Engine(
+                index, joined.device, joined.limits
+            )
+            for index, joined in self.remote.joined.items()
+        }
+
+    def _on_node_events(self, events: list) -> None:
+        from common.engine_replica import ReplicaFailure, ReplicaJoined
+        from common.node_messages import NodeJoin, NodeLost
+
+        assert self.remote is not None
+        for event in events:
+            if isinstance(event, NodeJoin):
+                for replica in event.replicas:
+                    self.remote.joined[replica.index] = replica
+                    self._check_joined_limits(replica)
+                    log.info(
+                        "engine replica %d joined from node %s: %d KV blocks on %s; %d of %d serve",
+                        replica.index,
+                        event.node,
+                        replica.limits.num_kv_blocks,
+                        replica.device,
+                        self._serving_count(),
+                        self.args.data_parallel_size,
+                    )
+                    self._tell_routers(ReplicaJoined(replica.index, replica.roles).request())
+            elif isinstance(event, NodeLost):
+                for index in event.replicas:
+                    lost = self.remote.joined.pop(index, None)
+                    if lost is None:
+                        continue  # welcomed, never joined: nothing was routed there
+                    log.error(
+                        "%s: engine replica %d is out, %d of %d still serve",
+                        event.reason,
+                        index,
+                        self._serving_count(),
+                        self.args.data_parallel_size,
+                    )
+                    self._tell_routers(ReplicaFailure(index, lost.roles, event.reason).request())
+
+    def _check_joined_limits(self, replica) -> None:
+        """A replica that joins after the frontends started is held to what they were told: a smaller one
+        still serves, refusing the requests it cannot hold (its scheduler's own 400s)."""
+        if self.limits is not None and replica.limits.max_model_len < self.limits.max_model_len:
+            log.warning(
+                "engine replica %d holds a context of %d tokens, the frontends accept %d: longer requests routed "
+                "there are refused",
+                replica.index,
+                replica.limits.max_model_len,
+                self.limits.max_model_len,
+            )
+
+    def _remote_roles(self) -> list[str]:
+        if self.remote is None:
+            return []
+        return [role for replica in self.remote.joined.values() for role in replica.roles]
+
+    def _replicas_view(self):
+        """Every replica as the frontends start with it: those not serving (a node that has not joined), out."""
+        from frontend.replicas import NOT_JOINED, EngineReplicas
+
+        size = self.args.data_parallel_size
+        if self.remote is None:
+            return EngineReplicas(size)
+        return EngineReplicas(
+            size, {index: NOT_JOINED for index in self.remote.roles if index not in self.remote.joined}
+        )
+
+    def _serving_count(self) -> int:
+        local = len(self.replica_roles) - len(self.failed_replicas)
+        return local + (len(self.remote.joined) if self.remote is not None else 0)
+
+    def _start_headless(self, ready, config, info, replicas: list, tail: tuple) -> None:
+        """A headless node: its link joins the frontend node's (node_link/member.py); once welcomed, its replicas
+        start with the frontend node's counts of tokenizer workers and frontends, and join when all are ready."""
+        import zmq
+
+        from common.messages import ControlRequest
+        from common.node_messages import JoinedReplica, NodeJoin
+        from common.transport import push_socket, send
+        from common.wire import encode
+        from launch_cluster import link_endpoint
+        from node_link import member
+        from node_link.terms import model_fingerprint
+
+        args = self.args
+        ranks = config.tensor_parallel_size
+        own_roles = {replica.index: replica.roles(ranks) for replica in replicas}
+        indices = list(own_roles)
+        node = f"{socket.gethostname()}:{indices[0]}-{indices[-1]}"
+        hello = member.new_hello(
+            node, indices, model_fingerprint(info), config.block_size, args.data_parallel_size, ranks
+        )
+        link_args = (self.keys, link_endpoint(args), hello, own_roles, args.watchdog_timeout, *tail[:3])
+        self._start(member.ROLE, member.main, link_args)
+        welcome = self._wait_welcome(ready)
+        engines = self._start_engine_replicas(
+            ready, config, info, replicas, tail, welcome.num_tokenizers, welcome.num_frontends
+        )
+        joined = [JoinedReplica(e.index, e.device, e.limits, own_roles[e.index]) for e in engines.values()]
+        sock = push_socket(zmq.Context.instance(), self.endpoints.control(member.ROLE))
+        send(sock, ControlRequest(member.JOIN, 0, {"join": encode(NodeJoin(node, joined))}))
+        sock.close(linger=1000)
+        ready.close()
+        self.serving = True
+        print(
+            f"clearserve headless node ready: engine replicas {indices} joined the frontend node at "
+            f"{link_endpoint(args)}",
+            flush=True,
+        )
+
+    def _wait_welcome(self, ready_socket):
+        """The frontend node's answer to this node's link (the launcher's READYs that come first are kept)."""
+        from common.node_messages import NodeRefused, NodeWelcome
+        from common.transport import recv
+        from launch_cluster import NodeRefusedError
+
+        log.info("joining the frontend node at %s", self.args.data_parallel_address)
+        while True:
+            self._raise_if_a_child_died()
+            if not ready_socket.poll(timeout=200):
+                continue
+            message = recv(ready_socket)
+            if isinstance(message, NodeWelcome):
+                return message
+            if isinstance(message, NodeRefused):
+                raise NodeRefusedError(message.reason)
+            self.ready[message.role] = message
+
     def _announce(self, limits, engines: dict[str, Engine], elapsed_s: float) -> None:
         blocks = [engine.limits.num_kv_blocks for engine in engines.values()]
         kv = f"{blocks[0]} KV blocks" if len(blocks) == 1 else f"{len(blocks)} engine replicas of {blocks} KV blocks"
@@ -491,12 +675,15 @@ class Launcher:
         try:
             while True:
                 sentinels = {p.sentinel: role for role, p in self.children.items() if not self._retired(role)}
-                ended = mp.connection.wait(list(sentinels), timeout=WATCHDOG_TICK_S if watchdog else None)
+                ticking = watchdog is not None or self.remote is not None
+                ended = mp.connection.wait(list(sentinels), timeout=WATCHDOG_TICK_S if ticking else None)
                 if ended:
                     role = sentinels[ended[0]]
                     process = self.children[role]
                     process.join(timeout=1)  # its sentinel can close a moment before it can be reaped
                     self.on_death(role, f"process {role} (pid {process.pid}) died with exit code {process.exitcode}")
+                if self.remote is not None:
+                    self._on_node_events(self.remote.take_events())
                 if watchdog is None:
                     continue
                 for stuck in watchdog.tick():
@@ -525,9 +712,11 @@ class Launcher:
         """A child died (or was declared stuck): the server stops (ChildDied), unless it belongs to an engine
         replica and another replica still serves, where that replica alone is taken out."""
         replica = self._replica_of(role)
-        if replica is None or self.args.exit_on_replica_failure:
+        # A headless node stops whole: the frontend node takes all its replicas out (its link says BYE).
+        if replica is None or self.args.exit_on_replica_failure or self.args.headless:
             raise ChildDied(reason)
-        if len(self.replica_roles) - len(self.failed_replicas) == 1:
+        # With replicas on other hosts the server waits for their nodes to (re)join, answering 503s meanwhile.
+        if self.remote is None and self._serving_count() == 1:
             raise ChildDied(reason if len(self.replica_roles) == 1 else f"{reason}, and no other engine replica serves")
         self.fail_replica(replica, reason)
 
@@ -541,32 +730,31 @@ class Launcher:
 
         self.failed_replicas.add(replica)
         roles = self.replica_roles[replica]
-        serving = len(self.replica_roles) - len(self.failed_replicas)
         log.error(
             "%s: engine replica %d is out, %d of %d still serve (--exit-on-replica-failure would stop the server)",
             reason,
             replica,
-            serving,
-            len(self.replica_roles),
+            self._serving_count(),
+            self.args.data_parallel_size,
         )
-        self._tell_routers(ReplicaFailure(replica, roles, reason))
+        self._tell_routers(ReplicaFailure(replica, roles, reason).request())
         for role in roles:
             process = self.children[role]
             if process.exitcode is None:
                 process.kill()
             process.join()
 
-    def _tell_routers(self, failure: ReplicaFailure) -> None:
-        """The failure, to every tokenizer worker and frontend (the processes of no replica)."""
+    def _tell_routers(self, news: ControlRequest) -> None:
+        """A replica's failure or join, to every tokenizer worker and frontend."""
         import zmq
 
         from common.transport import push_socket, send
 
         ctx: zmq.Context = zmq.Context.instance()
         for role in sorted(self.children):
-            if self._replica_of(role) is None and self.children[role].exitcode is None:
+            if role.startswith(("tokenizer-", "frontend-")) and self.children[role].exitcode is None:
                 sock = push_socket(ctx, self.endpoints.control(role))
-                send(sock, failure.request())
+                send(sock, news)
                 sock.close(linger=1000)  # sent before the close returns (an unsent message would be dropped)
 
     def _replica_of(self, role: str) -> int | None:
@@ -605,7 +793,8 @@ class Launcher:
         # The frontends answer 503s for a moment before they close their copies (frontend/stopping.py): the
         # listening socket closes with the last of them, not later with this one, when waiting clients would
         # be reset.
-        self.listener.close()
+        if self.listener is not None:
+            self.listener.close()
         # A process writing its profile trace finishes it first (common/process.py: sigterm_deferred): seconds
         # for a large one.
         deadline = time.monotonic() + (PROFILE_WRITE_GRACE_S if self.profile.dir else STOP_GRACE_S)
@@ -651,12 +840,19 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
     from common.process import configure_logging
 
     configure_logging("launcher", args.log_level)
+    from common.cluster_secret import ClusterSecretError
     from common.model_info import TensorParallelError, UnsupportedModel
     from common.model_source import ModelNotFound
+    from launch_cluster import NodeRefusedError, cluster_keys
     from tokenizer_worker.chat_template import ChatTemplateError
 
     try:
-        launcher = Launcher(args)
+        keys = cluster_keys(args)
+    except ClusterSecretError as exc:
+        log.error("%s", exc)
+        return 2
+    try:
+        launcher = Launcher(args, keys)
     except PortUnavailable as exc:
         log.error("%s", exc)
         return 1
@@ -667,7 +863,7 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
     try:
         launcher.start()
         launcher.watch()
-    except (ModelNotFound, ChatTemplateError, TensorParallelError, UnsupportedModel) as exc:
+    except (ModelNotFound, ChatTemplateError, TensorParallelError, UnsupportedModel, NodeRefusedError) as exc:
         log.error("%s", exc)
         launcher.exit_code = 2
     except ChildDied as exc:

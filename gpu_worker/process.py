@@ -14,7 +14,8 @@ only rank 0 sends StepResults:
         ▲             │       └─ worker-0-plans-rank2 ──▶ gpu_worker-rank2
         └─StepResult──┘
 
-On CUDA, replica r's rank t runs on cuda:(r·N + t).
+On CUDA, replica r's rank t runs on cuda:((r - S)·N + t), S the first replica on its node
+(--data-parallel-start-rank).
 """
 
 from __future__ import annotations
@@ -58,7 +59,7 @@ def main(
     init_child_process(role, log_level, parent_pid)
     endpoints = Endpoints(run_dir)
     ranks = config.tensor_parallel_size
-    device_index = replica.index * ranks + rank
+    device_index = (replica.index - replica.start) * ranks + rank
     leave_group: Callable[[], None] | None = None  # leaves the tensor-parallel process group
     if config.load_format == "null":
         from gpu_worker.null_runner import NullRunner
