@@ -23,6 +23,7 @@ from common.control import ControlServer, frontend_role
 from common.loop_progress import LoopProgress
 from common.node_messages import NodeHello, NodeJoin, NodeLost, NodeRefused, NodeWelcome
 from common.process import announce_ready, exit_child, init_child_process
+from common.profiling import ProcessStats
 from common.transport import Endpoints, pull_socket, push_socket, send
 from common.wire import WireError, decode, encode
 from node_link import frames
@@ -78,12 +79,12 @@ class HeadLink:
         self.holder: dict[int, bytes] = {}  # replica -> the node (identity) serving it
         self.progress = LoopProgress()
         self.control = ControlServer(endpoints, ROLE, stats=self.stats, progress=self.progress)
-        self.relayed = {"to_nodes": 0, "from_nodes": 0}
+        self.activity = ProcessStats()  # its sockets: the messages relayed, both ways
         self.last_beat = 0.0
 
     def stats(self) -> dict:
-        nodes = {node.name: {"replicas": node.replicas, "joined": node.joined} for node in self.nodes.values()}
-        return {"nodes": nodes, "messages_relayed": dict(self.relayed)}
+        nodes = {node.name: {"replicas": node.replicas, "joined": node.joined} for node in list(self.nodes.values())}
+        return {**self.activity.summary(), "nodes": nodes}
 
     def run(self) -> None:
         poller = zmq.Poller()
@@ -91,20 +92,24 @@ class HeadLink:
             poller.register(sock, zmq.POLLIN)
         while True:
             ready = dict(self.progress.idle_wait(poller.poll, int(frames.HEARTBEAT_S * 1000 / 2)))
-            for command in self.control.pending():
-                self.control.reply(command)
-            if self.zap.sock in ready:
-                self.zap.answer()
-            if self.monitor in ready and not all(handshake_events(self.monitor)):
-                self.refusals.refused(
-                    "a connection: its CurveZMQ handshake failed (a node without the cluster secret, or with another)"
-                )
-            if self.router in ready:
-                self._drain_router()
-            for sock, (replica, channel) in self.to_nodes.items():
-                if sock in ready:
-                    self._relay_to_node(sock, replica, channel)
-            self._keep_time(time.monotonic())
+            with self.activity.busy():
+                self._turn(ready)
+
+    def _turn(self, ready: dict) -> None:
+        for command in self.control.pending():
+            self.control.reply(command)
+        if self.zap.sock in ready:
+            self.zap.answer()
+        if self.monitor in ready and not all(handshake_events(self.monitor)):
+            self.refusals.refused(
+                "a connection: its CurveZMQ handshake failed (a node without the cluster secret, or with another)"
+            )
+        if self.router in ready:
+            self._drain_router()
+        for sock, (replica, channel) in self.to_nodes.items():
+            if sock in ready:
+                self._relay_to_node(sock, replica, channel)
+        self._keep_time(time.monotonic())
 
     # ------------------------------------------------------------------ from the nodes
 
@@ -121,7 +126,8 @@ class HeadLink:
                 out = self.from_nodes.get(rest[0])
                 if out is not None:
                     out.send(rest[1], copy=False)
-                    self.relayed["from_nodes"] += 1
+                    self.activity.sockets.messages_in += 1
+                    self.activity.sockets.bytes_in += len(rest[1])
             elif kind == frames.HELLO and rest:
                 self._on_hello(identity, rest[0])
             elif node is None:
@@ -179,7 +185,8 @@ class HeadLink:
             # No node: the replica is out (its requests were ended), a late abort or ping has nobody to reach.
             if identity is not None:
                 self.router.send_multipart([identity, frames.RELAY, channel, data], copy=False)
-                self.relayed["to_nodes"] += 1
+                self.activity.sockets.messages_out += 1
+                self.activity.sockets.bytes_out += len(data)
 
     # ------------------------------------------------------------------ liveness
 

@@ -22,6 +22,7 @@ from common.control import ControlServer, frontend_role
 from common.loop_progress import LoopProgress
 from common.node_messages import NodeHello, NodeRefused, NodeWelcome
 from common.process import announce_ready, init_child_process
+from common.profiling import ProcessStats
 from common.transport import Endpoints, pull_socket, push_socket, send
 from common.wire import decode, encode
 from node_link import frames
@@ -65,7 +66,8 @@ class MemberLink:
         self.from_local: dict[zmq.Socket, bytes] = {}  # bound once welcomed (the frontend node's counts)
         self.launcher = push_socket(ctx, endpoints.launcher_ready)
         self.progress = LoopProgress()
-        self.control = ControlServer(endpoints, ROLE, progress=self.progress)
+        self.activity = ProcessStats()  # its sockets: the messages relayed, both ways
+        self.control = ControlServer(endpoints, ROLE, stats=self.activity.summary, progress=self.progress)
         self.welcomed = False
         self.heard = time.monotonic()
         self.last_beat = self.last_hello = 0.0
@@ -78,18 +80,22 @@ class MemberLink:
         self.poller.register(self.monitor, zmq.POLLIN)
         while True:
             ready = dict(self.progress.idle_wait(self.poller.poll, int(frames.HEARTBEAT_S * 1000 / 2)))
-            for command in self.control.pending():
-                if command.kind == JOIN:
-                    self.dealer.send_multipart([frames.JOIN, command.args["join"]])
-                self.control.reply(command)
-            if self.monitor in ready:
-                self._count_handshakes()
-            if self.dealer in ready:
-                self._drain_dealer()
-            for sock, channel in self.from_local.items():
-                if sock in ready:
-                    self._relay_to_head(sock, channel)
-            self._keep_time(time.monotonic())
+            with self.activity.busy():
+                self._turn(ready)
+
+    def _turn(self, ready: dict) -> None:
+        for command in self.control.pending():
+            if command.kind == JOIN:
+                self.dealer.send_multipart([frames.JOIN, command.args["join"]])
+            self.control.reply(command)
+        if self.monitor in ready:
+            self._count_handshakes()
+        if self.dealer in ready:
+            self._drain_dealer()
+        for sock, channel in list(self.from_local.items()):
+            if sock in ready:
+                self._relay_to_head(sock, channel)
+        self._keep_time(time.monotonic())
 
     def _count_handshakes(self) -> None:
         for succeeded in handshake_events(self.monitor):
@@ -111,6 +117,8 @@ class MemberLink:
                 out = self.to_local.get(rest[0])
                 if out is not None:
                     out.send(rest[1], copy=False)
+                    self.activity.sockets.messages_in += 1
+                    self.activity.sockets.bytes_in += len(rest[1])
             elif kind == frames.WELCOME and rest and not self.welcomed:
                 self._on_welcome(decode(rest[0]))
             elif kind == frames.REFUSED and rest:
@@ -137,6 +145,8 @@ class MemberLink:
             except zmq.Again:
                 return
             self.dealer.send_multipart([frames.RELAY, channel, data], copy=False)
+            self.activity.sockets.messages_out += 1
+            self.activity.sockets.bytes_out += len(data)
 
     def _keep_time(self, now: float) -> None:
         if not self.welcomed:
