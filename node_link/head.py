@@ -177,6 +177,9 @@ class HeadLink:
 
     def _relay_to_node(self, sock: zmq.Socket, replica: int, channel: bytes) -> None:
         identity = self.holder.get(replica)
+        node = self.nodes.get(identity) if identity is not None else None
+        if node is None or not node.joined:
+            identity = None  # a request routed before the routers heard of a loss would wait in a new start's queue
         while True:
             try:
                 data = sock.recv(zmq.NOBLOCK, copy=False)
