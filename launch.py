@@ -4,6 +4,7 @@ processes, then watch them.
     python launch.py                       # the embedded default model, SmolLM2-135M-Instruct
     python launch.py --model gpt2          # a hub id (where the hub is reachable), a folder, or a .gguf file
     python launch.py --data-parallel-size 2   # two engine replicas (on CUDA: cuda:0 and cuda:1)
+    python launch.py -dp 2 -dpl 1 ...         # replica 1 on a headless node (--headless): launch_cluster.py
 
 Every child is started with spawn (never fork: CUDA must not be inherited), dies with this process
 (PR_SET_PDEATHSIG), and is watched: if one dies, stops answering, or stops making progress with work waiting,
@@ -28,7 +29,6 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from common.cluster_secret import CurveKeys
     from common.control import Stuck
     from common.messages import ControlRequest, ProcessReady, WorkerLimits, WorkerReady
     from common.profiling import ProfileConfig
@@ -292,14 +292,14 @@ class Engine:
 
 
 class Launcher:
-    def __init__(self, args: argparse.Namespace, keys: CurveKeys | None = None):
-        """`keys`: the cluster's (common/cluster_secret.py), where replicas live on several hosts."""
+    def __init__(self, args: argparse.Namespace):
+        """Raises ClusterSecretError where replicas live on several hosts and no secret was given."""
         from common.cpu_threads import gpu_worker_threads, machine_cores
         from common.transport import Endpoints, make_run_dir
-        from launch_cluster import RemoteReplicas, across_hosts
+        from launch_cluster import RemoteReplicas, across_hosts, cluster_keys
 
         self.args = args
-        self.keys = keys
+        self.keys = cluster_keys(args)  # first of all: no socket between hosts without the secret
         self.profile = profile_config(args)
         # First: a port in use fails before anything starts. A headless node serves no HTTP.
         self.listener = None if args.headless else bind_listener(args.host, args.port)
@@ -317,9 +317,8 @@ class Launcher:
             args.cpu_threads or machine_cores(), args.data_parallel_size_local * args.tensor_parallel_size
         )
         # On the frontend node, the replicas headless nodes serve (launch_cluster.py); None: every one is here.
-        self.remote = RemoteReplicas.of(args, args.tensor_parallel_size) if across_hosts(args) else None
-        if args.headless:
-            self.remote = None
+        remote = across_hosts(args) and not args.headless
+        self.remote = RemoteReplicas.of(args, args.tensor_parallel_size) if remote else None
         self.limits: EngineLimits | None = None  # what the frontends were told
 
     # ------------------------------------------------------------------ start
@@ -843,16 +842,14 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
     from common.cluster_secret import ClusterSecretError
     from common.model_info import TensorParallelError, UnsupportedModel
     from common.model_source import ModelNotFound
-    from launch_cluster import NodeRefusedError, cluster_keys
+    from launch_cluster import NodeRefusedError
     from tokenizer_worker.chat_template import ChatTemplateError
 
     try:
-        keys = cluster_keys(args)
+        launcher = Launcher(args)
     except ClusterSecretError as exc:
         log.error("%s", exc)
         return 2
-    try:
-        launcher = Launcher(args, keys)
     except PortUnavailable as exc:
         log.error("%s", exc)
         return 1
