@@ -4,6 +4,7 @@ processes, then watch them.
     python launch.py                       # the embedded default model, SmolLM2-135M-Instruct
     python launch.py --model gpt2          # a hub id (where the hub is reachable), a folder, or a .gguf file
     python launch.py --data-parallel-size 2   # two engine replicas (on CUDA: cuda:0 and cuda:1)
+    python launch.py -dp 2 -dpl 1 ...         # replica 1 on a headless node (--headless): launch_cluster.py
 
 Every child is started with spawn (never fork: CUDA must not be inherited), dies with this process
 (PR_SET_PDEATHSIG), and is watched: if one dies, stops answering, or stops making progress with work waiting,
@@ -29,10 +30,10 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from common.control import Stuck
-    from common.engine_replica import ReplicaFailure
-    from common.messages import ProcessReady, WorkerLimits, WorkerReady
-    from common.node_link import NodeLink
+    from common.messages import ControlRequest, ProcessReady, WorkerLimits, WorkerReady
+    from common.node_heartbeat import NodeHeartbeat
     from common.profiling import ProfileConfig
+    from frontend.engine_client import EngineLimits
 
 log = logging.getLogger("launcher")
 SUMMARY_TIMEOUT_S = 1.0  # at shutdown: a process that died is not waited for long
@@ -45,9 +46,10 @@ NODE_WORD_GRACE_S = 2.0  # a rank died: how long to wait for another node's word
 def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
     from common.config import add_engine_args
     from common.flags import FRONTEND, MODEL, OBSERVABILITY, PARALLEL, HelpFormatter, add_flag_groups, flag_group
-    from common.nodes import add_node_args
+    from common.nodes import add_tensor_parallel_node_args
     from frontend.limits import add_http_limit_args
     from frontend.parser_names import REASONING_PARSERS, TOOL_CALL_PARSERS
+    from launch_cluster import add_node_args
 
     # No prefix matching: `--tokenizer` must never be read as `--tokenizer-workers`.
     parser = argparse.ArgumentParser(
@@ -126,7 +128,8 @@ def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
         "--api-server-count",
         type=int,
         default=None,
-        help="HTTP frontend processes sharing the port (default: 2 on a machine of 8 cores or more, else 1)",
+        help="HTTP frontend processes sharing the port (default: 2 on a machine of 8 cores or more, else 1; at "
+        "least one per engine replica on this node)",
     )
     frontend_flags.add_argument(
         "--event-loop",
@@ -194,26 +197,30 @@ def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
         "fails; by default the failed replica is taken out and the others keep serving",
     )
     add_engine_args(parser)
-    add_node_args(parser)
+    add_tensor_parallel_node_args(parser)
     add_http_limit_args(parser)
+    add_node_args(parser)
     return parser
 
 
 def parse_args(argv: list[str] | None = None, prog: str | None = None) -> argparse.Namespace:
+    from launch_cluster import check_node_args
+
     parser = build_parser(prog)
     args = parser.parse_args(argv)
     if args.model_positional is not None:
         if args.model is not None and args.model != args.model_positional:
             parser.error(f"two models given: {args.model_positional!r} and --model {args.model!r}")
         args.model = args.model_positional
+    if args.data_parallel_size < 1:
+        parser.error("--data-parallel-size must be at least 1")
+    check_node_args(parser, args)
     if args.api_server_count is None:
-        args.api_server_count = default_api_server_count()
+        args.api_server_count = default_api_server_count(args.data_parallel_size_local)
     if args.api_key is None:
         args.api_key = os.environ.get("CLEARSERVE_API_KEY")
     if args.tokenizer_workers < 1:
         parser.error("--tokenizer-workers must be at least 1")
-    if args.data_parallel_size < 1:
-        parser.error("--data-parallel-size must be at least 1")
     if args.generation_config not in ("auto", "vllm") and not os.path.isfile(
         os.path.join(args.generation_config, "generation_config.json")
     ):
@@ -272,11 +279,12 @@ def model_sampling_defaults(choice: str, model_folder) -> dict[str, float]:
     return defaults
 
 
-def default_api_server_count() -> int:
+def default_api_server_count(local_replicas: int = 1) -> int:
     """2 where the cores allow: one GPU's stream of tokens needs more than one HTTP process, but on the
     16-core H100 host 4 were no faster than 2 (they take cores from the scheduler, the tokenizer workers and
-    the GPU worker's host loop); docs/notes/benchmark-history.md, "Serving at engine speed"."""
-    return 2 if (os.cpu_count() or 1) >= 8 else 1
+    the GPU worker's host loop); docs/notes/benchmark-history.md, "Serving at engine speed". At least one per
+    engine replica on this node, as vLLM: each replica's stream of tokens wants its own HTTP process."""
+    return max(2 if (os.cpu_count() or 1) >= 8 else 1, local_replicas)
 
 
 def profile_config(args: argparse.Namespace) -> ProfileConfig:
@@ -304,11 +312,14 @@ class Engine:
 
 class Launcher:
     def __init__(self, args: argparse.Namespace):
+        """Raises ClusterSecretError where replicas live on several hosts and no secret was given."""
         from common.cpu_threads import gpu_worker_threads, machine_cores
         from common.nodes import Nodes
         from common.transport import Endpoints, make_run_dir
+        from launch_cluster import RemoteReplicas, across_hosts, cluster_keys
 
         self.args = args
+        self.keys = cluster_keys(args)  # first of all: no socket between hosts without the secret
         self.profile = profile_config(args)
         # First: a port in use fails before anything starts. A headless node serves no HTTP.
         self.listener = None if args.headless else bind_listener(args.host, args.port)
@@ -323,11 +334,16 @@ class Launcher:
         self.replica_roles: dict[int, list[str]] = {}  # each engine replica's processes
         self.failed_replicas: set[int] = set()  # taken out (fail_replica): their processes are stopped
         self.nodes = Nodes.from_args(args)
-        self.node_link: NodeLink | None = None  # with --nnodes above 1: the other nodes' launchers
+        self.node_heartbeat: NodeHeartbeat | None = None  # with --nnodes above 1: the other nodes' launchers
         self.stop_reason = "stopped"  # what this launcher tells the other nodes when it stops
         self.gpu_worker_threads = gpu_worker_threads(
-            args.cpu_threads or machine_cores(), args.data_parallel_size * args.tensor_parallel_size // args.nnodes
+            args.cpu_threads or machine_cores(),
+            args.data_parallel_size_local * args.tensor_parallel_size // args.nnodes,
         )
+        # On the frontend node, the replicas headless nodes serve (launch_cluster.py); None: every one is here.
+        remote = across_hosts(args) and not args.headless
+        self.remote = RemoteReplicas.of(args, args.tensor_parallel_size) if remote else None
+        self.limits: EngineLimits | None = None  # what the frontends were told
 
     # ------------------------------------------------------------------ start
 
@@ -361,6 +377,7 @@ class Launcher:
         from frontend import process as frontend_process
         from frontend.engine_client import EngineLimits
         from frontend.limits import HttpLimits
+        from launch_cluster import local_replicas
         from tokenizer_worker import process as tokenizer_process
 
         config = replace(EngineConfig.from_args(args), model=str(folder))
@@ -371,18 +388,27 @@ class Launcher:
         tail = (self.run_dir, args.log_level, os.getpid(), self.profile)
         if self.nodes.multi_node:
             self._link_nodes(config)
-        if args.headless:
+        replicas = local_replicas(args)
+        if args.headless and self.nodes.multi_node:  # a node of one engine's tensor-parallel ranks
             self._start_headless_ranks(ready, config, info, tail, clock)
             return
+        if args.headless:  # a node of whole engine replicas (data parallelism across hosts)
+            self._start_headless(ready, config, info, replicas, tail)
+            return
         num_frontends = args.api_server_count
-        num_replicas = args.data_parallel_size
         log.info("starting %d tokenizer workers", args.tokenizer_workers)
         for i in range(args.tokenizer_workers):
-            routing = (num_replicas, config.block_size)
+            routing = (args.data_parallel_size, config.block_size, [replica.index for replica in replicas])
             tokenizer_args = (i, str(tokenizer), num_frontends, *tail, chat_template, *routing)
             self._start(f"tokenizer-{i}", tokenizer_process.main, tokenizer_args)
-        engines = self._start_engine_replicas(ready, config, info, num_replicas, tail)
+        if self.remote is not None:
+            self._start_node_link(config, info, tail)
+        engines = self._start_engine_replicas(
+            ready, config, info, replicas, tail, args.tokenizer_workers, num_frontends
+        )
         self._wait_ready(ready, set(self.children))
+        if self.remote is not None:
+            engines |= self._join_nodes(wait=not engines)  # with no replica here, the first node to join
         limits = EngineLimits(
             served_model_name=args.served_model_name or default_served_name(args.model),
             max_model_len=min(engine.limits.max_model_len for engine in engines.values()),
@@ -393,8 +419,9 @@ class Launcher:
             model_root=str(folder),
             max_grammar_bytes=config.max_grammar_bytes,
         )
+        self.limits = limits
         frontends = [frontend_role(k) for k in range(num_frontends)]
-        roles = sorted(self.children) + frontends
+        roles = sorted(self.children) + frontends + self._remote_roles()
         for k, role in enumerate(frontends):
             spec = frontend_process.FrontendSpec(
                 k,
@@ -409,6 +436,7 @@ class Launcher:
                 args.http_parser,
                 args.tool_call_parser if args.enable_auto_tool_choice else None,
                 args.reasoning_parser,
+                self._replicas_view(),
             )
             self._start(role, frontend_process.main, (spec, self.listener, self.run_dir, os.getpid(), self.profile))
         self._wait_ready(ready, set(frontends))
@@ -417,17 +445,17 @@ class Launcher:
         self._announce(limits, engines, clock.total_s())
 
     def _link_nodes(self, config) -> None:
-        """Node 0 hosts the rendezvous store, every other node joins it (common/node_link.py): before any rank
+        """Node 0 hosts the rendezvous store, every other node joins it (common/node_heartbeat.py): before any rank
         starts, since the ranks meet there."""
         from dataclasses import asdict
 
-        from common.node_link import NodeLink
+        from common.node_heartbeat import NodeHeartbeat
 
         engine_flags = {k: v for k, v in asdict(config).items() if k != "model"}  # the model's folder may differ
         if self.nodes.node_rank > 0:
             log.info("joining node 0 at %s (waiting for it up to torch's default, 300 s)", self.nodes.master)
-        link = NodeLink.host if self.nodes.node_rank == 0 else NodeLink.join
-        self.node_link = link(self.nodes, engine_flags, config.tensor_parallel_size, self.args.watchdog_timeout)
+        link = NodeHeartbeat.host if self.nodes.node_rank == 0 else NodeHeartbeat.join
+        self.node_heartbeat = link(self.nodes, engine_flags, config.tensor_parallel_size, self.args.watchdog_timeout)
         log.info("node %d of %d, rendezvous at %s", self.nodes.node_rank, self.nodes.nnodes, self.nodes.master)
 
     def _start_headless_ranks(self, ready_socket, config, info, tail: tuple, clock) -> None:
@@ -448,15 +476,19 @@ class Launcher:
             flush=True,
         )
 
-    def _start_engine_replicas(self, ready_socket, config, info, num_replicas: int, tail: tuple) -> dict[str, Engine]:
-        """Start every replica's GPU worker, then, once each has sized its KV store, its scheduler; returns
-        each replica's engine under its scheduler's role, when all are ready."""
-        from common.engine_replica import engine_replicas
+    def _start_engine_replicas(
+        self, ready_socket, config, info, replicas: list, tail: tuple, num_tokenizers: int, num_frontends: int
+    ) -> dict[str, Engine]:
+        """Start every replica's GPU worker, then, once each has sized its KV store, its scheduler (sending its
+        tokens to `num_tokenizers` tokenizer workers, which serve `num_frontends` frontends); returns each
+        replica's engine under its scheduler's role, when all are ready."""
         from common.messages import WorkerReady
         from gpu_worker import process as gpu_process
         from scheduler import process as scheduler_process
 
-        replicas = engine_replicas(num_replicas)
+        num_replicas = len(replicas)
+        if not replicas:
+            return {}
         ranks = config.tensor_parallel_size
         self.replica_roles = {replica.index: replica.roles(ranks) for replica in replicas}
         log.info(
@@ -475,7 +507,7 @@ class Launcher:
             worker = workers[replica.gpu_worker_role]
             assert isinstance(worker, WorkerReady)
             engines[replica.scheduler_role] = Engine(replica.index, worker.device, worker.limits)
-            scheduler_args = (config, info, worker.limits, self.args.tokenizer_workers, self.args.api_server_count)
+            scheduler_args = (config, info, worker.limits, num_tokenizers, num_frontends)
             self._start(replica.scheduler_role, scheduler_process.main, (*scheduler_args, *tail, replica))
         self._wait_ready(ready_socket, {replica.scheduler_role for replica in replicas})
         budget = "%d prompt tokens per step"
@@ -518,8 +550,8 @@ class Launcher:
 
         while roles - set(self.ready):
             self._raise_if_a_child_died()
-            if self.node_link is not None:
-                self.node_link.tick()  # a node that failed to start: its ranks never join the group
+            if self.node_heartbeat is not None:
+                self.node_heartbeat.tick()  # a node that failed to start: its ranks never join the group
             if ready_socket.poll(timeout=200):
                 message = recv(ready_socket)
                 self.ready[message.role] = message
@@ -529,6 +561,157 @@ class Launcher:
         for role, process in self.children.items():
             if process.exitcode is not None:
                 raise ChildDied(f"process {role} (pid {process.pid}) died with exit code {process.exitcode}")
+
+    # ------------------------------------------------------------------ replicas on other hosts (launch_cluster.py)
+
+    def _start_node_link(self, config, info, tail: tuple) -> None:
+        """The frontend node's link (node_link/head.py): it listens for headless nodes and relays their traffic."""
+        assert self.remote is not None and self.keys is not None
+        self.remote.bind_events(self.endpoints)
+        target, link_args = self.remote.link_process(self.args, self.keys, config, info, tail)
+        self._start("node_link", target, link_args)
+
+    def _join_nodes(self, wait: bool) -> dict[str, Engine]:
+        """The nodes that joined so far (with `wait`, at least one), told to the routers; their engines."""
+        from common.engine_replica import EngineReplica
+
+        assert self.remote is not None
+        if wait:
+            log.info("no engine replica on this node: waiting for a headless node to join")
+        while True:
+            self._on_node_events(self.remote.take_events(timeout_ms=200 if wait else 0))
+            if self.remote.joined or not wait:
+                break
+            self._raise_if_a_child_died()
+        return {
+            EngineReplica(index, self.args.data_parallel_size).scheduler_role: Engine(
+                index, joined.device, joined.limits
+            )
+            for index, joined in self.remote.joined.items()
+        }
+
+    def _on_node_events(self, events: list) -> None:
+        from common.engine_replica import ReplicaFailure, ReplicaJoined
+        from common.node_messages import NodeJoin, NodeLost
+
+        assert self.remote is not None
+        for event in events:
+            if isinstance(event, NodeJoin):
+                for replica in event.replicas:
+                    self.remote.joined[replica.index] = replica
+                    self._check_joined_limits(replica)
+                    log.info(
+                        "engine replica %d joined from node %s: %d KV blocks on %s; %d of %d serve",
+                        replica.index,
+                        event.node,
+                        replica.limits.num_kv_blocks,
+                        replica.device,
+                        self._serving_count(),
+                        self.args.data_parallel_size,
+                    )
+                    self._tell_routers(ReplicaJoined(replica.index, replica.roles).request())
+            elif isinstance(event, NodeLost):
+                for index in event.replicas:
+                    lost = self.remote.joined.pop(index, None)
+                    if lost is None:
+                        continue  # welcomed, never joined: nothing was routed there
+                    log.error(
+                        "%s: engine replica %d is out, %d of %d still serve",
+                        event.reason,
+                        index,
+                        self._serving_count(),
+                        self.args.data_parallel_size,
+                    )
+                    self._tell_routers(ReplicaFailure(index, lost.roles, event.reason).request())
+
+    def _check_joined_limits(self, replica) -> None:
+        """A replica that joins after the frontends started is held to what they were told: a smaller one
+        still serves, refusing the requests it cannot hold (its scheduler's own 400s)."""
+        if self.limits is not None and replica.limits.max_model_len < self.limits.max_model_len:
+            log.warning(
+                "engine replica %d holds a context of %d tokens, the frontends accept %d: longer requests routed "
+                "there are refused",
+                replica.index,
+                replica.limits.max_model_len,
+                self.limits.max_model_len,
+            )
+
+    def _remote_roles(self) -> list[str]:
+        if self.remote is None:
+            return []
+        return [role for replica in self.remote.joined.values() for role in replica.roles]
+
+    def _replicas_view(self):
+        """Every replica as the frontends start with it: those not serving (a node that has not joined), out."""
+        from frontend.replicas import NOT_JOINED, EngineReplicas
+
+        size = self.args.data_parallel_size
+        if self.remote is None:
+            return EngineReplicas(size)
+        return EngineReplicas(
+            size, {index: NOT_JOINED for index in self.remote.roles if index not in self.remote.joined}
+        )
+
+    def _serving_count(self) -> int:
+        local = len(self.replica_roles) - len(self.failed_replicas)
+        return local + (len(self.remote.joined) if self.remote is not None else 0)
+
+    def _start_headless(self, ready, config, info, replicas: list, tail: tuple) -> None:
+        """A headless node: its link joins the frontend node's (node_link/member.py); once welcomed, its replicas
+        start with the frontend node's counts of tokenizer workers and frontends, and join when all are ready."""
+        import zmq
+
+        from common.messages import ControlRequest
+        from common.node_messages import JoinedReplica, NodeJoin
+        from common.transport import push_socket, send
+        from common.wire import encode
+        from launch_cluster import link_endpoint
+        from node_link import member
+        from node_link.terms import model_fingerprint
+
+        args = self.args
+        ranks = config.tensor_parallel_size
+        own_roles = {replica.index: replica.roles(ranks) for replica in replicas}
+        indices = list(own_roles)
+        node = f"{socket.gethostname()}:{indices[0]}-{indices[-1]}"
+        hello = member.new_hello(
+            node, indices, model_fingerprint(info), config.block_size, args.data_parallel_size, ranks
+        )
+        link_args = (self.keys, link_endpoint(args), hello, own_roles, args.watchdog_timeout, *tail[:3])
+        self._start(member.ROLE, member.main, link_args)
+        welcome = self._wait_welcome(ready)
+        engines = self._start_engine_replicas(
+            ready, config, info, replicas, tail, welcome.num_tokenizers, welcome.num_frontends
+        )
+        joined = [JoinedReplica(e.index, e.device, e.limits, own_roles[e.index]) for e in engines.values()]
+        sock = push_socket(zmq.Context.instance(), self.endpoints.control(member.ROLE))
+        send(sock, ControlRequest(member.JOIN, 0, {"join": encode(NodeJoin(node, joined))}))
+        sock.close(linger=1000)
+        ready.close()
+        self.serving = True
+        print(
+            f"clearserve headless node ready: engine replicas {indices} joined the frontend node at "
+            f"{link_endpoint(args)}",
+            flush=True,
+        )
+
+    def _wait_welcome(self, ready_socket):
+        """The frontend node's answer to this node's link (the launcher's READYs that come first are kept)."""
+        from common.node_messages import NodeRefused, NodeWelcome
+        from common.transport import recv
+        from launch_cluster import NodeRefusedError
+
+        log.info("joining the frontend node at %s", self.args.data_parallel_address)
+        while True:
+            self._raise_if_a_child_died()
+            if not ready_socket.poll(timeout=200):
+                continue
+            message = recv(ready_socket)
+            if isinstance(message, NodeWelcome):
+                return message
+            if isinstance(message, NodeRefused):
+                raise NodeRefusedError(message.reason)
+            self.ready[message.role] = message
 
     def _announce(self, limits, engines: dict[str, Engine], elapsed_s: float) -> None:
         blocks = [engine.limits.num_kv_blocks for engine in engines.values()]
@@ -557,15 +740,17 @@ class Launcher:
         try:
             while True:
                 sentinels = {p.sentinel: role for role, p in self.children.items() if not self._retired(role)}
-                ticking = watchdog is not None or self.node_link is not None
+                ticking = watchdog is not None or self.node_heartbeat is not None or self.remote is not None
                 ended = mp.connection.wait(list(sentinels), timeout=WATCHDOG_TICK_S if ticking else None)
                 if ended:
                     role = sentinels[ended[0]]
                     process = self.children[role]
                     process.join(timeout=1)  # its sentinel can close a moment before it can be reaped
                     self.on_death(role, f"process {role} (pid {process.pid}) died with exit code {process.exitcode}")
-                if self.node_link is not None:
-                    self.node_link.tick()
+                if self.node_heartbeat is not None:
+                    self.node_heartbeat.tick()
+                if self.remote is not None:
+                    self._on_node_events(self.remote.take_events())
                 if watchdog is None:
                     continue
                 for stuck in watchdog.tick():
@@ -593,13 +778,15 @@ class Launcher:
     def on_death(self, role: str, reason: str) -> None:
         """A child died (or was declared stuck): the server stops (ChildDied), unless it belongs to an engine
         replica and another replica still serves, where that replica alone is taken out."""
-        if self.node_link is not None:
+        if self.node_heartbeat is not None:
             # A rank that died because another node went: that node is the cause to name.
-            self.node_link.wait_for_word(NODE_WORD_GRACE_S)
+            self.node_heartbeat.wait_for_word(NODE_WORD_GRACE_S)
         replica = self._replica_of(role)
-        if replica is None or self.args.exit_on_replica_failure:
+        # A headless node stops whole: the frontend node takes all its replicas out (its link says BYE).
+        if replica is None or self.args.exit_on_replica_failure or self.args.headless:
             raise ChildDied(reason)
-        if len(self.replica_roles) - len(self.failed_replicas) == 1:
+        # With replicas on other hosts the server waits for their nodes to (re)join, answering 503s meanwhile.
+        if self.remote is None and self._serving_count() == 1:
             raise ChildDied(reason if len(self.replica_roles) == 1 else f"{reason}, and no other engine replica serves")
         self.fail_replica(replica, reason)
 
@@ -613,32 +800,31 @@ class Launcher:
 
         self.failed_replicas.add(replica)
         roles = self.replica_roles[replica]
-        serving = len(self.replica_roles) - len(self.failed_replicas)
         log.error(
             "%s: engine replica %d is out, %d of %d still serve (--exit-on-replica-failure would stop the server)",
             reason,
             replica,
-            serving,
-            len(self.replica_roles),
+            self._serving_count(),
+            self.args.data_parallel_size,
         )
-        self._tell_routers(ReplicaFailure(replica, roles, reason))
+        self._tell_routers(ReplicaFailure(replica, roles, reason).request())
         for role in roles:
             process = self.children[role]
             if process.exitcode is None:
                 process.kill()
             process.join()
 
-    def _tell_routers(self, failure: ReplicaFailure) -> None:
-        """The failure, to every tokenizer worker and frontend (the processes of no replica)."""
+    def _tell_routers(self, news: ControlRequest) -> None:
+        """A replica's failure or join, to every tokenizer worker and frontend."""
         import zmq
 
         from common.transport import push_socket, send
 
         ctx: zmq.Context = zmq.Context.instance()
         for role in sorted(self.children):
-            if self._replica_of(role) is None and self.children[role].exitcode is None:
+            if role.startswith(("tokenizer-", "frontend-")) and self.children[role].exitcode is None:
                 sock = push_socket(ctx, self.endpoints.control(role))
-                send(sock, failure.request())
+                send(sock, news)
                 sock.close(linger=1000)  # sent before the close returns (an unsent message would be dropped)
 
     def _replica_of(self, role: str) -> int | None:
@@ -665,8 +851,8 @@ class Launcher:
         that exited, and not waited for), SIGTERM every other child still running (frontends first: they answer
         new requests with 503s, then stop taking them), wait a little, then SIGKILL; remove the socket
         directory."""
-        if self.node_link is not None:
-            self.node_link.stop(self.stop_reason, self.exit_code != 0)  # first: they hear why, not a lost rank
+        if self.node_heartbeat is not None:
+            self.node_heartbeat.stop(self.stop_reason, self.exit_code != 0)  # first: they hear why, not a lost rank
         for role in sorted(self.stuck):
             process = self.children[role]
             if process.exitcode is None:
@@ -726,13 +912,18 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
     from common.process import configure_logging
 
     configure_logging("launcher", args.log_level)
+    from common.cluster_secret import ClusterSecretError
     from common.model_info import TensorParallelError, UnsupportedModel
     from common.model_source import ModelNotFound
-    from common.node_link import NodeLinkError, PeerStopped
+    from common.node_heartbeat import NodeHeartbeatError, PeerStopped
+    from launch_cluster import NodeRefusedError
     from tokenizer_worker.chat_template import ChatTemplateError
 
     try:
         launcher = Launcher(args)
+    except ClusterSecretError as exc:
+        log.error("%s", exc)
+        return 2
     except PortUnavailable as exc:
         log.error("%s", exc)
         return 1
@@ -743,13 +934,13 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
     try:
         launcher.start()
         launcher.watch()
-    except (ModelNotFound, ChatTemplateError, TensorParallelError, UnsupportedModel) as exc:
+    except (ModelNotFound, ChatTemplateError, TensorParallelError, UnsupportedModel, NodeRefusedError) as exc:
         log.error("%s", exc)
         launcher.exit_code = 2
     except ChildDied as exc:
         log.error("%s: stopping the server", exc)
         launcher.exit_code, launcher.stop_reason = 1, str(exc)
-    except (PeerStopped, NodeLinkError) as exc:
+    except (PeerStopped, NodeHeartbeatError) as exc:
         failed = getattr(exc, "failed", True)
         log.log(logging.ERROR if failed else logging.INFO, "%s: stopping", exc)
         launcher.exit_code, launcher.stop_reason = int(failed), str(exc)

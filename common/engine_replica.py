@@ -7,6 +7,10 @@ own KV blocks and prefix trie. Nothing is shared between replicas; the tokenizer
 serves a request. With one replica the processes keep their plain names ("scheduler", "gpu_worker"), so a
 single-engine server's logs, /stats and profiles read as they always did.
 
+A replica on another host (a headless node's, launch_cluster.py) joins when its node does, late or again after
+a restart: the launcher sends the same processes a ReplicaJoined, and the routers use it from then on. Its node
+lost (its heartbeats stop: node_link/head.py) is that replica's failure, told as below.
+
 A replica whose process dies (or stops answering, or making progress) while others still serve is taken out
 (launch.py, Launcher.fail_replica): the launcher stops its other processes and sends every tokenizer worker
 and frontend a ReplicaFailure over the control channel. A tokenizer worker ends the requests it had routed
@@ -24,12 +28,15 @@ SCHEDULER = "scheduler"
 GPU_WORKER = "gpu_worker"
 REPLICA_FAILED = "replica_failed"  # the control command, and the error code of the requests it ends
 REPLICA_FAILED_STATUS = 503  # what those requests get: the other replicas serve a retry
+REPLICA_JOINED = "replica_joined"  # the control command: a replica serves (again)
+NO_REPLICA = "no_replica"  # the error code of a request that came while no replica served
 
 
 @dataclass(frozen=True, slots=True)
 class EngineReplica:
     index: int = 0
     count: int = 1
+    start: int = 0  # the first replica on this replica's node (--data-parallel-start-rank): its devices count from it
 
     @property
     def scheduler_role(self) -> str:
@@ -71,6 +78,22 @@ class ReplicaFailure:
 
     def client_message(self) -> str:
         return f"engine replica {self.replica} failed while serving this request; the other replicas still serve"
+
+
+@dataclass(frozen=True, slots=True)
+class ReplicaJoined:
+    """The launcher's word that replica `replica` serves now (a headless node's, joined late or again after a
+    restart: launch_cluster.py): route requests to it, ask its processes (`roles`) for /health and /stats."""
+
+    replica: int
+    roles: list[str]
+
+    def request(self) -> ControlRequest:
+        return ControlRequest(REPLICA_JOINED, 0, {"replica": self.replica, "roles": self.roles})
+
+    @classmethod
+    def from_request(cls, request: ControlRequest) -> ReplicaJoined:
+        return cls(int(request.args["replica"]), [str(role) for role in request.args["roles"]])
 
 
 def engine_replicas(count: int) -> list[EngineReplica]:

@@ -11,6 +11,7 @@ import argparse
 
 MODEL = "model"
 PARALLEL = "parallel"
+NODES = "nodes"
 CACHE = "cache"
 SCHEDULER = "scheduler"
 FRONTEND = "frontend"
@@ -20,6 +21,7 @@ OBSERVABILITY = "observability"
 GROUPS = {
     MODEL: "what is served and how it is loaded",
     PARALLEL: "processes, replicas and cores",
+    NODES: "data-parallel replicas on other hosts (docs/deployment.md)",
     CACHE: "the KV store and its prefix cache",
     SCHEDULER: "batching and admission",
     FRONTEND: "HTTP and the OpenAI API",

@@ -9,7 +9,7 @@
 With --tensor-parallel-size T over --nnodes N, every node runs L = T / N ranks: node r the global ranks
 r·L ... r·L + L-1, rank g on its node's cuda:(g mod L). The launcher of node 0 hosts the rendezvous store (a
 torch.distributed TCPStore at --master-port); every rank meets there, and the launchers watch each other through
-it (common/node_link.py).
+it (common/node_heartbeat.py).
 """
 
 from __future__ import annotations
@@ -78,7 +78,7 @@ class Nodes:
 ONE_NODE = Nodes()
 
 
-def add_node_args(parser: argparse.ArgumentParser) -> None:
+def add_tensor_parallel_node_args(parser: argparse.ArgumentParser) -> None:
     parallel = flag_group(parser, PARALLEL)
     parallel.add_argument(
         "--nnodes",
@@ -97,12 +97,7 @@ def add_node_args(parser: argparse.ArgumentParser) -> None:
     parallel.add_argument(
         "--master-port", type=int, default=DEFAULT_MASTER_PORT, help="node 0's port for the rendezvous store"
     )
-    parallel.add_argument(
-        "--headless",
-        action="store_true",
-        help="run only this node's GPU workers (no HTTP, tokenizer workers or scheduler): a node of --nnodes "
-        "other than 0. It waits for node 0's store up to torch's default, 300 s",
-    )
+    # --headless: launch_cluster.py (one flag for a node of tensor-parallel ranks and a node of replicas).
 
 
 def node_flags_error(args: argparse.Namespace) -> str | None:
@@ -116,11 +111,9 @@ def node_flags_error(args: argparse.Namespace) -> str | None:
         return f"--tensor-parallel-size {tp} must be divisible by --nnodes {args.nnodes} (as many ranks on each node)"
     if not 0 < args.master_port < 65536:
         return f"--master-port {args.master_port} is not a port"
-    if args.headless and args.nnodes == 1:
-        return "--headless needs --nnodes above 1 (a node that runs only its GPU workers for node 0's server)"
     if args.nnodes > 1 and args.node_rank > 0 and not args.headless:
         return f"--node-rank {args.node_rank} needs --headless (only node 0 runs the server)"
-    if args.headless and args.node_rank == 0:
+    if args.nnodes > 1 and args.headless and args.node_rank == 0:
         return "--headless runs a node other than 0: give its --node-rank (node 0 runs the server)"
     if args.nnodes > 1 and args.data_parallel_size > 1:
         return "--nnodes above 1 spans one engine's tensor-parallel ranks: --data-parallel-size must be 1"

@@ -64,6 +64,11 @@ class Endpoints:
     def launcher_ready(self) -> str:
         return self._ipc("launcher-ready")
 
+    @property
+    def node_events(self) -> str:
+        """The frontend node's link tells its launcher which headless nodes joined or were lost (node_link/)."""
+        return self._ipc("launcher-node-events")
+
     def control(self, role: str) -> str:
         return self._ipc(f"control-{role}")
 

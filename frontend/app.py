@@ -109,7 +109,8 @@ def build_app(
         silent = [role for role in client.roles if role not in replies]
         if silent:
             return JSONResponse({"status": "unhealthy", "silent": silent}, status_code=503)
-        return JSONResponse(client.replicas.health())
+        health = client.replicas.health()
+        return JSONResponse(health, status_code=200 if client.replicas.alive else 503)
 
     @app.get("/metrics")
     async def prometheus_metrics() -> Response:

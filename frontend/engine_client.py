@@ -27,7 +27,7 @@ import zmq.asyncio
 
 from common.config import MAX_GRAMMAR_BYTES
 from common.control import ControlServer, frontend_role
-from common.engine_replica import REPLICA_FAILED, ReplicaFailure, is_scheduler_role
+from common.engine_replica import REPLICA_FAILED, REPLICA_JOINED, ReplicaFailure, ReplicaJoined, is_scheduler_role
 from common.loop_progress import LoopProgress, tick_event_loop
 from common.messages import (
     AbortRequest,
@@ -194,7 +194,9 @@ class ZmqEngineClient(EngineClient):
         limits: EngineLimits,
         roles: list[str],
         profiler: ProcessProfiler | None = None,
+        replicas: EngineReplicas | None = None,
     ):
+        """`replicas`: as the launcher knows them at start (default: one per scheduler in `roles`, all serving)."""
         self.limits = limits
         self.role = frontend_role(index)
         self.stats_sources = {}
@@ -202,7 +204,7 @@ class ZmqEngineClient(EngineClient):
         self._endpoints = endpoints
         self._profiler = profiler
         self._roles = [role for role in roles if role != self.role]
-        self.replicas = EngineReplicas(sum(1 for role in roles if is_scheduler_role(role)))
+        self.replicas = replicas or EngineReplicas(sum(1 for role in roles if is_scheduler_role(role)))
         self._num_tokenizers = num_tokenizers
         self._rids = request_ids(index, num_frontends)
         self._streams: dict[int, RequestStream] = {}
@@ -328,6 +330,9 @@ class ZmqEngineClient(EngineClient):
         if request.kind == REPLICA_FAILED:
             self._take_out(ReplicaFailure.from_request(request))
             return
+        if request.kind == REPLICA_JOINED:
+            self._take_in(ReplicaJoined.from_request(request))
+            return
         payload = self._profiler.answer(request.kind) if self._profiler is not None else {"error": NOT_ENABLED}
         self._control_server.reply(request, payload)
 
@@ -336,6 +341,15 @@ class ZmqEngineClient(EngineClient):
         timeout. (Its requests are ended by the tokenizer workers, which know where each one went.)"""
         self.replicas = self.replicas.without(failure)
         self._roles = [role for role in self._roles if role not in failure.roles]
+
+    def _take_in(self, joined: ReplicaJoined) -> None:
+        """A headless node's replica serves (again): its processes answer /health and /stats from now on."""
+        self.replicas = self.replicas.joined(joined)
+        for role in joined.roles:
+            if role not in self._control_out:
+                self._control_out[role] = push_socket(self._ctx, self._endpoints.control(role))
+            if role not in self._roles:
+                self._roles.append(role)
 
     async def close(self) -> None:
         for task in self._tasks:

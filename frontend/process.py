@@ -31,6 +31,7 @@ from common.transport import Endpoints
 from frontend.engine_client import EngineClient, EngineLimits
 from frontend.http_protocol import MAX_HEADER_BYTES, ConnectionCap, protocol_class
 from frontend.limits import HttpLimits
+from frontend.replicas import EngineReplicas
 from frontend.stopping import STOPPING, STOPPING_ANSWERED_S, StoppingGate
 
 log = logging.getLogger(__name__)
@@ -54,6 +55,7 @@ class FrontendSpec:
     http_parser: str = "auto"  # "httptools" | "h11" | "auto": httptools where installed (frontend/http_protocol.py)
     tool_call_parser: str | None = None  # "auto" tool choice's (frontend/tool_calls.py); None: off
     reasoning_parser: str | None = None  # frontend/reasoning.py; None: the thinking is content
+    replicas: EngineReplicas = field(default_factory=EngineReplicas)  # every engine replica, and those not serving
 
 
 def event_loop_runner(choice: str):
@@ -88,7 +90,9 @@ async def serve(spec: FrontendSpec, sock: socket.socket, run_dir: str, profile: 
     role = frontend_role(spec.index)
     endpoints = Endpoints(run_dir)
     profiler = ProcessProfiler(profile, role) if profile.dir is not None else None
-    client = ZmqEngineClient(endpoints, spec.index, spec.count, spec.num_tokenizers, spec.limits, spec.roles, profiler)
+    client = ZmqEngineClient(
+        endpoints, spec.index, spec.count, spec.num_tokenizers, spec.limits, spec.roles, profiler, spec.replicas
+    )
     client.start()
     app = build_app(
         client,

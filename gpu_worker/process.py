@@ -14,9 +14,10 @@ only rank 0 sends StepResults:
         ▲             │       └─ worker-0-plans-rank2 ──▶ gpu_worker-rank2
         └─StepResult──┘
 
-On CUDA, replica r's rank t runs on cuda:(r·N + t). Across nodes (--nnodes, common/nodes.py) the ranks on
-other nodes than rank 0's get each plan by broadcast instead (gpu_worker/plan_broadcast.py), and each rank runs
-on its node's cuda:(t mod ranks per node).
+On CUDA, replica r's rank t runs on cuda:((r - S)·N + t), S the first replica on its node
+(--data-parallel-start-rank). Across nodes of one engine (--nnodes, common/nodes.py) the ranks on other nodes than
+rank 0's get each plan by broadcast instead (gpu_worker/plan_broadcast.py), and each rank runs on its node's
+cuda:(t mod ranks per node).
 """
 
 from __future__ import annotations
@@ -63,7 +64,7 @@ def main(
     init_child_process(role, log_level, parent_pid)
     endpoints = Endpoints(run_dir)
     ranks = config.tensor_parallel_size
-    device_index = replica.index * ranks + nodes.local_index(rank, ranks)
+    device_index = (replica.index - replica.start) * ranks + nodes.local_index(rank, ranks)
     leave_group: Callable[[], None] | None = None  # leaves the tensor-parallel process group
     plan_group = None  # rank 0 and the ranks on other nodes (gpu_worker/plan_broadcast.py)
     if config.load_format == "null":

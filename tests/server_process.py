@@ -41,7 +41,8 @@ class ServerProcess:
     """`python launch.py --model MODEL` on a free port, 2 tokenizer workers and 1 HTTP process unless `flags`
     say otherwise (a flag given twice: the last one counts). With `profile_dir`, profiling is available on
     request (--profile-dir). `sigint_ignored`: started as a non-interactive shell starts a `&` job, with
-    SIGINT ignored. `env`: more environment variables for it."""
+    SIGINT ignored. `env`: more environment variables for it. `start_timeout_s`: how long it may take to be
+    ready."""
 
     def __init__(
         self,
@@ -51,6 +52,7 @@ class ServerProcess:
         profile_dir: Path | None = None,
         sigint_ignored: bool = False,
         env: dict[str, str] | None = None,
+        start_timeout_s: float = START_TIMEOUT_S,
     ):
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
@@ -82,17 +84,17 @@ class ServerProcess:
             env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})},
             preexec_fn=(lambda: signal.signal(signal.SIGINT, signal.SIG_IGN)) if sigint_ignored else None,
         )
-        self._wait_ready()
+        self._wait_ready(start_timeout_s)
 
-    def _wait_ready(self) -> None:
-        deadline = time.monotonic() + START_TIMEOUT_S
+    def _wait_ready(self, timeout_s: float) -> None:
+        deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"server exited with {self.proc.returncode} while starting:\n{self.log()}")
             if "ready on" in self.log():
                 return
             time.sleep(0.1)  # polling the log file, bounded by the deadline above
-        raise TimeoutError(f"server not ready after {START_TIMEOUT_S} s:\n{self.log()}")
+        raise TimeoutError(f"server not ready after {timeout_s} s:\n{self.log()}")
 
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")

@@ -99,6 +99,34 @@ def test_the_api_server_count_default_follows_the_cores(monkeypatch):
     assert parse_args(["--api-server-count", "3"]).api_server_count == 3
 
 
+def test_the_api_server_count_default_is_at_least_one_per_local_replica(monkeypatch):
+    monkeypatch.setattr("os.cpu_count", lambda: 16)
+    assert parse_args(["-dp", "4"]).api_server_count == 4
+    assert parse_args(["-dp", "4", "--data-parallel-size-local", "1"]).api_server_count == 2
+    assert parse_args(["-dp", "4", "--api-server-count", "1"]).api_server_count == 1
+
+
+def test_node_flags_take_vllms_names_and_a_headless_node_serves_the_replicas_from_its_start_rank():
+    args = parse_args(["-dp", "4", "-dpl", "2", "-dpr", "2", "-dpa", "10.0.0.1", "-dpp", "4000", "--headless"])
+    assert (args.data_parallel_size_local, args.data_parallel_start_rank) == (2, 2)
+    assert (args.data_parallel_address, args.data_parallel_rpc_port, args.headless) == ("10.0.0.1", 4000, True)
+    assert parse_args(["-dp", "4", "-dpr", "3", "--headless"]).data_parallel_size_local == 1  # the rest
+
+
+@pytest.mark.parametrize(
+    "flags, error",
+    [
+        (["-dp", "2", "-dpr", "1"], "--data-parallel-start-rank is a headless node's"),
+        (["-dp", "2", "-dpl", "2", "-dpr", "1", "--headless"], "replicas 1 to 2"),
+        (["-dp", "2", "-dpl", "0", "-dpr", "1", "--headless"], "--headless needs at least one replica"),
+    ],
+)
+def test_node_flags_that_leave_a_replica_outside_the_data_parallel_size_are_refused(flags, error, capsys):
+    with pytest.raises(SystemExit):
+        parse_args(flags)
+    assert error in capsys.readouterr().err
+
+
 def test_the_api_key_comes_from_the_environment_and_help_never_prints_it(monkeypatch, capsys):
     monkeypatch.setenv("CLEARSERVE_API_KEY", "s3cret")
     assert parse_args([]).api_key == "s3cret"

@@ -10,10 +10,10 @@ import asyncio
 import httpx
 from fastapi.testclient import TestClient
 
-from common.engine_replica import REPLICA_FAILED, REPLICA_FAILED_STATUS, ReplicaFailure
+from common.engine_replica import REPLICA_FAILED, REPLICA_FAILED_STATUS, ReplicaFailure, ReplicaJoined
 from common.messages import RequestRejected
 from frontend.app import build_app
-from frontend.replicas import EngineReplicas
+from frontend.replicas import NOT_JOINED, EngineReplicas
 from tests.fake_engine import FakeEngineClient, Script
 from tests.test_frontend_api import sse_events
 from tests.test_frontend_metrics import scrape
@@ -42,6 +42,21 @@ def test_health_stays_200_but_says_degraded_with_a_replica_out():
 def test_stats_name_each_failed_replica_and_why():
     _, http = client_with(EngineReplicas(2).without(FAILURE))
     assert http.get("/stats").json()["engine_replicas"] == {"total": 2, "alive": 1, "failed": {"1": FAILURE.reason}}
+
+
+def test_a_replica_of_a_node_not_yet_joined_counts_as_out_until_it_joins():
+    waiting = EngineReplicas(2, {1: NOT_JOINED})
+    _, http = client_with(waiting)
+    assert http.get("/health").json() == {"status": "degraded", "engine_replicas": 2, "engine_replicas_alive": 1}
+    _, http = client_with(waiting.joined(ReplicaJoined(1, ["scheduler-1", "gpu_worker-1"])))
+    assert http.get("/health").json() == {"status": "ok"}
+
+
+def test_health_is_503_while_no_replica_serves():
+    _, http = client_with(EngineReplicas(2, {0: NOT_JOINED, 1: FAILURE.reason}))
+    response = http.get("/health")
+    assert response.status_code == 503
+    assert response.json() == {"status": "unhealthy", "engine_replicas": 2, "engine_replicas_alive": 0}
 
 
 def test_metrics_count_the_replicas_started_and_alive():

@@ -139,3 +139,23 @@ def test_a_prompt_routed_under_one_salt_is_no_prefix_match_under_another():
     assert router.route(1, prompt(7, 3), "a") == 0
     assert router.route(2, prompt(7, 3), "b") == 1, "nothing of salt b cached anywhere: least load"
     assert router.route(3, prompt(7, 3), "a") == 0, "salt a's prefix is remembered on replica 0"
+
+
+def test_a_replica_that_has_not_joined_is_not_chosen_until_it_joins():
+    router = ReplicaRouter(2, BLOCK, serving=[0])  # replica 1: a headless node's, not joined yet
+    assert [router.route(rid, prompt(rid, 2)) for rid in range(3)] == [0, 0, 0]
+    router.add(1)
+    assert router.route(3, prompt(3, 2)) == 1  # the least loaded, now that it serves
+
+
+def test_a_replica_back_from_a_lost_node_is_routed_to_with_an_empty_memory():
+    router = ReplicaRouter(2, BLOCK)
+    assert [router.route(rid, prompt(7, 4, [rid])) for rid in (0, 1)] == [0, 0]
+    router.route(2, [1])  # replica 1
+    router.remove(1)
+    router.add(1)
+    router.release(0)
+    router.release(1)
+    # Replica 0 still remembers the family; replica 1, back, remembers nothing and holds nothing.
+    assert router.remembered_blocks(1) == 0 and router.in_flight == [0, 0]
+    assert router.route(3, prompt(7, 4, [3])) == 0

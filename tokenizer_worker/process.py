@@ -6,7 +6,7 @@
 
 A tokenized request goes to the engine replica its router picks (router.py), which it keeps for its life; if
 that replica fails, the launcher says so (a ReplicaFailure on the control channel) and the request ends with a
-503 `replica_failed`.
+503 `replica_failed`; a replica that joins (a headless node's: ReplicaJoined) is routed to from then on.
 Aborts from the frontend go to the scheduler on the socket their request took, so they cannot overtake it.
 Outputs go to the frontend that holds the request (rid % K): one OutputBatch per frontend per step.
 """
@@ -24,7 +24,14 @@ from typing import Any
 import zmq
 
 from common.control import ControlServer
-from common.engine_replica import REPLICA_FAILED, REPLICA_FAILED_STATUS, ReplicaFailure
+from common.engine_replica import (
+    NO_REPLICA,
+    REPLICA_FAILED,
+    REPLICA_FAILED_STATUS,
+    REPLICA_JOINED,
+    ReplicaFailure,
+    ReplicaJoined,
+)
 from common.garbage import freeze_startup_objects
 from common.loop_progress import LoopProgress
 from common.messages import (
@@ -128,6 +135,8 @@ class TokenizerProcess:
                 for command in self.control.pending():
                     if command.kind == REPLICA_FAILED:
                         self._on_replica_failed(ReplicaFailure.from_request(command))
+                    elif command.kind == REPLICA_JOINED:
+                        self.router.add(ReplicaJoined.from_request(command).replica)
                     else:
                         self.control.reply(command, self.profiler.answer(command.kind))
 
@@ -162,6 +171,13 @@ class TokenizerProcess:
         if isinstance(reply, RequestRejected):
             self.stats.rejected += 1
             self._send(self._frontend_of(reply.rid), reply)
+        elif not self.router.serving:  # every replica is on a node that is lost or has not joined (yet)
+            self.worker.drop(reply.rid)
+            message = "no engine replica is serving: the nodes that serve them have not joined, or were lost"
+            self._send(
+                self._frontend_of(reply.rid),
+                RequestRejected(reply.rid, REPLICA_FAILED_STATUS, message, code=NO_REPLICA),
+            )
         else:
             self.stats.requests += 1
             replica = self.router.route(reply.rid, reply.prompt_token_ids, reply.cache_salt)
@@ -250,15 +266,17 @@ def main(
     chat_template: str | None = None,
     num_replicas: int = 1,
     block_size: int = 16,
+    serving: list[int] | None = None,
 ) -> None:
     """Entry point of tokenizer worker `index`, started by the launcher with the spawn context; `chat_template`:
     the --chat-template's text, for chat requests instead of the tokenizer's own; `num_replicas`: the engine
-    replicas it routes requests to, whose KV blocks hold `block_size` tokens."""
+    replicas it routes requests to, whose KV blocks hold `block_size` tokens; `serving`: those that serve from the
+    start (default: all; a headless node's join later)."""
     init_child_process(f"tokenizer-{index}", log_level, parent_pid)
     process: TokenizerProcess | None = None
     try:
         tokenizer = Tokenizer.load(model_folder, chat_template)
-        router = ReplicaRouter(num_replicas, block_size)
+        router = ReplicaRouter(num_replicas, block_size, serving=serving)
         process = TokenizerProcess(index, tokenizer, Endpoints(run_dir), num_frontends, profile, router)
         process.run()
     except SystemExit:  # SIGTERM from the launcher

@@ -14,8 +14,9 @@ nothing: it keeps its own picture of them.
     choose: most leading blocks matched, then fewest in flight, then lowest index, among the replicas
             whose load is within `max_imbalance` of the least loaded one (which always qualifies)
 
-A replica the launcher took out (it failed: common/engine_replica.py) is never chosen again; `remove` hands
-back the requests that were routed there, for the tokenizer worker to end.
+A replica the launcher took out (it failed: common/engine_replica.py) is not chosen again; `remove` hands
+back the requests that were routed there, for the tokenizer worker to end. A replica on another host serves
+from when its node joins (`add`), and again after its node comes back: with an empty trie, so an empty memory.
 
 The guard keeps a popular prefix (a shared system prompt) from piling every request onto one replica: once
 its replica is `max_imbalance` requests ahead, the next request goes elsewhere and that replica learns the
@@ -42,7 +43,9 @@ class ReplicaRouter:
         block_size: int,
         memory_blocks: int = PREFIX_MEMORY_BLOCKS,
         max_imbalance: int = MAX_IMBALANCE,
+        serving: list[int] | None = None,
     ):
+        """`serving`: the replicas that serve from the start (default: all; those of headless nodes join later)."""
         self.block_size = block_size
         self.memory_blocks = memory_blocks
         self.max_imbalance = max_imbalance
@@ -50,10 +53,11 @@ class ReplicaRouter:
         self.routed = [0] * num_replicas  # requests routed to each replica, ever
         self._prefixes: list[OrderedDict[int, None]] = [OrderedDict() for _ in range(num_replicas)]
         self._owner: dict[int, int] = {}
-        self.serving = list(range(num_replicas))  # the replicas not taken out
+        self.serving = list(range(num_replicas)) if serving is None else sorted(serving)  # joined, not taken out
 
     def route(self, rid: int, prompt_ids: list[int], cache_salt: str | None = None) -> int:
-        """The replica for a new request; it counts as in flight there until `release(rid)`."""
+        """The replica for a new request; it counts as in flight there until `release(rid)`. Some replica must
+        serve."""
         replica = self._choose(prompt_ids, cache_salt) if len(self.serving) > 1 else self.serving[0]
         self._owner[rid] = replica
         self.in_flight[replica] += 1
@@ -80,6 +84,12 @@ class ReplicaRouter:
             self.release(rid)
         self._prefixes[replica].clear()
         return rids
+
+    def add(self, replica: int) -> None:
+        """Route to `replica` from now on (its node joined, or came back with an empty trie)."""
+        if replica not in self.serving:
+            self.serving = sorted([*self.serving, replica])
+        self._prefixes[replica].clear()
 
     def block_hashes(self, prompt_ids: list[int], cache_salt: str | None = None) -> list[int]:
         # Python's hash of a tuple of ints is the same in every process and run (a string's is not: the salt's

@@ -51,7 +51,7 @@ class _Heartbeat:
 
 
 @dataclass
-class NodeLink:
+class NodeHeartbeat:
     nodes: Nodes
     store: TCPStore
     tensor_parallel_size: int
@@ -77,19 +77,19 @@ class NodeLink:
             self._stopping.wait(HEARTBEAT_S)
 
     @classmethod
-    def host(cls, nodes: Nodes, config: dict, tensor_parallel_size: int, silence_timeout_s: float) -> NodeLink:
+    def host(cls, nodes: Nodes, config: dict, tensor_parallel_size: int, silence_timeout_s: float) -> NodeHeartbeat:
         """Node 0: start the store (an error naming the address if the port is taken) and publish the config."""
         from torch.distributed import TCPStore
 
         try:
             store = TCPStore(nodes.master_addr, nodes.master_port, is_master=True, wait_for_workers=False)
         except (RuntimeError, OSError) as exc:
-            raise NodeLinkError(f"cannot host the rendezvous store at {nodes.master}: {exc}") from None
+            raise NodeHeartbeatError(f"cannot host the rendezvous store at {nodes.master}: {exc}") from None
         store.set(CONFIG, json.dumps(config, sort_keys=True))
         return cls(nodes, store, tensor_parallel_size, silence_timeout_s)
 
     @classmethod
-    def join(cls, nodes: Nodes, config: dict, tensor_parallel_size: int, silence_timeout_s: float) -> NodeLink:
+    def join(cls, nodes: Nodes, config: dict, tensor_parallel_size: int, silence_timeout_s: float) -> NodeHeartbeat:
         """A headless node: wait for node 0's store (torch's default timeout, 300 s), check that both were
         started alike, and take this node's place."""
         from torch.distributed import TCPStore
@@ -99,14 +99,16 @@ class NodeLink:
             store.set_timeout(STORE_OP_TIMEOUT)
             theirs = json.loads(store.get(CONFIG))
         except (RuntimeError, OSError) as exc:
-            raise NodeLinkError(f"no node 0 at {nodes.master}: {_one_line(exc)}") from None
+            raise NodeHeartbeatError(f"no node 0 at {nodes.master}: {_one_line(exc)}") from None
         if store.add(f"node/{nodes.node_rank}/joined", 1) > 1:
-            raise NodeLinkError(f"node {nodes.node_rank} has already joined node 0 at {nodes.master}")
+            raise NodeHeartbeatError(f"node {nodes.node_rank} has already joined node 0 at {nodes.master}")
         link = cls(nodes, store, tensor_parallel_size, silence_timeout_s)
         differ = sorted(key for key in {*theirs, *config} if theirs.get(key) != config.get(key))
         if differ:
             shown = ", ".join(f"{key} {config.get(key)!r} here, {theirs.get(key)!r} on node 0" for key in differ)
-            error = NodeLinkError(f"node {nodes.node_rank} was started with other engine flags than node 0: {shown}")
+            error = NodeHeartbeatError(
+                f"node {nodes.node_rank} was started with other engine flags than node 0: {shown}"
+            )
             link.stop(str(error), failed=True)  # node 0's rank 0 would wait for this node's ranks otherwise
             raise error
         return link
@@ -175,7 +177,7 @@ class NodeLink:
                 time.sleep(0.05)  # polling the local store, bounded by the deadline
 
 
-class NodeLinkError(RuntimeError):
+class NodeHeartbeatError(RuntimeError):
     """The nodes cannot form one group (node 0 unreachable, flags that differ, a node rank taken)."""
 
 
