@@ -83,7 +83,7 @@ def arm(label: str, dp: int, args: argparse.Namespace, out: Path, log: Path) -> 
             processes.append(start([*common, *nodes, "--data-parallel-start-rank", "1", "--headless"], "1", env, log))
         wait_serving(url, processes)
         path = out / f"{label}.json"
-        flags = ["--url", url, *BURST.split(), "--client-processes", str(args.client_processes)]
+        flags = ["--url", url, "--model", args.model, *BURST.split(), "--client-processes", str(args.client_processes)]
         run(["benchmarks.serve", *flags, "--label", label, "--output-json", str(path)], log)
         result = json.loads(path.read_text())
     finally:
