@@ -28,11 +28,11 @@ Why a process rather than a thread (measured on this 2-core CPU, GPT-2's vocabul
 - a process can run at a lower CPU priority (COMPILE_NICENESS): on a machine whose cores serve requests, a
   compile takes what they leave.
 Why compile twice rather than hand the worker's grammar over: xgrammar's only way across is its JSON, which
-costs more than the compile it carries, and holds the GIL longer. For 8,000 choices (36 MB of token masks), on a
-quiet CPU: compile 2.4 s, serialize 4.1 s, read back 1.8 s, 37 MB through the pipe and a 350 MB parse tree in
-the scheduler; beside a running stream at nice 10, the handover took 2/3 of the 34 s to the verdict and its
-pieces made the stream's longest gaps (docs/benchmarks.md, "Grammars beside a running stream"). For ordinary
-grammars it is milliseconds either way (a 10-field schema: compile 12.6 ms, serialize 13.3 ms, read 6.3 ms).
+costs more than the compile it carries. For 8,000 choices (36 MB of token masks), on a quiet CPU: compile 2.4 s,
+serialize 4.1 s, read back 1.8 s, with 37 MB through the pipe and a 350 MB parse tree in the scheduler: 70 % of
+the work to the verdict (34 s at nice 10 beside a running stream), and the stream's longest gaps but the first
+fell in it (docs/benchmarks.md, "Grammars beside a running stream"). For ordinary grammars it is milliseconds
+either way (a 10-field schema: compile 12.6 ms, serialize 13.3 ms, read back 6.3 ms).
 A grammar served from the cache is compiled by nobody.
 """
 
