@@ -14,6 +14,8 @@ throughout. While it runs, one at a time, each a completion of one token:
             tokenizer's vocabulary on the scheduler's loop)
   choices   a choice of --choices unique strings (the issue's case: 8,000 choices, about 230 KB)
   choices_again   the same again: with a cache of compiled grammars, what the way in of so large a request costs
+  none      no request: the stream alone for as long as `choices` took to its verdict (the noise floor: the
+            longest of that many gaps on this machine, at its load, without a grammar)
 Each is streamed, so that its verdict (the response's headers: the scheduler queued it, its grammar
 compiled) is timed apart from its end. Each reports the stream's longest time without a token until its
 verdict (its way in and its compile: the target is at most 2x the stream's median gap outside every such
@@ -126,6 +128,13 @@ def stall_phases(url: str, args: argparse.Namespace) -> dict:
     for name, body in bodies.items():
         phases[name] = timed_post(url, body)
         stream.wait_for(args.settle_tokens)
+    # The noise floor: the stream alone for as long as the big grammar took to its verdict. Its longest gap, over
+    # as many gaps as that window held, is what the machine's own noise gives (its load, its other processes).
+    quiet_s = phases["choices"]["verdict"] - phases["choices"]["started"]
+    started = time.perf_counter()
+    time.sleep(quiet_s)
+    phases["none"] = {"started": started, "verdict": started + quiet_s, "ended": started + quiet_s, "status": None,
+                      "error": ""}  # fmt: skip
     stream.stop.set()
     stream.thread.join(timeout=WAIT_S)
     gaps = stream.gaps()

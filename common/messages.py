@@ -376,7 +376,7 @@ class LeaveGroup:
 @dataclass(slots=True)
 class CompileWorkerReady:
     """The compile worker has its vocabulary: xgrammar's TokenizerInfo as its JSON, which the scheduler needs to
-    read compiled grammars (and gives the next worker it starts, so that it need not prepare it again)."""
+    compile grammars itself (and gives the next worker it starts, so that it need not prepare it again)."""
 
     tokenizer_info_json: str
 
@@ -391,8 +391,8 @@ class CompileGrammar:
 @message(32)
 @dataclass(slots=True)
 class GrammarCompiled:
-    """The compile is over: it failed (`error`, in the user's terms), or the compiled grammar follows as the next
-    frame, xgrammar's JSON serialization in UTF-8 (sent as it is: tens of MB for the largest grammars)."""
+    """The compile is over: it failed (`error`, in the user's terms), or the grammar compiles within the timeout
+    (the scheduler then compiles it for itself: scheduler/compile_worker.py says why)."""
 
     error: str = ""
 

@@ -1,21 +1,21 @@
-"""The grammar compile worker: structured output's grammars are compiled in a process of their own, never on the
-scheduler's loop.
+"""The grammar compile worker: structured output's grammars are compiled first in a process of their own, where a
+compile past its timeout can be killed, then again, known to finish in time, on a thread of the scheduler's.
 
     scheduler process                                                 compile worker (spawned by the scheduler)
-    grammars.py ──submit(key)──▶ CompileWorker thread ──CompileGrammar──────▶ xgrammar compile
-                                                      ◀─GrammarCompiled───── the compile is over (or its error)
-    loop ◀─doorbell─ outcomes ◀─deserialize_json─────◀─the grammar's JSON──── serialize_json
+    grammars.py ──submit(key)──▶ CompileWorker thread ──CompileGrammar──────▶ xgrammar compile (the trial)
+                                                      ◀─GrammarCompiled───── it compiled in time (or its error)
+                                  xgrammar compile (the one kept, GIL released)
+    loop ◀─doorbell─ outcomes ◀──────────────────────┘
 
 One grammar at a time, in submission order (a job nobody waits for any more is skipped). The worker prepares
 the tokenizer's vocabulary (xgrammar's TokenizerInfo) when it starts, with the scheduler, and hands it over as
-JSON: the scheduler needs it to read compiled grammars, and a restarted worker starts from it.
+JSON: the scheduler compiles with it, and a restarted worker starts from it.
 
 A compile still running at --grammar-compile-timeout is killed with its worker (SIGKILL: a compile cannot be
 interrupted) and another worker is started at once, at low priority; the request is refused (400, naming its
 field) and the jobs behind it wait for the new worker's start (a process importing xgrammar, and torch with it;
 the vocabulary is given, not prepared again). A worker that dies on a grammar is replaced the same way. The
-timeout bounds the compile only: the handover after it is linear in the compiled grammar's size, which
---max-grammar-bytes bounds.
+timeout bounds the trial; the second compile takes about as long again.
 
 Why a process rather than a thread (measured on this 2-core CPU, GPT-2's vocabulary, xgrammar 0.2.8):
 - xgrammar's compile does release the GIL: a Python thread ticking every millisecond kept ticking through an
@@ -24,15 +24,16 @@ Why a process rather than a thread (measured on this 2-core CPU, GPT-2's vocabul
 - but a compile cannot be stopped: a thread past its timeout would keep a core busy to the end (90 s for a
   50,000-branch regex) with every compile queued behind it; a process is killed at the timeout;
 - and xgrammar's compiler holds memory outside its byte-bounded cache, freed only with the compiler
-  (grammar_cache.py): here it runs with xgrammar's cache off, and the worker's memory stays flat;
+  (grammar_cache.py): both compilers run with xgrammar's cache off, and memory stays flat;
 - a process can run at a lower CPU priority (COMPILE_NICENESS): on a machine whose cores serve requests, a
   compile takes what they leave.
-The price is the handover: xgrammar's JSON serialization costs about the compile again in the worker, reading it
-back half that in the scheduler's thread (which holds the GIL at most ~20 ms at a time meanwhile). For ordinary
-grammars this is milliseconds (a 10-field schema: compile 12.6 ms, serialize 13.3 ms, deserialize 6.3 ms; a
-2-field one 1.8 / 1.9 / 0.8 ms); for 8,000 choices (36 MB of token masks) 2.4 s / 4.1 s / 1.8 s on a quiet CPU.
-A grammar served from the cache crosses nothing. What a compile costs a running stream on this CPU (the model's
-forward uses both cores): docs/benchmarks.md, "Grammars beside a running stream".
+Why compile twice rather than hand the worker's grammar over: xgrammar's only way across is its JSON, which
+costs more than the compile it carries. For 8,000 choices (36 MB of token masks), on a quiet CPU: compile 2.4 s,
+serialize 4.1 s, read back 1.8 s, with 37 MB through the pipe and a 350 MB parse tree in the scheduler: 70 % of
+the work to the verdict (34 s at nice 10 beside a running stream), and the stream's longest gaps but the first
+fell in it (docs/benchmarks.md, "Grammars beside a running stream"). For ordinary grammars it is milliseconds
+either way (a 10-field schema: compile 12.6 ms, serialize 13.3 ms, read back 6.3 ms).
+A grammar served from the cache is compiled by nobody.
 """
 
 from __future__ import annotations
@@ -64,9 +65,8 @@ COMPILE_NICENESS = 10
 log = logging.getLogger(__name__)
 
 
-# Reading a compiled grammar back parses its JSON into a tree about ten times the text's size, freed at once but
-# kept by glibc's heap: 37 MB of JSON (8,000 choices) left the scheduler 350 MB larger for good. Past this size
-# the heap is trimmed after the read (27 ms, off the loop; the GIL is released meanwhile).
+# A compile's scratch memory is freed at its end but kept by glibc's heap. After a grammar of this size or more the
+# heap is trimmed (tens of ms, off the loop; the GIL is released meanwhile).
 TRIM_AFTER_BYTES = 4 * 2**20
 
 
@@ -129,9 +129,8 @@ def serve(
             except (RuntimeError, ValueError) as exc:
                 conn.send_bytes(encode(GrammarCompiled(error=compile_error_message(job.kind, exc))))
                 continue
-            conn.send_bytes(encode(GrammarCompiled()))  # the compile is over: its timeout no longer runs
-            conn.send_bytes(compiled.serialize_json().encode())
-            del compiled
+            del compiled  # (its destructor holds this process's GIL for a while: the scheduler's is not held)
+            conn.send_bytes(encode(GrammarCompiled()))
     except (EOFError, SystemExit):  # the scheduler let go of the pipe, or stopped us
         pass
     exit_child()
@@ -162,8 +161,8 @@ class CompileWorker:
         self._jobs: queue.SimpleQueue[GrammarKey | None] = queue.SimpleQueue()
         self._process: Any = None  # multiprocessing's SpawnProcess
         self._conn: Connection | None = None
-        self._tokenizer_info: Any = None  # xgrammar.TokenizerInfo, from the first worker
-        self._tokenizer_info_json = ""
+        self._tokenizer_info_json = ""  # from the first worker
+        self._compiler: Any = None  # xgrammar.GrammarCompiler, this thread's: for the grammars the worker passed
         self._closing = False
         self.ready = threading.Event()  # set once the first worker has prepared the vocabulary
         self.first_start_over = threading.Event()  # ... or failed to
@@ -190,8 +189,9 @@ class CompileWorker:
         return self._process.pid if self._process is not None else None
 
     def _run(self) -> None:
-        # This thread reads compiled grammars back (seconds for the largest) and spawns the workers, which inherit
-        # its priority: both below the loop's and the serving processes'. (Linux: a nice value is a thread's own.)
+        # This thread compiles the grammars the worker passed (seconds for the largest) and spawns the workers,
+        # which inherit its priority: both below the loop's and the serving processes'. (Linux: a nice value is a
+        # thread's own, and xgrammar's compile threads inherit this one's.)
         os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), COMPILE_NICENESS)
         try:
             while True:
@@ -215,8 +215,6 @@ class CompileWorker:
             self._stop_process()
 
     def _compile(self, key: GrammarKey) -> Outcome:
-        import xgrammar
-
         if self._conn is None:
             self._start_process()
             if self._conn is None:
@@ -233,25 +231,22 @@ class CompileWorker:
             )
         try:
             reply: GrammarCompiled = decode(self._conn.recv_bytes())
-            if reply.error:
-                return GrammarRefused(reply.error)
-            # The handover is not timed: it is linear in the compiled grammar's size, which the source's bound
-            # (--max-grammar-bytes) bounds; a worker that dies meanwhile closes the pipe.
-            compiled_json = self._conn.recv_bytes().decode()
         except (EOFError, OSError):
             code = self._process.exitcode if self._process is not None else None
             log.error("the grammar compile worker died on a %s (exit code %s): replaced", kind, code)
             self._replace()
             return GrammarRefused(f"the grammar compiler failed on this {kind}")
+        if reply.error:
+            return GrammarRefused(reply.error)
+        # It compiles within the timeout: compiled again here, at this thread's priority, and kept.
         try:
-            return xgrammar.CompiledGrammar.deserialize_json(compiled_json, self._tokenizer_info)
-        except Exception:  # a compiled grammar the scheduler cannot read: the server's fault, not the request's
-            log.exception("a compiled %s could not be read back", kind)
-            return GrammarRefused(f"the compiled {kind} could not be read back", 500)
-        finally:
-            if len(compiled_json) >= TRIM_AFTER_BYTES:
-                del compiled_json
-                _return_freed_heap()
+            compiled = compile_spec(self._compiler, *key)
+        except (RuntimeError, ValueError):  # the worker's compile passed: the server's fault, not the request's
+            log.exception("a %s that compiled in the worker did not compile in the scheduler", kind)
+            return GrammarRefused(f"the {kind} could not be compiled", 500)
+        if compiled.memory_size_bytes >= TRIM_AFTER_BYTES:
+            _return_freed_heap()
+        return compiled
 
     def _replace(self) -> None:
         """Kill the worker; _run starts the next one once this job's refusal is out (its start takes seconds)."""
@@ -289,7 +284,8 @@ class CompileWorker:
             return
         if not self._tokenizer_info_json:
             self._tokenizer_info_json = ready.tokenizer_info_json
-            self._tokenizer_info = xgrammar.TokenizerInfo.deserialize_json(ready.tokenizer_info_json)
+            info = xgrammar.TokenizerInfo.deserialize_json(ready.tokenizer_info_json)
+            self._compiler = xgrammar.GrammarCompiler(info, max_threads=compile_threads(), cache_enabled=False)
         self._conn = conn
         self.ready.set()
         self.first_start_over.set()
