@@ -33,6 +33,11 @@ PEER_ALL_REDUCE_MAX_BYTES = 2 * 2**20
 # The dtypes torch's one-shot kernel sums (one buffer each).
 PEER_DTYPES = (torch.bfloat16, torch.float32)
 _SEVERAL_HOSTS = "the ranks are on more than one host"
+# A process that set up symmetric memory for one group (an offline.LLM with tensor parallelism, closed, then
+# another in the same process) does not do it again: torch keeps the first group's state per process and a
+# second rendezvous under the new group hung on two H100s (the second TP=2 engine of one test process).
+_EARLIER_GROUP = "this process set up peer memory for an earlier group"
+_rendezvoused_groups: list[str] = []
 _ALIGNMENT = 16  # bytes: the kernel's vector width; the input and the buffer view must both be aligned to it
 
 
@@ -52,8 +57,11 @@ class PeerAllReduce:
         if device.type != "cuda":  # every rank's device is of one type: no rank needs to be asked
             return None
         reason = _unavailable_reason(device)
+        if reason is None and _rendezvoused_groups:
+            reason = _EARLIER_GROUP
         peer = None
-        if reason is None:
+        # Agreed before the rendezvous, a collective that waits forever for a rank that skips it.
+        if _every_rank_agrees(reason is None, device):
             try:
                 peer = cls._rendezvous(device, max_bytes)
             except Exception as exc:  # noqa: BLE001 (any failure: NCCL serves instead)
@@ -65,7 +73,7 @@ class PeerAllReduce:
                 return peer
             reason = "a test all-reduce over peer memory came out wrong on some rank"
         # A warning where peer memory should have worked (one host): the decode step pays NCCL's latency.
-        (log.info if reason == _SEVERAL_HOSTS else log.warning)(
+        (log.info if reason in (_SEVERAL_HOSTS, _EARLIER_GROUP) else log.warning)(
             "all-reduce: NCCL only (%s)", reason or "another rank could not set up peer memory"
         )
         return None
@@ -82,6 +90,7 @@ class PeerAllReduce:
             buffer = symm_mem.empty(max_bytes // dtype.itemsize, dtype=dtype, device=device)
             symm_mem.rendezvous(buffer, group_name)
             buffers[dtype] = buffer
+        _rendezvoused_groups.append(group_name)
         return cls(buffers, group_name, max_bytes)
 
     def _sums_correctly(self, device: torch.device) -> bool:
