@@ -48,10 +48,11 @@ class ModelCost:
     attention_flops_per_context_token: int  # 4 * layers * query heads * head_dim
 
     @classmethod
-    def of(cls, model, num_heads: int) -> ModelCost:
+    def of(cls, model, num_heads: int, kv_itemsize: int | None = None) -> ModelCost:
         """`model`: one of ours (gpu_worker/models/), as loaded; `num_heads`: its query heads. Its embedding tables
         (any parameter named *embed*, or wte/wpe) are looked up, not multiplied, unless the lm-head shares them
-        (tied): then they are read once, as the head. The KV cache is in the weights' dtype."""
+        (tied): then they are read once, as the head. `kv_itemsize`: the KV store's bytes per element (None: the
+        weights' dtype's)."""
         weight_bytes = matmul = 0
         tied = _tied_head(model)
         for name, param in model.named_parameters():
@@ -62,9 +63,10 @@ class ModelCost:
             if param.dim() >= 2:
                 matmul += param.numel()
         layers, kv_heads, head_dim = model.kv_shape
-        kv_itemsize = next(
-            p for p in model.parameters() if p.is_floating_point() and p.element_size() > 1
-        ).element_size()
+        if kv_itemsize is None:
+            kv_itemsize = next(
+                p for p in model.parameters() if p.is_floating_point() and p.element_size() > 1
+            ).element_size()
         return cls(
             weight_bytes, matmul, layers * 2 * kv_heads * head_dim * kv_itemsize, 4 * layers * num_heads * head_dim
         )

@@ -1,6 +1,7 @@
 """The GPU worker, built once, then run (model_runner.py): everything a step uses is decided and allocated here.
 
-    device ─▶ model (weights) ─▶ KV store (kv_sizing.py) ─▶ limits (limits.py) ─▶ CUDA graphs ─▶ staging ─▶ warm-up
+    device ─▶ model (weights) ─▶ [fp8 KV scales (kv_scales.py)] ─▶ KV store (kv_sizing.py) ─▶ limits (limits.py)
+           ─▶ CUDA graphs ─▶ staging ─▶ warm-up
 
 The KV store is sized before the limits are decided (the seats depend on what it holds), and the graphs are
 captured after it (their memory pool is what the sizing left room for).
