@@ -102,7 +102,8 @@ def roofline(llm, folder: str, prompts: list[list[int]], output_len: int, elapse
     if peak is None:
         return None
     config = json.loads((Path(folder) / "config.json").read_text())
-    cost = ModelCost.of(llm.runner.model, config.get("num_attention_heads") or config["n_head"])
+    kv_itemsize = llm.runner.eager.kv_cache.data.element_size()
+    cost = ModelCost.of(llm.runner.model, config.get("num_attention_heads") or config["n_head"], kv_itemsize)
     fp8 = llm.config.quantization == "fp8"
     floor = run_floor(cost, [len(p) for p in prompts], output_len, llm.runner.limits.max_num_seqs, peak, fp8)
     out = {

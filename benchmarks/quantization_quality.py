@@ -1,5 +1,5 @@
-"""What --quantization fp8 does to a real model's outputs, against bfloat16: greedy agreement, and the logprobs
-of the same tokens.
+"""What --quantization fp8 and --kv-cache-dtype fp8 do to a real model's outputs, against bfloat16: greedy
+agreement, and the logprobs of the same tokens.
 
     python -m benchmarks.quantization_quality --device cpu --out docs/results/quantization_quality_cpu.json
 
@@ -9,9 +9,11 @@ generated greedily, up to --max-tokens each, by the base engine (bfloat16) and b
   of the base's tokens; exact outputs: the share of outputs identical throughout.
 - mean |Δ logprob|: every engine scores the base's outputs teacher-forced (prompt + output as one prompt, its
   prompt logprobs), so all score the same tokens; the mean over those tokens of |logprob - the base's|.
-Compared: fp8 (weights e4m3 with per-channel scales, activations per token, the rest bfloat16) and float32
-(no quantization: how much precision alone moves the outputs, the yardstick). On a CPU fp8 runs the emulation
-with the same numbers (gpu_worker/models/fp8.py); on CUDA, torch._scaled_mm.
+Compared: fp8 (weights e4m3 with per-channel scales, activations per token, the rest bfloat16); kv_fp8 (the KV
+store in e4m3 with one calibrated scale per layer for K and for V: gpu_worker/kv_scales.py), alone and with
+fp8 weights; float32 (no quantization: how much precision alone moves the outputs, the yardstick). On a CPU fp8
+weights run the emulation with the same numbers (gpu_worker/models/fp8.py), on CUDA torch._scaled_mm; the e4m3
+store is the same bits on both (the torch backend on a CPU, the Triton kernels on CUDA).
 """
 
 from __future__ import annotations
@@ -29,6 +31,8 @@ BASE = "bfloat16"
 ENGINES = {
     "bfloat16": dict(dtype="bfloat16"),
     "fp8": dict(dtype="bfloat16", quantization="fp8"),
+    "kv_fp8": dict(dtype="bfloat16", kv_cache_dtype="fp8"),
+    "fp8+kv_fp8": dict(dtype="bfloat16", quantization="fp8", kv_cache_dtype="fp8"),
     "float32": dict(dtype="float32"),
 }
 

@@ -61,11 +61,11 @@ class ModelCost:
         return self.expert_bytes * (1.0 - missed)
 
     @classmethod
-    def of(cls, model, num_heads: int) -> ModelCost:
+    def of(cls, model, num_heads: int, kv_itemsize: int | None = None) -> ModelCost:
         """`model`: one of ours (gpu_worker/models/), as loaded; `num_heads`: its query heads. Its embedding tables
         (any parameter named *embed*, or wte/wpe) are looked up, not multiplied, unless the lm-head shares them
-        (tied): then they are read once, as the head. Its MoE layers' experts are counted apart (expert_bytes). The KV
-        cache is in the weights' dtype."""
+        (tied): then they are read once, as the head. Its MoE layers' experts are counted apart (expert_bytes).
+        `kv_itemsize`: the KV store's bytes per element (None: the weights' dtype's)."""
         from gpu_worker.models.moe import SparseMoE
 
         weight_bytes = matmul = expert_bytes = num_experts = top_k = 0
@@ -86,9 +86,10 @@ class ModelCost:
             if param.dim() >= 2:
                 matmul += param.numel()
         layers, kv_heads, head_dim = model.kv_shape
-        kv_itemsize = next(
-            p for p in model.parameters() if p.is_floating_point() and p.element_size() > 1
-        ).element_size()
+        if kv_itemsize is None:
+            kv_itemsize = next(
+                p for p in model.parameters() if p.is_floating_point() and p.element_size() > 1
+            ).element_size()
         return cls(
             weight_bytes,
             matmul,

@@ -26,6 +26,9 @@ class EngineConfig:
     device: str = "auto"  # "auto": cuda when available, else cpu
     seed: int = 0  # dummy weights and the seeds of unseeded requests
     block_size: int = 16
+    # The paged KV store's element type: "auto" the model's dtype; "fp8" / "fp8_e4m3" float8 e4m3 with one fixed
+    # scale per layer for K and for V (gpu_worker/kv_scales.py)
+    kv_cache_dtype: str = "auto"
     num_kv_blocks: int | None = None  # None: sized from free memory
     gpu_memory_utilization: float = 0.90
     cpu_kv_cache_gib: float = 2.0
@@ -126,6 +129,13 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
     model.add_argument("--device", choices=["auto", "cpu", "cuda"], default=d.device, help="auto: cuda when available")
     model.add_argument("--seed", type=int, default=d.seed, help="random weights and unseeded requests")
     cache.add_argument("--block-size", type=int, default=d.block_size, help="tokens per KV block")
+    cache.add_argument(
+        "--kv-cache-dtype",
+        choices=["auto", "fp8", "fp8_e4m3"],
+        default=d.kv_cache_dtype,
+        help="the KV store's element type: auto, the model's dtype; fp8 (fp8_e4m3), float8 e4m3 with one scale per "
+        "layer for K and for V, calibrated at start-up: twice the blocks of bfloat16 in the same memory",
+    )
     cache.add_argument(
         "--num-kv-blocks",
         "--num-gpu-blocks-override",

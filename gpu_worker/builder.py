@@ -1,6 +1,7 @@
 """The GPU worker, built once, then run (model_runner.py): everything a step uses is decided and allocated here.
 
-    device ─▶ model (weights) ─▶ KV store (kv_sizing.py) ─▶ limits (limits.py) ─▶ CUDA graphs ─▶ staging ─▶ warm-up
+    device ─▶ model (weights) ─▶ [fp8 KV scales (kv_scales.py)] ─▶ KV store (kv_sizing.py) ─▶ limits (limits.py)
+           ─▶ CUDA graphs ─▶ staging ─▶ warm-up
 
 The KV store is sized before the limits are decided (the seats depend on what it holds), and the graphs are
 captured after it (their memory pool is what the sizing left room for).
@@ -9,6 +10,7 @@ captured after it (their memory pool is what the sizing left room for).
 from __future__ import annotations
 
 import logging
+import math
 
 import torch
 
@@ -23,7 +25,8 @@ from gpu_worker.cuda_graphs import DecodeGraphs
 from gpu_worker.eager_forward import EagerForward
 from gpu_worker.graph_capture import StepGraphs
 from gpu_worker.host_copy import StagingRing
-from gpu_worker.kv_cache import PagedKVCache
+from gpu_worker.kv_cache import FP8, PagedKVCache, resolve_kv_cache_dtype
+from gpu_worker.kv_scales import calibrate_kv_scales
 from gpu_worker.kv_sizing import size_kv_store
 from gpu_worker.limits import decide_limits, most_seats, prompt_budget
 from gpu_worker.model_loader import load_model, resolve_dtype
@@ -69,9 +72,18 @@ def build_worker(
         what = "random weights" if config.load_format == "dummy" else "weights loaded"
         phases.done(f"{what}: {params / 1e6:.0f}M parameters, {dtype} on {device}")
     num_layers, kv_heads, head_dim = model.kv_shape  # this rank's KV heads
-    choice = choose_attention_backend(config.attention_backend, device.type, model.attention_layers, dtype)
+    kv_dtype = resolve_kv_cache_dtype(config.kv_cache_dtype, dtype)
+    choice = choose_attention_backend(
+        config.attention_backend, device.type, model.attention_layers, dtype, kv_cache_dtype=config.kv_cache_dtype
+    )
     log.info("attention backend: %s (%s)", choice.name, choice.reason)
     attention = make_attention_backend(choice.name, device, config.block_size, model.attention_layers, dtype)
+    kv_scales = None
+    if kv_dtype == FP8:
+        check_fp8_kv_supported(choice.name, device)
+        kv_scales = calibrate_kv_scales(
+            model, attention, info.vocab_size, info.max_model_len, config.block_size, dtype, device
+        )
     captures_graphs = on_gpu and attention.supports_cuda_graphs and not config.enforce_eager
     # Every rank must have every block the scheduler hands out: the smallest store of any rank.
     num_kv_blocks = tp.min(
@@ -82,7 +94,8 @@ def build_worker(
             model,
             attention,
             device,
-            dtype,
+            kv_dtype,
+            kv_scales,
             most_seats(config, on_gpu),
             prompt_budget(config, on_gpu),
             captures_graphs,
@@ -91,10 +104,16 @@ def build_worker(
     )
     limits = decide_limits(config, info, on_gpu, num_kv_blocks)
     # One block more than the scheduler is told of: a scratch block for padding rows (graphs, padded eager steps).
-    kv_cache = PagedKVCache(num_layers, num_kv_blocks + 1, config.block_size, kv_heads, head_dim, dtype, device)
+    kv_cache = PagedKVCache(
+        num_layers, num_kv_blocks + 1, config.block_size, kv_heads, head_dim, kv_dtype, device, kv_scales
+    )
     if phases is not None:
         gib = kv_cache.data.numel() * kv_cache.data.element_size() / 2**30
-        phases.done(f"KV store: {num_kv_blocks} blocks of {config.block_size} tokens, {gib:.2f} GiB")
+        what = f"{num_kv_blocks} blocks of {config.block_size} tokens, {gib:.2f} GiB"
+        if kv_scales is not None:
+            exponents = [int(math.log2(s)) for pair in kv_scales for s in pair]
+            what += f", float8 e4m3 (scales 2^{min(exponents)} to 2^{max(exponents)})"
+        phases.done(f"KV store: {what}")
     # A slot per live mirror (seated or finishing: common/pipeline.py), and warm-up's requests.
     num_slots = max(max_live_mirrors(limits.max_num_seqs), WARM_UP_REQUESTS)
     last_tokens = torch.zeros(num_slots + 1, dtype=torch.long, device=device)  # + a sink for rows sampling nothing
@@ -125,6 +144,16 @@ def build_worker(
     if phases is not None:
         phases.done("warmed up: every kind of step ran once")
     return runner
+
+
+def check_fp8_kv_supported(backend: str, device: torch.device) -> None:
+    """Triton converts to and from float8 e4m3 on GPUs of compute capability 8.9 or more (Ada, Hopper)."""
+    if backend == "triton" and torch.cuda.get_device_capability(device) < (8, 9):
+        name = torch.cuda.get_device_name(device)
+        raise RuntimeError(
+            f"--kv-cache-dtype fp8 with the Triton attention backend needs a GPU of compute capability 8.9 or more; "
+            f"{name} has {torch.cuda.get_device_capability(device)} (--attention-backend torch runs it anywhere)"
+        )
 
 
 def resolve_device(name: str, index: int = 0) -> torch.device:

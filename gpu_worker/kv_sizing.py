@@ -3,6 +3,7 @@
 CUDA:  (total memory x --gpu-memory-utilization - peak of a forward at the largest step
         - that forward's activations once more where CUDA graphs are captured: their pool holds as much) / block bytes
 CPU:   --cpu-kv-cache-gib / block bytes
+A block's bytes are in the store's dtype (--kv-cache-dtype fp8: one byte an element, twice bfloat16's blocks).
 and never more than the most seats (gpu_worker/limits.py: most_seats) at full context could use. On a GPU, the
 default number of seats is then chosen by how many requests of a typical length the store holds (decide_limits).
 """
@@ -13,10 +14,9 @@ import torch
 
 from common.config import EngineConfig
 from common.model_info import ModelInfo
-from gpu_worker.attention import AttentionBackend, BatchLayout
-from gpu_worker.host_copy import StagingRing
+from gpu_worker.attention import AttentionBackend
 from gpu_worker.kv_cache import PagedKVCache
-from gpu_worker.models.forward_context import ForwardContext
+from gpu_worker.probe_forward import probe_forward
 
 
 def size_kv_store(
@@ -25,20 +25,22 @@ def size_kv_store(
     model: torch.nn.Module,
     attention: AttentionBackend,
     device: torch.device,
-    dtype: torch.dtype,
+    kv_dtype: torch.dtype,
+    kv_scales: list[tuple[float, float]] | None,
     max_seqs: int,
     max_prompt_tokens: int,
     captures_graphs: bool = False,
 ) -> int:
-    """max_seqs, max_prompt_tokens: the most seats and the prompt budget a step may have; captures_graphs: CUDA
-    graphs will be captured after the store is allocated (the mixed graphs' largest bucket is a step of the whole
-    prompt budget, whose activations their memory pool keeps)."""
+    """kv_dtype, kv_scales: what the store will hold (kv_cache.py); max_seqs, max_prompt_tokens: the most seats and
+    the prompt budget a step may have; captures_graphs: CUDA graphs will be captured after the store is allocated
+    (the mixed graphs' largest bucket is a step of the whole prompt budget, whose activations their memory pool
+    keeps)."""
     num_layers, kv_heads, head_dim = model.kv_shape
-    per_block = PagedKVCache.bytes_per_block(num_layers, config.block_size, kv_heads, head_dim, dtype)
+    per_block = PagedKVCache.bytes_per_block(num_layers, config.block_size, kv_heads, head_dim, kv_dtype)
     useful = max_seqs * -(-info.max_model_len // config.block_size)
     if device.type == "cuda":
         budget = _cuda_budget_bytes(
-            config, info, model, attention, dtype, device, max_seqs, max_prompt_tokens, captures_graphs
+            config, info, model, attention, kv_dtype, kv_scales, device, max_seqs, max_prompt_tokens, captures_graphs
         )
     else:
         budget = int(config.cpu_kv_cache_gib * 2**30)
@@ -55,13 +57,15 @@ def _cuda_budget_bytes(
     info: ModelInfo,
     model: torch.nn.Module,
     attention: AttentionBackend,
-    dtype: torch.dtype,
+    kv_dtype: torch.dtype,
+    kv_scales: list[tuple[float, float]] | None,
     device: torch.device,
     max_seqs: int,
     max_prompt_tokens: int,
     captures_graphs: bool,
 ) -> int:
-    """Free memory after a forward at the largest step size, times --gpu-memory-utilization."""
+    """Free memory after a forward at the largest step size (reading and writing a store like the real one: the
+    torch backend's dequantized keys are activations too), times --gpu-memory-utilization."""
     torch.cuda.empty_cache()
     torch.cuda.reset_peak_memory_stats(device)
     before = torch.cuda.memory_allocated(device)
@@ -69,18 +73,12 @@ def _cuda_budget_bytes(
     tokens = min(max_prompt_tokens, info.max_model_len)
     num_layers, kv_heads, head_dim = model.kv_shape
     blocks = -(-tokens // block_size)
-    probe_cache = PagedKVCache(num_layers, blocks, block_size, kv_heads, head_dim, dtype, device)
-    layout = BatchLayout.build([tokens], [tokens], [list(range(blocks))], block_size)
-    slots = torch.arange(tokens)
-    staging = StagingRing(device, 64 * tokens + 2**16, depth=1)
-    staging.next_step()
-    ctx = ForwardContext(attention, attention.build_metadata(layout, slots.numpy(), staging.upload), probe_cache)
-    ids = torch.zeros(tokens, dtype=torch.long, device=device)
-    hidden = model(ids, slots.to(device), ctx)
+    probe_cache = PagedKVCache(num_layers, blocks, block_size, kv_heads, head_dim, kv_dtype, device, kv_scales)
+    hidden = probe_forward(model, attention, probe_cache, torch.zeros(tokens, dtype=torch.long, device=device))
     model.compute_logits(hidden[-min(tokens, max_seqs) :])
     torch.cuda.synchronize(device)
     peak = torch.cuda.max_memory_allocated(device)
-    del probe_cache, ctx, hidden
+    del probe_cache, hidden
     torch.cuda.empty_cache()
     total = torch.cuda.get_device_properties(device).total_memory
     graph_pool = peak - before if captures_graphs else 0

@@ -22,7 +22,7 @@ def test_the_benchmark_runs_on_a_tiny_model_and_writes_its_report(tiny_llama, tm
     out = tmp_path / "quality.json"
     report = main(["--model", str(tiny_llama), "--device", "cpu", "--max-tokens", "3", "--out", str(out)])
     assert json.loads(out.read_text()) == report
-    assert set(report["compared"]) == {"fp8", "float32"} and report["prompts"] == 32
+    assert set(report["compared"]) == {"fp8", "kv_fp8", "fp8+kv_fp8", "float32"} and report["prompts"] == 32
     for result in report["compared"].values():
         assert result["scored_tokens"] == report["base_tokens"]
         assert 0 <= result["greedy_agreement"] <= 1 and result["mean_abs_delta_logprob"] >= 0

@@ -143,8 +143,12 @@ class AttentionBackend(ABC):
         *,
         sliding_window: int | None = None,
         softcap: float | None = None,
+        kv_scales: tuple[float, float] = (1.0, 1.0),
     ) -> torch.Tensor:
         """q: [T, Hq, D]; k, v: [T, Hkv, D]; caches: [num_blocks, block_size, Hkv, D]. Returns [T, Hq, D].
+
+        Caches of float8 e4m3 (--kv-cache-dtype fp8) hold K and V in units of the layer's kv_scales (K's, V's):
+        new tokens are quantized on write and the context dequantized on load (gpu_worker/kv_cache.py).
 
         The layer's options: sliding_window, each query sees only itself and the sliding_window - 1 positions
         before it (transformers' rule: key > query - window); softcap, scores scale * q.k become

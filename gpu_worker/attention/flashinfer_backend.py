@@ -427,7 +427,9 @@ class FlashInferAttention(AttentionBackend):
         *,
         sliding_window: int | None = None,
         softcap: float | None = None,
+        kv_scales: tuple[float, float] = (1.0, 1.0),
     ) -> torch.Tensor:
+        # kv_scales: an fp8 store is never read by this backend (choose_attention_backend picks Triton for it).
         self._kernels.store_kv(k, v, k_cache, v_cache, metadata.slot_mapping)
         new = torch.zeros if metadata.zero_padding else torch.empty
         out = new(q.shape, dtype=q.dtype, device=q.device)

@@ -5,7 +5,8 @@ The model runs on the flat [T, ...] token batch; only inside attention are queri
 chunk (and one more call every decode). Keys and values are gathered from the paged store through
 the block tables, so prefix-cached context and the new tokens are read the same way. A layer with logit
 soft-capping (Gemma 2) runs the same steps written out (SDPA cannot cap scores), as transformers' eager
-attention does.
+attention does. A float8 store (--kv-cache-dtype fp8) is written through kv_cache.quantize and its gathered
+keys and values dequantized into q's dtype before the same calls.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import torch
 import torch.nn.functional as F
 
 from gpu_worker.attention.base import AttentionBackend, BatchLayout, Upload
+from gpu_worker.kv_cache import FP8, dequantize, quantize
 
 
 @dataclass(slots=True)
@@ -109,16 +111,28 @@ class TorchAttention(AttentionBackend):
         *,
         sliding_window: int | None = None,
         softcap: float | None = None,
+        kv_scales: tuple[float, float] = (1.0, 1.0),
     ):
         k_flat = k_cache.view(-1, *k_cache.shape[2:])
         v_flat = v_cache.view(-1, *v_cache.shape[2:])
+        quantized = k_cache.dtype == FP8
+        if quantized:  # as bytes: torch copies and gathers float8 on CUDA only
+            k, v = quantize(k, kv_scales[0]).view(torch.uint8), quantize(v, kv_scales[1]).view(torch.uint8)
+            k_flat, v_flat = k_flat.view(torch.uint8), v_flat.view(torch.uint8)
         k_flat.index_copy_(0, metadata.slot_mapping, k)
         v_flat.index_copy_(0, metadata.slot_mapping, v)
         out = torch.empty_like(q)
         for group in (metadata.prefill, metadata.decode):
             if group is not None:
                 out[group.token_start : group.token_end] = self._attend(
-                    q[group.token_start : group.token_end], k_flat, v_flat, group, scale, sliding_window, softcap
+                    q[group.token_start : group.token_end],
+                    k_flat,
+                    v_flat,
+                    group,
+                    scale,
+                    sliding_window,
+                    softcap,
+                    kv_scales if quantized else None,
                 )
         return out
 
@@ -131,7 +145,10 @@ class TorchAttention(AttentionBackend):
         scale: float,
         sliding_window: int | None,
         softcap: float | None,
+        kv_scales: tuple[float, float] | None,
     ):
+        """kv_scales: the store's float8 scales (K's, V's), k_flat and v_flat its bytes; None: the store is in q's
+        dtype."""
         num_seqs = group.kv_slots.shape[0]
         heads, dim = q.shape[1], q.shape[2]
         if group.grid_cells is not None:
@@ -142,6 +159,9 @@ class TorchAttention(AttentionBackend):
             qg = q.view(num_seqs, 1, heads, dim)
         keys = k_flat[group.kv_slots].transpose(1, 2)  # [S, Hkv, max_kv, D]
         values = v_flat[group.kv_slots].transpose(1, 2)
+        if kv_scales is not None:
+            keys = dequantize(keys.view(FP8), kv_scales[0], q.dtype)
+            values = dequantize(values.view(FP8), kv_scales[1], q.dtype)
         mask = group.mask_for(sliding_window)
         if softcap:
             out = _capped_attention(qg.transpose(1, 2), keys, values, mask, scale, softcap)

@@ -144,8 +144,9 @@ class TritonAttention(AttentionBackend):
         *,
         sliding_window: int | None = None,
         softcap: float | None = None,
+        kv_scales: tuple[float, float] = (1.0, 1.0),
     ) -> torch.Tensor:
-        kernels.store_kv(k, v, k_cache, v_cache, metadata.slot_mapping)
+        kernels.store_kv(k, v, k_cache, v_cache, metadata.slot_mapping, kv_scales)
         new = torch.zeros if metadata.zero_padding else torch.empty
         out = new(q.shape, dtype=q.dtype, device=q.device)
         if metadata.prefill_programs:
@@ -168,6 +169,7 @@ class TritonAttention(AttentionBackend):
                 metadata.decode_span,
                 sliding_window,
                 softcap,
+                kv_scales,
             )
         if metadata.decode_programs:
             kernels.decode_attention(
@@ -184,6 +186,7 @@ class TritonAttention(AttentionBackend):
                 metadata.decode_programs,
                 sliding_window,
                 softcap,
+                kv_scales,
             )
         return out
 

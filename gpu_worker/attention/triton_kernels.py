@@ -18,6 +18,10 @@ a sliding window (each query sees itself and the window - 1 keys before it: keys
 never loaded, so blocks every layer has slid past could be freed without harm) and tanh soft-capping of the
 scores (Gemma 2: cap * tanh(score / cap), taken before the mask, as the reference does).
 
+A float8 store (--kv-cache-dtype fp8, constexpr FP8) holds K and V in units of the layer's two scales
+(gpu_worker/kv_cache.py): store_kv quantizes (times 1 / scale, clamped to +-448, rounded to nearest even), the
+attention kernels dequantize each tile as they load it (times scale, into q's dtype), so the rest is unchanged.
+
 Head dims that are not a power of two (and group sizes, head counts) are padded to one with masked
 loads; tl.dot wants every side at least 16, hence the floors of 16 below.
 """
@@ -63,6 +67,8 @@ def _store_kv_kernel(
     k_cache_ptr,
     v_cache_ptr,
     slot_mapping_ptr,
+    k_scale_inv,
+    v_scale_inv,
     stride_kt,
     stride_kh,
     stride_vt,
@@ -75,6 +81,7 @@ def _store_kv_kernel(
     HEAD_DIM: tl.constexpr,
     HEAD_DIM_PAD: tl.constexpr,
     BLOCK_SIZE: tl.constexpr,
+    FP8: tl.constexpr,
 ):
     token = tl.program_id(0).to(tl.int64)
     slot = tl.load(slot_mapping_ptr + token).to(tl.int64)
@@ -85,14 +92,39 @@ def _store_kv_kernel(
     dst = slot_start + heads[:, None] * stride_ch + dims[None, :]
     k = tl.load(k_ptr + token * stride_kt + heads[:, None] * stride_kh + dims[None, :], mask=mask)
     v = tl.load(v_ptr + token * stride_vt + heads[:, None] * stride_vh + dims[None, :], mask=mask)
-    tl.store(k_cache_ptr + dst, k, mask=mask)
-    tl.store(v_cache_ptr + dst, v, mask=mask)
+    if FP8:
+        k = _to_e4m3_grid(k.to(tl.float32) * k_scale_inv)
+        v = _to_e4m3_grid(v.to(tl.float32) * v_scale_inv)
+    tl.store(k_cache_ptr + dst, k.to(k_cache_ptr.dtype.element_ty), mask=mask)
+    tl.store(v_cache_ptr + dst, v.to(v_cache_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _to_e4m3_grid(x):
+    """x (float32) clamped to +-448 and rounded to the nearest float8 e4m3 value, ties to even, still in float32:
+    the cast that follows is exact. Rounded here because Triton's CPU interpreter truncates when it casts to
+    float8 (a GPU rounds to nearest even), so that both store what torch's cast stores (kv_cache.quantize).
+
+    e4m3's spacing in x's binade [2^e, 2^(e+1)) is 2^(e-3), and 2^-9 below 2^-6 (subnormals). Adding
+    1.5 x 2^23 spacings leaves float32 exactly that spacing (its own rounding does the work), subtracting it
+    back is exact."""
+    x = tl.minimum(tl.maximum(x, -448.0), 448.0)  # e4m3fn's largest finite value (kv_cache.FP8_MAX)
+    biased_exponent = tl.maximum((x.to(tl.int32, bitcast=True) >> 23) & 0xFF, 127 - 6)
+    spacing = ((biased_exponent - 3) << 23).to(tl.float32, bitcast=True)
+    magic = spacing * 12582912.0
+    return (x + magic) - magic
 
 
 def store_kv(
-    k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, slot_mapping: torch.Tensor
+    k: torch.Tensor,
+    v: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    slot_mapping: torch.Tensor,
+    kv_scales: tuple[float, float] = (1.0, 1.0),
 ) -> None:
-    """k, v: [T, Hkv, D] -> caches [num_blocks, block_size, Hkv, D] at the flat slots slot_mapping [T].
+    """k, v: [T, Hkv, D] -> caches [num_blocks, block_size, Hkv, D] at the flat slots slot_mapping [T]; caches of
+    float8 get them quantized in units of kv_scales (K's, V's).
 
     One launch for both K and V (two index_copy_ calls would be two), reading k and v through their
     strides, so the views the models hand over (slices of one qkv projection) need no copy."""
@@ -105,6 +137,8 @@ def store_kv(
         k_cache,
         v_cache,
         slot_mapping,
+        1.0 / kv_scales[0],
+        1.0 / kv_scales[1],
         k.stride(0),
         k.stride(1),
         v.stride(0),
@@ -115,7 +149,12 @@ def store_kv(
         HEAD_DIM=head_dim,
         HEAD_DIM_PAD=triton.next_power_of_2(head_dim),
         BLOCK_SIZE=k_cache.shape[1],
+        FP8=_is_fp8(k_cache),
     )
+
+
+def _is_fp8(cache: torch.Tensor) -> bool:
+    return cache.dtype == torch.float8_e4m3fn
 
 
 # ------------------------------------------------------------------------------ shared tile helpers
@@ -133,12 +172,17 @@ def _load_kv_tile(
     stride_cb,
     stride_cs,
     stride_ch,
+    k_scale,
+    v_scale,
+    q,
     BLOCK_SIZE: tl.constexpr,
     HEAD_DIM: tl.constexpr,
     HEAD_DIM_PAD: tl.constexpr,
     BLOCK_N: tl.constexpr,
+    FP8: tl.constexpr,
 ):
-    """K and V [BLOCK_N, HEAD_DIM_PAD] of context positions start.., zero outside [begin, end) (never read)."""
+    """K and V [BLOCK_N, HEAD_DIM_PAD] of context positions start.., zero outside [begin, end) (never read).
+    FP8: dequantized by the scales into q's dtype (exactly: an e4m3 value times a power of two is a bfloat16)."""
     pos = start + tl.arange(0, BLOCK_N)
     in_context = (pos >= begin) & (pos < end)
     block = tl.load(table_ptr + pos // BLOCK_SIZE, mask=in_context, other=0).to(tl.int64)
@@ -148,6 +192,9 @@ def _load_kv_tile(
     mask = in_context[:, None] & (dims < HEAD_DIM)[None, :]
     k = tl.load(k_cache_ptr + offsets, mask=mask, other=0.0)
     v = tl.load(v_cache_ptr + offsets, mask=mask, other=0.0)
+    if FP8:
+        k = (k.to(tl.float32) * k_scale).to(q.dtype)
+        v = (v.to(tl.float32) * v_scale).to(q.dtype)
     return pos, k, v
 
 
@@ -221,6 +268,8 @@ def _prefill_kernel(
     qk_scale,
     window,
     softcap,
+    k_scale,
+    v_scale,
     stride_qt,
     stride_qh,
     stride_ot,
@@ -238,6 +287,7 @@ def _prefill_kernel(
     SPLIT: tl.constexpr,
     SLIDING: tl.constexpr,
     SOFTCAP: tl.constexpr,
+    FP8: tl.constexpr,
 ):
     tile = tl.program_id(0)
     head = tl.program_id(1)
@@ -293,10 +343,14 @@ def _prefill_kernel(
             stride_cb,
             stride_cs,
             stride_ch,
+            k_scale,
+            v_scale,
+            q,
             BLOCK_SIZE,
             HEAD_DIM,
             HEAD_DIM_PAD,
             BLOCK_N,
+            FP8,
         )
         s = _scores(q, k, qk_scale, softcap, SOFTCAP)
         if SLIDING:
@@ -314,10 +368,14 @@ def _prefill_kernel(
             stride_cb,
             stride_cs,
             stride_ch,
+            k_scale,
+            v_scale,
+            q,
             BLOCK_SIZE,
             HEAD_DIM,
             HEAD_DIM_PAD,
             BLOCK_N,
+            FP8,
         )
         visible = k_pos[None, :] <= q_pos[:, None]
         if SLIDING:
@@ -456,6 +514,7 @@ def prefill_attention(
     decode_span: torch.Tensor | None = None,
     sliding_window: int | None = None,
     softcap: float | None = None,
+    kv_scales: tuple[float, float] = (1.0, 1.0),
 ) -> None:
     """Causal attention of the multi-token sequences, whose tokens come first in q, out [T, Hq, D].
 
@@ -464,7 +523,7 @@ def prefill_attention(
     padding); block_tables [>= P, W] and context_lens [>= P] by sequence. num_splits > 1 cuts each tile's
     keys into that many slices (prefill_num_splits), merged by a second pass over the prefill tokens, whose
     count the decode span holds (its second entry; None: every token of q). sliding_window, softcap: the
-    layer's (None: none)."""
+    layer's (None: none); kv_scales: a float8 store's (K's, V's)."""
     num_tokens, num_heads, head_dim = q.shape
     num_tiles = tiles.shape[1]
     head_dim_pad = _pow2(head_dim)
@@ -485,6 +544,8 @@ def prefill_attention(
         scale * LOG2_E,
         sliding_window or 0,
         (softcap or 0.0) * LOG2_E,
+        kv_scales[0],
+        kv_scales[1],
         q.stride(0),
         q.stride(1),
         out.stride(0),
@@ -500,6 +561,7 @@ def prefill_attention(
         SPLIT=split,
         SLIDING=bool(sliding_window),
         SOFTCAP=bool(softcap),
+        FP8=_is_fp8(k_cache),
         num_warps=4,
         num_stages=2,
     )
@@ -528,6 +590,8 @@ def _decode_kernel(
     qk_scale,
     window,
     softcap,
+    k_scale,
+    v_scale,
     stride_qt,
     stride_qh,
     stride_ot,
@@ -544,6 +608,7 @@ def _decode_kernel(
     BLOCK_N: tl.constexpr,
     SLIDING: tl.constexpr,
     SOFTCAP: tl.constexpr,
+    FP8: tl.constexpr,
 ):
     item = tl.program_id(0)
     kv_head = tl.program_id(1)
@@ -584,10 +649,14 @@ def _decode_kernel(
             stride_cb,
             stride_cs,
             stride_ch,
+            k_scale,
+            v_scale,
+            q,
             BLOCK_SIZE,
             HEAD_DIM,
             HEAD_DIM_PAD,
             BLOCK_N,
+            FP8,
         )
         s = tl.where(k_pos[None, :] < hi, _scores(q, k, qk_scale, softcap, SOFTCAP), float("-inf"))
         acc, m_i, l_i = _online_softmax_step(acc, m_i, l_i, s, v)
@@ -660,6 +729,7 @@ def decode_attention(
     num_programs: int | None = None,
     sliding_window: int | None = None,
     softcap: float | None = None,
+    kv_scales: tuple[float, float] = (1.0, 1.0),
 ) -> None:
     """One query per sequence, for the decode sequences of block_tables [S, W] and context_lens [S]:
     decode_span, int32 on the device, holds (first decode sequence, the token row of its query in q and
@@ -668,7 +738,7 @@ def decode_attention(
     DecodeSlices' seqs (-1 past the step's own: programs that return at once) and starts. num_programs: how
     many decodes the merge covers (at least the number of decodes; default every sequence): a CUDA graph's
     launches are sized for its largest step. sliding_window, softcap: the layer's (None: none); a slice that
-    lies wholly before the window sees nothing and weighs nothing in the merge.
+    lies wholly before the window sees nothing and weighs nothing in the merge. kv_scales: a float8 store's.
 
     Offsets on the device rather than sliced tensors: Triton compiles a variant per pointer alignment, a
     slice's start moves with the prefill sequences and tokens in front of it, and a graph's replay can change
@@ -698,6 +768,8 @@ def decode_attention(
         scale * LOG2_E,
         sliding_window or 0,
         (softcap or 0.0) * LOG2_E,
+        kv_scales[0],
+        kv_scales[1],
         q.stride(0),
         q.stride(1),
         out.stride(0),
@@ -712,6 +784,7 @@ def decode_attention(
         BLOCK_N=DECODE_BLOCK_N,
         SLIDING=bool(sliding_window),
         SOFTCAP=bool(softcap),
+        FP8=_is_fp8(k_cache),
         num_warps=4,
         num_stages=2,
     )

@@ -39,7 +39,9 @@ class GPT2Block(nn.Module):
         t = x.shape[0]
         q, k, v = self.qkv(self.ln_1(x)).view(t, 3, self.num_heads, self.head_dim).unbind(1)
         k_cache, v_cache = ctx.kv_cache.layer(self.layer_index)
-        attn = ctx.attention.forward(q, k, v, k_cache, v_cache, ctx.attn_metadata, self.scale)
+        attn = ctx.attention.forward(
+            q, k, v, k_cache, v_cache, ctx.attn_metadata, self.scale, kv_scales=ctx.kv_cache.scales[self.layer_index]
+        )
         x = x + self.attn_out(attn.reshape(t, -1))
         return x + self.fc_out(F.gelu(self.fc_in(self.ln_2(x)), approximate="tanh"))
 

@@ -102,5 +102,6 @@ class SelfAttention(nn.Module):
             self.scale,
             sliding_window=self.sliding_window,
             softcap=self.softcap,
+            kv_scales=ctx.kv_cache.scales[self.layer_index],
         )
         return self.o_proj(attn.reshape(t, -1))
