@@ -238,11 +238,11 @@ def test_the_reference_window_leaves_a_query_its_last_window_keys():
     block_size, window, ctx = 4, 3, 10
     layout = BatchLayout.build([ctx], [ctx], [[0, 1, 2]], block_size)
     backend = TorchAttention(block_size)
-    q = torch.randn(ctx, 1, 8)
-    k = torch.randn(ctx, 1, 8)
-    v = torch.zeros(ctx, 1, 8)
+    q = torch.randn(ctx, 1, 8, device=DEVICE)  # where the metadata is staged (STAGING uploads to DEVICE)
+    k = torch.randn(ctx, 1, 8, device=DEVICE)
+    v = torch.zeros(ctx, 1, 8, device=DEVICE)
     v[4] = 1.0
-    caches = [torch.zeros(3, block_size, 1, 8) for _ in range(2)]
+    caches = [torch.zeros(3, block_size, 1, 8, device=DEVICE) for _ in range(2)]
     metadata = build_metadata(backend, layout, torch.arange(ctx))
     out = backend.forward(q, k, v, *caches, metadata, SCALE, sliding_window=window)
     sees_key_4 = (out[:, 0, 0] != 0).tolist()
