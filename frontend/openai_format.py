@@ -28,9 +28,14 @@ def _split_at_text(event: bytes, marker: str) -> tuple[bytes, bytes]:
     return prefix, suffix
 
 
-def _finite(value: float) -> float | None:
-    """JSON has no NaN: the first prompt token's logprob (it has none) is null, as OpenAI answers."""
-    return value if math.isfinite(value) else None
+# vLLM's floor: a logprob of -inf (a token ruled out by a grammar's mask or a logit bias) as JSON can carry it.
+LOGPROB_FLOOR = -9999.0
+
+
+def _json_logprob(value: float) -> float | None:
+    """JSON has neither NaN nor infinities: NaN, the first prompt token's logprob (it has none), is null, as
+    OpenAI answers; -inf is LOGPROB_FLOOR, as vLLM answers."""
+    return None if math.isnan(value) else max(value, LOGPROB_FLOOR)
 
 
 def _choice(
@@ -141,9 +146,10 @@ class CompletionFormat(ResponseFormat):
                 part.token_texts, part.logprobs, part.top_texts, part.top_logprobs
             ):
                 tokens.append(text)
-                token_logprobs.append(_finite(value))
-                first = _finite(value) is None and not top_texts
-                top_logprobs.append(None if first else dict(zip(top_texts, top_values)))
+                token_logprobs.append(_json_logprob(value))
+                first = math.isnan(value) and not top_texts
+                top = {t: _json_logprob(v) for t, v in zip(top_texts, top_values)}
+                top_logprobs.append(None if first else top)
                 offsets.append(text_offset)
                 text_offset += len(text)
         return {
@@ -200,10 +206,11 @@ class ChatFormat(ResponseFormat):
                 content.append(
                     {
                         "token": text,
-                        "logprob": value,
+                        "logprob": _json_logprob(value),
                         "bytes": list(text.encode()),
                         "top_logprobs": [
-                            {"token": t, "logprob": v, "bytes": list(t.encode())} for t, v in zip(top_texts, top_values)
+                            {"token": t, "logprob": _json_logprob(v), "bytes": list(t.encode())}
+                            for t, v in zip(top_texts, top_values)
                         ],
                     }
                 )
