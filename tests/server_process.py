@@ -219,3 +219,42 @@ def stream_endings(futures, within_s: float) -> list[str]:
         last = events[-2]
         endings.append(f"error {last['error']['code']}" if "error" in last else last["choices"][0]["finish_reason"])
     return endings
+
+
+class LauncherProcess:
+    """`python launch.py ARGS` with its output in `log_path`: a node of a multi-node test that serves no HTTP here
+    (a headless node), watched through its log."""
+
+    def __init__(self, args: list[str], log_path: Path):
+        self.log_path = log_path
+        self._log = open(log_path, "wb")  # noqa: SIM115 (closed by stop())
+        self.proc = subprocess.Popen(
+            [sys.executable, str(ROOT / "launch.py"), *args],
+            cwd=ROOT,
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        )
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def wait_for_line(self, text: str, timeout_s: float) -> None:
+        """Until `text` is in the log or the launcher has exited."""
+        wait_until(lambda: text in self.log() or self.proc.poll() is not None, timeout_s, repr(text), interval=0.2)
+
+    def child_pids(self) -> list[int]:
+        with open(f"/proc/{self.proc.pid}/task/{self.proc.pid}/children") as f:
+            return [int(pid) for pid in f.read().split()]
+
+    def stop(self, sig: int = signal.SIGKILL, timeout_s: float = 30) -> int:
+        """Send `sig` if it still runs, wait `timeout_s` for it (then kill it); its exit code."""
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig)
+            try:
+                self.proc.wait(timeout_s)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self._log.close()
+        return self.proc.returncode

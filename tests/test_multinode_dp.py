@@ -22,6 +22,7 @@ from common.node_messages import NodeHello
 from node_link.terms import ClusterTerms
 from tests.server_process import (
     ROOT,
+    LauncherProcess,
     ServerProcess,
     free_port,
     open_streams,
@@ -93,15 +94,11 @@ def test_a_node_is_refused_unless_it_serves_the_same_model_in_the_same_blocks_an
 # ---------------------------------------------------------------- two nodes
 
 
-class HeadlessNode:
+class HeadlessNode(LauncherProcess):
     """`python launch.py --headless` serving replicas from `start_rank`, joined to the frontend node at `rpc_port`."""
 
     def __init__(self, model: Path, rpc_port: int, secret_file: Path, log_path: Path, start_rank: int = 1):
-        self.log_path = log_path
-        self._log = open(log_path, "wb")  # noqa: SIM115 (closed by stop())
-        cmd = [
-            sys.executable,
-            str(ROOT / "launch.py"),
+        args = [
             "--model",
             str(model),
             "--device",
@@ -120,31 +117,14 @@ class HeadlessNode:
             "--watchdog-timeout",
             str(HEARTBEAT_TIMEOUT_S),
         ]
-        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-        self.proc = subprocess.Popen(cmd, cwd=ROOT, stdout=self._log, stderr=subprocess.STDOUT, env=env)
-
-    def log(self) -> str:
-        return self.log_path.read_text(errors="replace")
+        super().__init__(args, log_path)
 
     def wait_ready(self) -> None:
-        wait_until(
-            lambda: "headless node ready" in self.log() or self.proc.poll() is not None,
-            timeout=NODES_START_S,
-            what="the headless node to join",
-            interval=0.2,
-        )
+        self.wait_for_line("headless node ready", NODES_START_S)
         assert self.proc.poll() is None, self.log()
 
-    def stop(self, sig: int = signal.SIGTERM) -> int:
-        if self.proc.poll() is None:
-            self.proc.send_signal(sig)
-            try:
-                self.proc.wait(30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        self._log.close()
-        return self.proc.returncode
+    def stop(self, sig: int = signal.SIGTERM, timeout_s: float = 30) -> int:
+        return super().stop(sig, timeout_s)
 
 
 @pytest.fixture(scope="module")

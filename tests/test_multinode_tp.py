@@ -5,10 +5,7 @@ flags that do not fit fail at once, exit 2, naming the flag."""
 
 from __future__ import annotations
 
-import os
 import signal
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -16,7 +13,7 @@ import pytest
 from common.sampling_params import SamplingParams
 from launch import parse_args
 from offline import LLM
-from tests.server_process import ROOT, ServerProcess, free_port, pid_alive, wait_until
+from tests.server_process import LauncherProcess, ServerProcess, free_port, pid_alive, wait_until
 from tests.tiny_models import random_prompts
 
 NEW_TOKENS = 12
@@ -24,37 +21,16 @@ START_TIMEOUT_S = 180
 ENGINE_FLAGS = ["--device", "cpu", "--dtype", "float32", "--num-kv-blocks", "64", "--watchdog-timeout", "5"]
 
 
-class HeadlessNode:
+class HeadlessNode(LauncherProcess):
     """`python launch.py MODEL --headless --node-rank 1 ...`: node 1 of two, one tensor-parallel rank."""
 
     def __init__(self, model: Path, master_port: int, log_path: Path):
-        self.log_path = log_path
-        self._log = open(log_path, "wb")  # noqa: SIM115 (closed by stop())
-        cmd = [sys.executable, str(ROOT / "launch.py"), str(model), *ENGINE_FLAGS, *node_flags(master_port)]
-        self.proc = subprocess.Popen(
-            [*cmd, "--headless", "--node-rank", "1"],
-            cwd=ROOT,
-            stdout=self._log,
-            stderr=subprocess.STDOUT,
-            env={**os.environ, "PYTHONUNBUFFERED": "1"},
-        )
-
-    def log(self) -> str:
-        return self.log_path.read_text(errors="replace")
+        args = [str(model), *ENGINE_FLAGS, *node_flags(master_port), "--headless", "--node-rank", "1"]
+        super().__init__(args, log_path)
 
     def wait_for(self, text: str) -> None:
-        wait_until(lambda: text in self.log() or self.proc.poll() is not None, START_TIMEOUT_S, repr(text))
+        self.wait_for_line(text, START_TIMEOUT_S)
         assert text in self.log(), self.log()
-
-    def child_pids(self) -> list[int]:
-        with open(f"/proc/{self.proc.pid}/task/{self.proc.pid}/children") as f:
-            return [int(pid) for pid in f.read().split()]
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait()
-        self._log.close()
 
 
 def node_flags(master_port: int) -> list[str]:
