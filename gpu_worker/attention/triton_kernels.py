@@ -687,14 +687,17 @@ class DecodeSlices:
 def decode_slices(
     context_lens: np.ndarray, num_kv_heads: int, num_sms: int, capacity: int | None = None, slice_len: int = 0
 ) -> DecodeSlices:
-    """One step's slices: programs for about TARGET_PROGRAMS_PER_SM per SM, every slice about the same length
-    (so the longest context sets no step's pace), none shorter than MIN_SPLIT_TOKENS, at most MAX_SPLITS of
-    one context. capacity: the most slices the launch covers (a CUDA graph's decode_slice_capacity), at least
-    two per decode. slice_len > 0 forces a length (tests, benchmarks)."""
+    """One step's slices: programs for about TARGET_PROGRAMS_PER_SM per SM, no slice longer than about an SM's
+    share of the step over that target (so the longest context sets no step's pace), none shorter than
+    MIN_SPLIT_TOKENS, at most MAX_SPLITS of one context. capacity: the most slices the launch covers (a CUDA
+    graph's decode_slice_capacity), at least two per decode. slice_len > 0 forces a length (tests, benchmarks)."""
     contexts = np.asarray(context_lens, dtype=np.int64)
     num_decodes = len(contexts)
     if not slice_len:
-        target = max(num_decodes, triton.cdiv(TARGET_PROGRAMS_PER_SM * num_sms, num_kv_heads))
+        # Slices enough for TARGET_PROGRAMS_PER_SM programs per SM, each about 1/TARGET of an SM's share of the
+        # step, so no program sets the step's pace; many decodes fill the GPU unsplit: a context is cut only where
+        # it is longer than that share (W1's 256 decodes of ~400 tokens on 8 KV heads: none, and no merge).
+        target = triton.cdiv(TARGET_PROGRAMS_PER_SM * num_sms, num_kv_heads)
         if capacity is not None:  # slices <= total / slice_len + decodes <= target + decodes <= capacity
             target = min(target, capacity - num_decodes)
         longest = int(contexts.max(initial=1))
