@@ -204,7 +204,7 @@ def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
 
 
 def parse_args(argv: list[str] | None = None, prog: str | None = None) -> argparse.Namespace:
-    from launch_cluster import check_node_args
+    from launch_cluster import check_node_flags
 
     parser = build_parser(prog)
     args = parser.parse_args(argv)
@@ -214,7 +214,9 @@ def parse_args(argv: list[str] | None = None, prog: str | None = None) -> argpar
         args.model = args.model_positional
     if args.data_parallel_size < 1:
         parser.error("--data-parallel-size must be at least 1")
-    check_node_args(parser, args)
+    if args.tensor_parallel_size < 1:
+        parser.error("--tensor-parallel-size must be at least 1")
+    check_node_flags(parser, args)
     if args.api_server_count is None:
         args.api_server_count = default_api_server_count(args.data_parallel_size_local)
     if args.api_key is None:
@@ -236,9 +238,6 @@ def parse_args(argv: list[str] | None = None, prog: str | None = None) -> argpar
         parser.error("--watchdog-timeout and --engine-iteration-timeout must be 0 (off) or more")
     if args.cpu_threads is not None and args.cpu_threads < 1:
         parser.error("--cpu-threads must be at least 1")
-    if args.tensor_parallel_size < 1:
-        parser.error("--tensor-parallel-size must be at least 1")
-    check_node_flags(parser, args)
     if args.profile_steps is not None and (args.profile_steps < 1 or args.profile_dir is None):
         parser.error("--profile-steps needs --profile-dir and a count of at least 1")
     if args.enable_auto_tool_choice and args.tool_call_parser is None:
@@ -249,15 +248,6 @@ def parse_args(argv: list[str] | None = None, prog: str | None = None) -> argpar
     if problem is not None:
         parser.error(problem)
     return args
-
-
-def check_node_flags(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
-    """--nnodes, --node-rank, --headless (common/nodes.py): one line and exit 2 where they do not fit together."""
-    from common.nodes import node_flags_error
-
-    error = node_flags_error(args)
-    if error is not None:
-        parser.error(error)
 
 
 def model_sampling_defaults(choice: str, model_folder) -> dict[str, float]:

@@ -1,5 +1,6 @@
-"""launch.py's part for data parallelism across hosts: the node flags (vLLM's names), and the frontend node's
-view of the replicas that headless nodes serve.
+"""launch.py's part for data parallelism across hosts: the node flags (vLLM's names), the one check that every
+node flag fits together (check_node_flags: these and the tensor-parallel ones of common/nodes.py), and the
+frontend node's view of the replicas that headless nodes serve.
 
     frontend node:  python launch.py -dp 4 --data-parallel-size-local 2 --data-parallel-address 10.0.0.1 ...
                     replicas 0-1 here, 2-3 on headless nodes, which join through the node link (node_link/)
@@ -73,12 +74,15 @@ def add_node_args(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def check_node_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
-    """Resolve --data-parallel-size-local's default and refuse what cannot be served."""
+def check_node_flags(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """The one check that the node flags fit together, both kinds: a node of data-parallel replicas
+    (--data-parallel-*, --headless) and a node of one engine's tensor-parallel ranks (--nnodes, --node-rank,
+    --master-port, common/nodes.py; --headless again). Resolves --data-parallel-size-local's default; where they
+    do not fit, one line and exit 2. Expects --data-parallel-size and --tensor-parallel-size at least 1."""
     size, start = args.data_parallel_size, args.data_parallel_start_rank
     if args.data_parallel_size_local is None:
         args.data_parallel_size_local = size - start
-    local = args.data_parallel_size_local
+    local, tp = args.data_parallel_size_local, args.tensor_parallel_size
     if not args.headless and start != 0:
         parser.error("--data-parallel-start-rank is a headless node's (the frontend node serves from replica 0)")
     if args.headless and local < 1:
@@ -88,6 +92,22 @@ def check_node_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -
             f"replicas {start} to {start + local - 1} (--data-parallel-start-rank, --data-parallel-size-local) "
             f"are not within --data-parallel-size {size}"
         )
+    if args.nnodes < 1:
+        parser.error("--nnodes must be at least 1")
+    if not 0 <= args.node_rank < args.nnodes:
+        parser.error(f"--node-rank {args.node_rank} must be below --nnodes {args.nnodes} (0 is the server)")
+    if tp % args.nnodes:
+        parser.error(
+            f"--tensor-parallel-size {tp} must be divisible by --nnodes {args.nnodes} (as many ranks on each node)"
+        )
+    if not 0 < args.master_port < 65536:
+        parser.error(f"--master-port {args.master_port} is not a port")
+    if args.nnodes > 1 and args.node_rank > 0 and not args.headless:
+        parser.error(f"--node-rank {args.node_rank} needs --headless (only node 0 runs the server)")
+    if args.nnodes > 1 and args.headless and args.node_rank == 0:
+        parser.error("--headless runs a node other than 0: give its --node-rank (node 0 runs the server)")
+    if args.nnodes > 1 and size > 1:
+        parser.error("--nnodes above 1 spans one engine's tensor-parallel ranks: --data-parallel-size must be 1")
 
 
 def across_hosts(args: argparse.Namespace) -> bool:

@@ -10,6 +10,8 @@ meets at): no socket of our own crosses hosts. Keys:
 Each launcher checks once a second (its watch loop's tick): node 0 every other node, a headless node node 0. A
 node that stopped, or whose counter has not moved for --watchdog-timeout seconds, is lost: the server stops and
 exits non-zero naming it, and a headless node stops when node 0 goes (its ranks could never run another step).
+The beat and the verdict on silence are common/heartbeat.py's, as for the node link of data parallelism (node_link/);
+the carrier differs: here the store every rank needs anyway, so no socket of our own crosses hosts.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import TYPE_CHECKING
 
+from common.heartbeat import HEARTBEAT_S, PeerSilence
 from common.nodes import Nodes
 
 if TYPE_CHECKING:
@@ -29,7 +32,6 @@ if TYPE_CHECKING:
 
 # A store operation that takes longer means node 0 is unreachable (it answers in microseconds when it is up).
 STORE_OP_TIMEOUT = timedelta(seconds=10)
-HEARTBEAT_S = 1.0
 # How long node 0, stopping, waits for the other nodes to read its word (they tick once a second).
 STOP_NOTICE_S = 3.0
 CONFIG = "config"
@@ -46,8 +48,8 @@ class PeerStopped(Exception):
 
 @dataclass(slots=True)
 class _Heartbeat:
-    count: int = -1
-    seen_at: float = 0.0
+    count: int  # the node's counter as last read: a beat is the counter moving
+    silence: PeerSilence
 
 
 @dataclass
@@ -141,12 +143,13 @@ class NodeHeartbeat:
             return  # not started yet: rank 0 waits for its ranks to join (torch's timeout)
         count = self.store.add(f"node/{node}/beat", 0)
         now = self.clock()
-        beat = self._beats.setdefault(node, _Heartbeat(count, now))
+        beat = self._beats.setdefault(node, _Heartbeat(count, PeerSilence(self.silence_timeout_s, now)))
         if count != beat.count:
-            beat.count, beat.seen_at = count, now
-        elif self.silence_timeout_s and now - beat.seen_at > self.silence_timeout_s:
+            beat.count = count
+            beat.silence.hear(now)
+        elif beat.silence.lost(now):
             raise PeerStopped(
-                f"{self.describe(node)} sent no heartbeat for {now - beat.seen_at:.1f} s "
+                f"{self.describe(node)} sent no heartbeat for {beat.silence.silent_s(now):.1f} s "
                 f"(--watchdog-timeout {self.silence_timeout_s:g})"
             )
 

@@ -97,24 +97,5 @@ def add_tensor_parallel_node_args(parser: argparse.ArgumentParser) -> None:
     parallel.add_argument(
         "--master-port", type=int, default=DEFAULT_MASTER_PORT, help="node 0's port for the rendezvous store"
     )
-    # --headless: launch_cluster.py (one flag for a node of tensor-parallel ranks and a node of replicas).
-
-
-def node_flags_error(args: argparse.Namespace) -> str | None:
-    """What is wrong with the node flags (one line), or None."""
-    tp = args.tensor_parallel_size
-    if args.nnodes < 1:
-        return "--nnodes must be at least 1"
-    if not 0 <= args.node_rank < args.nnodes:
-        return f"--node-rank {args.node_rank} must be below --nnodes {args.nnodes} (0 is the server)"
-    if tp % args.nnodes:
-        return f"--tensor-parallel-size {tp} must be divisible by --nnodes {args.nnodes} (as many ranks on each node)"
-    if not 0 < args.master_port < 65536:
-        return f"--master-port {args.master_port} is not a port"
-    if args.nnodes > 1 and args.node_rank > 0 and not args.headless:
-        return f"--node-rank {args.node_rank} needs --headless (only node 0 runs the server)"
-    if args.nnodes > 1 and args.headless and args.node_rank == 0:
-        return "--headless runs a node other than 0: give its --node-rank (node 0 runs the server)"
-    if args.nnodes > 1 and args.data_parallel_size > 1:
-        return "--nnodes above 1 spans one engine's tensor-parallel ranks: --data-parallel-size must be 1"
-    return None
+    # --headless: launch_cluster.py (one flag for a node of tensor-parallel ranks and a node of replicas), which
+    # also holds the one check that these flags and the data-parallel ones fit together (check_node_flags).

@@ -37,7 +37,7 @@ _SEVERAL_HOSTS = "the ranks are on more than one host"
 # another in the same process) does not do it again: torch keeps the first group's state per process and a
 # second rendezvous under the new group hung on two H100s (the second TP=2 engine of one test process).
 _EARLIER_GROUP = "this process set up peer memory for an earlier group"
-_rendezvoused_groups: list[str] = []
+_peer_memory_group: str | None = None  # the one group this process set up peer memory for
 _ALIGNMENT = 16  # bytes: the kernel's vector width; the input and the buffer view must both be aligned to it
 
 
@@ -57,7 +57,7 @@ class PeerAllReduce:
         if device.type != "cuda":  # every rank's device is of one type: no rank needs to be asked
             return None
         reason = _unavailable_reason(device)
-        if reason is None and _rendezvoused_groups:
+        if reason is None and _peer_memory_group is not None:
             reason = _EARLIER_GROUP
         peer = None
         # Agreed before the rendezvous, a collective that waits forever for a rank that skips it.
@@ -84,13 +84,14 @@ class PeerAllReduce:
         os.environ.setdefault("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1")
         import torch.distributed._symmetric_memory as symm_mem
 
+        global _peer_memory_group
         group_name = dist.group.WORLD.group_name
         buffers = {}
         for dtype in PEER_DTYPES:
             buffer = symm_mem.empty(max_bytes // dtype.itemsize, dtype=dtype, device=device)
             symm_mem.rendezvous(buffer, group_name)
             buffers[dtype] = buffer
-        _rendezvoused_groups.append(group_name)
+        _peer_memory_group = group_name
         return cls(buffers, group_name, max_bytes)
 
     def _sums_correctly(self, device: torch.device) -> bool:

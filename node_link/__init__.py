@@ -11,5 +11,7 @@ Every other process is unchanged: on each host it uses the ipc:// endpoints it a
 and the link binds, on each side, those whose process lives on the other host. Messages cross as they are, their
 bytes never decoded; only the link's own (common/node_messages.py) are. The link owns the cross-host rules:
 CurveZMQ from the cluster secret (common/cluster_secret.py), the join handshake (a node must agree with the
-frontend node's terms: terms.py), heartbeats both ways, and the verdict that a node is lost.
+frontend node's terms: terms.py), heartbeats both ways, and the verdict that a node is lost. The heartbeats' rule
+is common/heartbeat.py's, shared with the launchers of tensor parallelism across nodes; their carrier is this
+link, which relays the replicas' traffic anyway (those launchers beat through torch.distributed's store instead).
 """

@@ -1,7 +1,7 @@
 """The link's frames over its one TCP connection per node (ZeroMQ multipart, after the ROUTER's identity frame):
 
     [HELLO, NodeHello]   [WELCOME, NodeWelcome]   [REFUSED, NodeRefused]   [JOIN, NodeJoin]
-    [BEAT]  each side, every HEARTBEAT_S          [BYE]  a node stopping    [DROPPED]  "you were given up on"
+    [BEAT]  each side, every second (common/heartbeat.py)  [BYE]  a node stopping  [DROPPED]  "you were given up on"
     [RELAY, channel, bytes]  a message for the ipc endpoint `channel` on the other host, as it was sent
 
 A channel is the name of an ipc endpoint in the run directory (common/transport.py: "scheduler-2-requests",
@@ -21,8 +21,6 @@ BEAT = b"beat"
 BYE = b"bye"
 DROPPED = b"dropped"
 RELAY = b"relay"
-
-HEARTBEAT_S = 1.0
 
 
 def channel_of(endpoint: str) -> bytes:

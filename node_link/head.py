@@ -20,6 +20,7 @@ import zmq
 
 from common.cluster_secret import CurveKeys
 from common.control import ControlServer, frontend_role
+from common.heartbeat import HEARTBEAT_S, PeerSilence
 from common.loop_progress import LoopProgress
 from common.node_messages import NodeHello, NodeJoin, NodeLost, NodeRefused, NodeWelcome
 from common.process import announce_ready, exit_child, init_child_process
@@ -39,7 +40,7 @@ class Node:
     name: str
     incarnation: str
     replicas: list[int]
-    heard: float
+    silence: PeerSilence  # its BEATs
     joined: bool = False
 
 
@@ -91,7 +92,7 @@ class HeadLink:
         for sock in (self.router, self.zap.sock, self.monitor, *self.to_nodes):
             poller.register(sock, zmq.POLLIN)
         while True:
-            ready = dict(self.progress.idle_wait(poller.poll, int(frames.HEARTBEAT_S * 1000 / 2)))
+            ready = dict(self.progress.idle_wait(poller.poll, int(HEARTBEAT_S * 1000 / 2)))
             with self.activity.busy():
                 self._turn(ready)
 
@@ -133,7 +134,7 @@ class HeadLink:
             elif node is None:
                 self.router.send_multipart([identity, frames.DROPPED])  # given up on: it must start afresh
             elif kind == frames.BEAT:
-                node.heard = time.monotonic()
+                node.silence.hear(time.monotonic())
             elif kind == frames.JOIN and rest:
                 self._on_join(node, rest[0])
             elif kind == frames.BYE:
@@ -159,7 +160,8 @@ class HeadLink:
             holder = self.holder.get(replica)
             if holder is not None:
                 self._lose(holder, f"a new start of its node ({hello.node}) took replica {replica} over")
-        self.nodes[identity] = Node(hello.node, hello.incarnation, list(hello.replicas), time.monotonic())
+        silence = PeerSilence(self.timeout_s, time.monotonic())
+        self.nodes[identity] = Node(hello.node, hello.incarnation, list(hello.replicas), silence)
         for replica in hello.replicas:
             self.holder[replica] = identity
         log.info("node %s (replicas %s) welcomed: loading its replicas", hello.node, hello.replicas)
@@ -194,12 +196,12 @@ class HeadLink:
     # ------------------------------------------------------------------ liveness
 
     def _keep_time(self, now: float) -> None:
-        if now - self.last_beat < frames.HEARTBEAT_S:
+        if now - self.last_beat < HEARTBEAT_S:
             return
         self.last_beat = now
         for identity, node in list(self.nodes.items()):
-            silent = now - node.heard
-            if self.timeout_s and silent > self.timeout_s:
+            if node.silence.lost(now):
+                silent = node.silence.silent_s(now)
                 self._lose(identity, f"node {node.name} sent no heartbeat for {silent:.1f} s (--watchdog-timeout)")
             else:
                 self.router.send_multipart([identity, frames.BEAT])

@@ -19,6 +19,7 @@ import zmq
 
 from common.cluster_secret import CurveKeys
 from common.control import ControlServer, frontend_role
+from common.heartbeat import HEARTBEAT_S, PeerSilence
 from common.loop_progress import LoopProgress
 from common.node_messages import NodeHello, NodeRefused, NodeWelcome
 from common.process import announce_ready, init_child_process
@@ -53,7 +54,6 @@ class MemberLink:
         self.endpoints = endpoints
         self.connect = connect
         self.hello = hello
-        self.timeout_s = timeout_s
         self.dealer = link_socket(ctx, zmq.DEALER)
         self.dealer.setsockopt(zmq.IDENTITY, hello.incarnation.encode())
         make_client(self.dealer, keys)
@@ -69,7 +69,7 @@ class MemberLink:
         self.activity = ProcessStats()  # its sockets: the messages relayed, both ways
         self.control = ControlServer(endpoints, ROLE, stats=self.activity.summary, progress=self.progress)
         self.welcomed = False
-        self.heard = time.monotonic()
+        self.silence = PeerSilence(timeout_s, time.monotonic())  # the frontend node's frames, whatever they are
         self.last_beat = self.last_hello = 0.0
         self.failed_handshakes = 0
         self.refused = False
@@ -79,7 +79,7 @@ class MemberLink:
         self.poller.register(self.dealer, zmq.POLLIN)
         self.poller.register(self.monitor, zmq.POLLIN)
         while True:
-            ready = dict(self.progress.idle_wait(self.poller.poll, int(frames.HEARTBEAT_S * 1000 / 2)))
+            ready = dict(self.progress.idle_wait(self.poller.poll, int(HEARTBEAT_S * 1000 / 2)))
             with self.activity.busy():
                 self._turn(ready)
 
@@ -112,7 +112,7 @@ class MemberLink:
                 kind, *rest = self.dealer.recv_multipart(zmq.NOBLOCK, copy=True)
             except zmq.Again:
                 return
-            self.heard = time.monotonic()
+            self.silence.hear(time.monotonic())
             if kind == frames.RELAY and len(rest) == 2:
                 out = self.to_local.get(rest[0])
                 if out is not None:
@@ -154,9 +154,9 @@ class MemberLink:
                 self.last_hello = now
                 self.dealer.send_multipart([frames.HELLO, encode(self.hello)])
             return
-        if self.timeout_s and now - self.heard > self.timeout_s:
-            self._stop(f"the frontend node at {self.connect} sent nothing for {now - self.heard:.1f} s")
-        if now - self.last_beat >= frames.HEARTBEAT_S:
+        if self.silence.lost(now):
+            self._stop(f"the frontend node at {self.connect} sent nothing for {self.silence.silent_s(now):.1f} s")
+        if now - self.last_beat >= HEARTBEAT_S:
             self.last_beat = now
             self.dealer.send_multipart([frames.BEAT])
 
