@@ -15,9 +15,21 @@ A layer takes FP8 weights by declaring a `weight_scale` buffer (None until quant
 `linear` (models/parallel_layers.py does, so every family built on its projections gets FP8). A tensor-parallel
 rank quantizes its own shard: a column shard's channels are whole; a row shard's scales are over the rank's
 slice of the inputs, and its partial sums are scaled before the all-reduce adds them.
+
+Where a fused kernel (models/triton_ops.py) produces a projection's only input, it quantizes the rows itself
+and hands the projection `QuantizedRows`: the same bits, one launch instead of two. A module that can do so
+defines `fuse_fp8_inputs()`, which quantize_weights calls once the projections are FP8:
+
+    input of        quantized by                                         in
+    qkv_proj        the norm before attention (with the residual add)    Llama's and Gemma's layers
+    gate_up_proj    the norm before a dense MLP (with the residual add)  Llama's and Gemma's layers
+    down_proj       act(gate) * up                                       every GatedMLP (models/mlp.py)
+    o_proj          `linear` (the attention output has no such kernel)   all
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -30,6 +42,23 @@ MIN_SCALE = 1.0 / (FP8_MAX * 512.0)
 QUANTIZATION_METHODS = ("fp8",)
 
 
+@dataclass(frozen=True, slots=True)
+class QuantizedRows:
+    """An FP8 projection's input [M, K] quantized per row by the kernel that produced it."""
+
+    values: torch.Tensor  # float8_e4m3fn [M, K]
+    scales: torch.Tensor  # float32 [M, 1]
+    dtype: torch.dtype  # the rows' dtype before quantization: the projection's output comes back in it
+
+
+# What a projection takes: the rows in the model dtype, or (FP8 projections only) quantized already.
+Activation = torch.Tensor | QuantizedRows
+
+
+def is_quantized(projection: nn.Module) -> bool:
+    return getattr(projection, "weight_scale", None) is not None
+
+
 def quantize_rows(t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """t [R, K] -> (float8 [R, K], float32 scales [R, 1]) with t ~= q * scale, each row scaled so that its
     largest magnitude becomes 448."""
@@ -40,23 +69,35 @@ def quantize_rows(t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return (t / scale).clamp_(-FP8_MAX, FP8_MAX).to(FP8), scale
 
 
-def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, weight_scale: torch.Tensor | None):
-    """x @ weight.T + bias in x's dtype: F.linear, or with an FP8 weight ([N, K], weight_scale [1, N] float32)
-    the activations quantized per token and the product scaled back."""
-    if weight_scale is None:
-        return F.linear(x, weight, bias)
-    rows = x.reshape(-1, x.shape[-1])
+def quantize_activation(x: torch.Tensor) -> QuantizedRows:
+    """x [M, K] per token: one Triton kernel on CUDA, quantize_rows elsewhere (the same bits)."""
     if x.is_cuda:
         from gpu_worker.models import fp8_triton
 
-        x_q, x_scale = fp8_triton.quantize_rows(rows, FP8_MAX, MIN_SCALE)
+        values, scales = fp8_triton.quantize_rows(x, FP8_MAX, MIN_SCALE)
+    else:
+        values, scales = quantize_rows(x)
+    return QuantizedRows(values, scales, x.dtype)
+
+
+def linear(x: Activation, weight: torch.Tensor, bias: torch.Tensor | None, weight_scale: torch.Tensor | None):
+    """x @ weight.T + bias in x's dtype: F.linear, or with an FP8 weight ([N, K], weight_scale [1, N] float32)
+    the activations quantized per token (unless they come quantized) and the product scaled back."""
+    if weight_scale is None:
+        assert isinstance(x, torch.Tensor), "quantized rows are only for FP8 projections"
+        return F.linear(x, weight, bias)
+    rows = x if isinstance(x, QuantizedRows) else quantize_activation(x.reshape(-1, x.shape[-1]))
+    if rows.values.is_cuda:
         # weight.t() is [K, N] column-major, the layout _scaled_mm wants for its second operand. Row-wise scales
         # give a bfloat16 product; other model dtypes are converted from it.
-        y = torch._scaled_mm(x_q, weight.t(), scale_a=x_scale, scale_b=weight_scale, out_dtype=torch.bfloat16)
+        y = torch._scaled_mm(
+            rows.values, weight.t(), scale_a=rows.scales, scale_b=weight_scale, out_dtype=torch.bfloat16
+        )
     else:
-        x_q, x_scale = quantize_rows(rows)
-        y = (x_q.float() @ weight.float().t()) * x_scale * weight_scale
-    y = y.to(x.dtype).reshape(*x.shape[:-1], -1)
+        y = (rows.values.float() @ weight.float().t()) * rows.scales * weight_scale
+    y = y.to(rows.dtype)
+    if isinstance(x, torch.Tensor):
+        y = y.reshape(*x.shape[:-1], -1)
     return y if bias is None else y + bias
 
 
@@ -81,3 +122,7 @@ def quantize_weights(model: nn.Module, method: str) -> None:
         q, scale = quantize_rows(weight.data)
         module.weight = nn.Parameter(q, requires_grad=False)
         module.weight_scale = scale.t().contiguous()
+    for module in model.modules():
+        fuse = getattr(module, "fuse_fp8_inputs", None)
+        if fuse is not None:
+            fuse()

@@ -52,6 +52,11 @@ class GemmaDecoderLayer(nn.Module):
         self.mlp = GatedMLP(h, config.intermediate_size, tp, config.hidden_activation, fused_kernels)
         self.post_feedforward_layernorm = norm(h)
 
+    def fuse_fp8_inputs(self) -> None:
+        """The norms whose output one projection alone reads: before qkv_proj and before gate_up_proj."""
+        self.input_layernorm.quantize_for(self.self_attn.qkv_proj)
+        self.pre_feedforward_layernorm.quantize_for(self.mlp.gate_up_proj)
+
     def forward(
         self, x: torch.Tensor, residual: torch.Tensor | None, positions: torch.Tensor, ctx: ForwardContext
     ) -> tuple[torch.Tensor, torch.Tensor]:

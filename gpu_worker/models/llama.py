@@ -14,6 +14,7 @@ MLP. Its variants differ in a few settings, read from the config here:
 With `fused_kernels` (CUDA, next to the Triton attention) RMSNorm with its residual add, the rotary embedding
 and act(gate) * up are one kernel each (models/triton_ops.py), and the experts run as grouped matmuls
 (models/fused_moe.py); otherwise the torch ops run, the reference that float32 outputs are checked against.
+With FP8 projections too, the norms before qkv and gate_up quantize their output for them (fuse_fp8_inputs).
 """
 
 from __future__ import annotations
@@ -91,6 +92,13 @@ class LlamaDecoderLayer(nn.Module):
         )
         self.post_attention_layernorm = RMSNorm(h, eps, fused_kernels)
         self.mlp = llama_mlp(config, layer_index, tp, fused_kernels)
+
+    def fuse_fp8_inputs(self) -> None:
+        """Each norm's output has one reader: qkv_proj; gate_up_proj unless the MLP is a mixture of experts
+        (its router reads the rows too)."""
+        self.input_layernorm.quantize_for(self.self_attn.qkv_proj)
+        if isinstance(self.mlp, GatedMLP):
+            self.post_attention_layernorm.quantize_for(self.mlp.gate_up_proj)
 
     def forward(
         self, x: torch.Tensor, residual: torch.Tensor | None, positions: torch.Tensor, ctx: ForwardContext

@@ -1,5 +1,6 @@
 """The gated MLP of the decoder families: down(act(gate) * up), gate and up one fused projection (one matmul
 instead of two). With tensor parallelism a rank holds 1/N of the intermediate width; down_proj all-reduces.
+With the fused kernels and an FP8 down_proj, act(gate) * up comes quantized for it from the same kernel.
 
     act                      families
     silu (SwiGLU)            Llama, Mistral, Qwen, Phi-3, OLMo 2, the MoE experts
@@ -12,6 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from gpu_worker.models import fp8
 from gpu_worker.models.parallel_layers import ColumnParallelLinear, RowParallelLinear
 from gpu_worker.parallel import TensorParallel
 
@@ -46,6 +48,15 @@ class GatedMLP(nn.Module):
         self.fused = fused
         self.gate_up_proj = ColumnParallelLinear(hidden, [intermediate, intermediate], tp, bias, what)
         self.down_proj = RowParallelLinear(intermediate, hidden, tp, bias, what)
+        self.quantized_act = False  # set at load: fuse_fp8_inputs
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(act_and_mul(self.gate_up_proj(x), self.activation, self.fused))
+    def fuse_fp8_inputs(self) -> None:
+        self.quantized_act = self.fused and fp8.is_quantized(self.down_proj)
+
+    def forward(self, x: fp8.Activation) -> torch.Tensor:
+        gate_up = self.gate_up_proj(x)
+        if self.quantized_act:
+            from gpu_worker.models import triton_ops
+
+            return self.down_proj(triton_ops.act_and_mul_fp8(gate_up, self.activation))
+        return self.down_proj(act_and_mul(gate_up, self.activation, self.fused))

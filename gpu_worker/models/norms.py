@@ -5,7 +5,8 @@
     olmo    (weight * normalized in float32), then cast           OLMo 2
 
 With `fused` (CUDA, next to the Triton attention) the residual add and the norm are one kernel
-(models/triton_ops.py) that rounds where the torch ops below do.
+(models/triton_ops.py) that rounds where the torch ops below do; when its only reader is an FP8 projection
+(`quantize_for`, at load) the kernel also quantizes the rows it returns (models/fp8.py: QuantizedRows).
 """
 
 from __future__ import annotations
@@ -14,6 +15,8 @@ from typing import Literal
 
 import torch
 from torch import nn
+
+from gpu_worker.models import fp8
 
 NormStyle = Literal["llama", "gemma", "olmo"]
 
@@ -26,6 +29,12 @@ class RMSNorm(nn.Module):
         self.fused = fused
         self.offset = 1.0 if style == "gemma" else 0.0
         self.scale_in_float32 = style != "llama"
+        self.quantized_output = False
+
+    def quantize_for(self, projection: nn.Module) -> None:
+        """Called at load by the layer whose `projection` alone reads this norm's output: with the fused kernel
+        and an FP8 projection, forward returns the rows quantized for it."""
+        self.quantized_output = self.fused and fp8.is_quantized(projection)
 
     def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None):
         """RMSNorm of x over its last dimension; given the residual stream, of residual + x, returned with that
@@ -33,10 +42,13 @@ class RMSNorm(nn.Module):
         if self.fused:
             from gpu_worker.models import triton_ops
 
-            rows = x.reshape(-1, x.shape[-1])  # per-head norms see [T, heads, D]: one row per head
-            out = triton_ops.add_rms_norm(
-                rows, self.weight, self.eps, residual, offset=self.offset, scale_in_float32=self.scale_in_float32
-            ).view(x.shape)
+            out: fp8.Activation
+            style = {"offset": self.offset, "scale_in_float32": self.scale_in_float32}
+            if self.quantized_output:
+                out = triton_ops.add_rms_norm_fp8(x, self.weight, self.eps, residual, **style)
+            else:
+                rows = x.reshape(-1, x.shape[-1])  # per-head norms see [T, heads, D]: one row per head
+                out = triton_ops.add_rms_norm(rows, self.weight, self.eps, residual, **style).view(x.shape)
             return out if residual is None else (out, residual)
         if residual is None:
             return self._norm(x)

@@ -5,7 +5,7 @@ Each layer is given the checkpoint's whole tensor (`load`) and reads only its ra
 drawn whole and split the same way: every tensor-parallel size then holds the same model. Each is the torch
 layer it replaces (nn.Linear, nn.Embedding) with this rank's sizes, so code that looks for those finds them;
 with one rank it is exactly that layer. The projections take FP8 weights when the engine quantizes them
-(models/fp8.py: their `weight_scale`).
+(models/fp8.py: their `weight_scale`), and then their input quantized already where a fused kernel made it.
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ class ColumnParallelLinear(nn.Linear):
         self.local_parts = local_parts
         self.register_buffer("weight_scale", None)  # per output channel, once the weight is FP8
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: fp8.Activation) -> torch.Tensor:
         return fp8.linear(x, self.weight, self.bias, self.weight_scale)
 
     def full_shape(self, name: str) -> tuple[int, ...]:
@@ -70,7 +70,7 @@ class RowParallelLinear(nn.Linear):
         self.full_in_features = in_features
         self.register_buffer("weight_scale", None)  # per output channel (of this rank's inputs), once FP8
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: fp8.Activation) -> torch.Tensor:
         if self.tp.size == 1:
             return fp8.linear(x, self.weight, self.bias, self.weight_scale)
         y = self.tp.all_reduce(fp8.linear(x, self.weight, None, self.weight_scale))

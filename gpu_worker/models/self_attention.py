@@ -17,6 +17,7 @@ import torch
 from torch import nn
 
 from gpu_worker.attention.base import LayerAttention
+from gpu_worker.models import fp8
 from gpu_worker.models.forward_context import ForwardContext
 from gpu_worker.models.parallel_layers import ColumnParallelLinear, RowParallelLinear
 from gpu_worker.models.rotary import RotaryEmbedding
@@ -81,8 +82,8 @@ class SelfAttention(nn.Module):
             self.num_heads, self.num_kv_heads, self.head_dim, self.scale, self.sliding_window, self.softcap
         )
 
-    def forward(self, x: torch.Tensor, positions: torch.Tensor, ctx: ForwardContext) -> torch.Tensor:
-        t = x.shape[0]
+    def forward(self, x: fp8.Activation, positions: torch.Tensor, ctx: ForwardContext) -> torch.Tensor:
+        t = positions.shape[0]
         q, k, v = self.qkv_proj(x).split([self.q_size, self.kv_size, self.kv_size], -1)
         if self.q_norm is not None and self.qk_norm == "whole":
             q, k = self.q_norm(q), self.k_norm(k)

@@ -9,6 +9,10 @@ every layer. Here:
     rotary         grid (tokens,)   rotates q and k in place, every head of both (the first rotary dims of each)
     act_and_mul    grid (tokens,)   act(gate) * up from the fused gate/up projection, act silu or tanh-GELU
 
+The norm and act_and_mul also come as `_fp8` variants for an FP8 projection's input: the same row, rounded to
+the model dtype, then quantized per token in the same program (models/fp8_triton.py: quantize_row) instead of
+stored, which is what storing it and quantizing it in a second kernel gives, bit for bit.
+
 Each rounds to the model dtype wherever the torch reference (models/norms.py, rotary.py, mlp.py) does, in the
 same order, and contracts no multiply-add (enable_fp_fusion=False): float32 results are the reference's,
 except for the last bit of a sum taken in another order (RMSNorm's mean square) or of an exponential.
@@ -20,6 +24,8 @@ import torch
 import triton
 import triton.language as tl
 
+from gpu_worker.models.fp8 import FP8_MAX, MIN_SCALE, QuantizedRows
+from gpu_worker.models.fp8_triton import empty_rows, quantize_row, warps_for_row
 from gpu_worker.triton_math import tanh
 
 
@@ -28,16 +34,21 @@ def _add_rms_norm_kernel(
     x_ptr,
     residual_ptr,
     out_ptr,
+    scale_ptr,
     weight_ptr,
     eps,
     stride_x,
     stride_r,
     stride_o,
+    fp8_max,
+    inv_fp8_max,
+    min_scale,
     N: tl.constexpr,
     N_PAD: tl.constexpr,
     HAS_RESIDUAL: tl.constexpr,
     OFFSET: tl.constexpr,
     SCALE_IN_FP32: tl.constexpr,
+    QUANTIZE: tl.constexpr,
 ):
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, N_PAD)
@@ -55,7 +66,10 @@ def _add_rms_norm_kernel(
         out = (h * (OFFSET + w)).to(x.dtype)
     else:  # llama: h rounded first
         out = (w * h.to(x.dtype).to(tl.float32)).to(x.dtype)
-    tl.store(out_ptr + row * stride_o + cols, out, mask=mask)
+    if QUANTIZE:  # out_ptr: float8 rows, scale_ptr: their scales
+        quantize_row(out.to(tl.float32), out_ptr, scale_ptr, row, stride_o, cols, mask, fp8_max, inv_fp8_max, min_scale)
+    else:
+        tl.store(out_ptr + row * stride_o + cols, out, mask=mask)
 
 
 def add_rms_norm(
@@ -69,24 +83,56 @@ def add_rms_norm(
     """RMSNorm of x [T, N]; with a residual, of residual + x, which is also written into residual.
     offset, scale_in_float32: the family's style (models/norms.py)."""
     out = torch.empty_like(x)
+    _launch_add_rms_norm(x, weight, eps, residual, offset, scale_in_float32, out, None)
+    return out
+
+
+def add_rms_norm_fp8(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    eps: float,
+    residual: torch.Tensor | None = None,
+    offset: float = 0.0,
+    scale_in_float32: bool = False,
+) -> QuantizedRows:
+    """add_rms_norm's rows quantized per token for an FP8 projection."""
+    values, scales = empty_rows(x.shape[0], x.shape[1], x.device)
+    _launch_add_rms_norm(x, weight, eps, residual, offset, scale_in_float32, values, scales)
+    return QuantizedRows(values, scales, x.dtype)
+
+
+def _launch_add_rms_norm(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    eps: float,
+    residual: torch.Tensor | None,
+    offset: float,
+    scale_in_float32: bool,
+    out: torch.Tensor,
+    scales: torch.Tensor | None,
+) -> None:
     n = x.shape[-1]
     _add_rms_norm_kernel[(x.shape[0],)](
         x,
         residual if residual is not None else x,
         out,
+        scales,
         weight,
         eps,
         x.stride(0),
         residual.stride(0) if residual is not None else 0,
         out.stride(0),
+        FP8_MAX,
+        1.0 / FP8_MAX,
+        MIN_SCALE,
         N=n,
         N_PAD=triton.next_power_of_2(n),
         HAS_RESIDUAL=residual is not None,
         OFFSET=offset,
         SCALE_IN_FP32=scale_in_float32,
+        QUANTIZE=scales is not None,
         enable_fp_fusion=False,
     )
-    return out
 
 
 @triton.jit
@@ -176,9 +222,22 @@ def rotary(positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, cos: torch
 
 
 @triton.jit
-def _act_and_mul_kernel(x_ptr, out_ptr, stride_x, stride_o, N: tl.constexpr, BLOCK: tl.constexpr, GELU: tl.constexpr):
+def _act_and_mul_kernel(
+    x_ptr,
+    out_ptr,
+    scale_ptr,
+    stride_x,
+    stride_o,
+    fp8_max,
+    inv_fp8_max,
+    min_scale,
+    N: tl.constexpr,
+    BLOCK: tl.constexpr,
+    GELU: tl.constexpr,
+    QUANTIZE: tl.constexpr,
+):
     row = tl.program_id(0).to(tl.int64)
-    for start in range(0, N, BLOCK):
+    for start in range(0, N, BLOCK):  # one block when quantizing: the scale needs the whole row
         cols = start + tl.arange(0, BLOCK)
         mask = cols < N
         gate = tl.load(x_ptr + row * stride_x + cols, mask=mask, other=0.0)
@@ -189,21 +248,47 @@ def _act_and_mul_kernel(x_ptr, out_ptr, stride_x, stride_o, N: tl.constexpr, BLO
             act = 0.5 * g * (1.0 + tanh(inner))
         else:
             act = g / (1.0 + tl.exp(-g))
-        tl.store(out_ptr + row * stride_o + cols, (act.to(gate.dtype).to(tl.float32) * up).to(gate.dtype), mask=mask)
+        out = (act.to(gate.dtype).to(tl.float32) * up).to(gate.dtype)
+        if QUANTIZE:  # out_ptr: float8 rows, scale_ptr: their scales
+            quantize_row(
+                out.to(tl.float32), out_ptr, scale_ptr, row, stride_o, cols, mask, fp8_max, inv_fp8_max, min_scale
+            )
+        else:
+            tl.store(out_ptr + row * stride_o + cols, out, mask=mask)
 
 
 def act_and_mul(gate_up: torch.Tensor, activation: str = "silu") -> torch.Tensor:
     """[T, 2I] (gate then up) -> act(gate) * up [T, I]; activation "silu" or "gelu_tanh"."""
     n = gate_up.shape[-1] // 2
     out = torch.empty(gate_up.shape[0], n, dtype=gate_up.dtype, device=gate_up.device)
+    _launch_act_and_mul(gate_up, activation, out, None)
+    return out
+
+
+def act_and_mul_fp8(gate_up: torch.Tensor, activation: str = "silu") -> QuantizedRows:
+    """act_and_mul's rows quantized per token for an FP8 projection."""
+    values, scales = empty_rows(gate_up.shape[0], gate_up.shape[-1] // 2, gate_up.device)
+    _launch_act_and_mul(gate_up, activation, values, scales)
+    return QuantizedRows(values, scales, gate_up.dtype)
+
+
+def _launch_act_and_mul(gate_up: torch.Tensor, activation: str, out: torch.Tensor, scales: torch.Tensor | None):
+    n = gate_up.shape[-1] // 2
+    quantize = scales is not None
+    row_pad = triton.next_power_of_2(n)
     _act_and_mul_kernel[(gate_up.shape[0],)](
         gate_up,
         out,
+        scales,
         gate_up.stride(0),
         out.stride(0),
+        FP8_MAX,
+        1.0 / FP8_MAX,
+        MIN_SCALE,
         N=n,
-        BLOCK=min(1024, triton.next_power_of_2(n)),
+        BLOCK=row_pad if quantize else min(1024, row_pad),
         GELU=activation == "gelu_tanh",
+        QUANTIZE=quantize,
+        num_warps=warps_for_row(row_pad) if quantize else 4,
         enable_fp_fusion=False,
     )
-    return out
