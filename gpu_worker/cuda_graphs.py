@@ -173,7 +173,7 @@ class DecodeGraphs:
         if bucket > n:
             self._fill_padding(host, n, bucket)
         self._fill_slices(host, bucket)
-        self.inputs.upload()
+        self.inputs.upload(table_rows=bucket, table_columns=max(width, 1))  # padding rows read column 0
         self.attention.prepare_replay(self.attention_metadata[bucket], layout)
         self.graphs[bucket].replay()
         return self.logits[bucket][:n], self.greedy[bucket][:n]

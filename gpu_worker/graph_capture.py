@@ -31,23 +31,58 @@ FIELD_ALIGN = 4  # int32 elements: 16 bytes, the alignment Triton specializes ke
 
 class GraphInputs:
     """Named int32 fields of one device buffer. `fill()` hands out the next host buffer's fields as numpy
-    arrays (writing them is a step's whole host-side input work); `upload()` queues its copy to the device."""
+    arrays (writing them is a step's whole host-side input work); `upload()` queues its copy to the device.
 
-    def __init__(self, shapes: dict[str, tuple[int, ...]], device: torch.device):
+    The last field is the block table, [rows, max_model_len / block_size]: for a long-context model the
+    largest by far (Llama-3.2-1B's 131,072 positions: 8 MiB for 256 rows), and a step reads only its top-left
+    corner (its rows, the columns its longest context reaches). The copy runs on the compute stream between
+    two steps' graphs, the GPU idle meanwhile, so a step uploads only that corner: packed on the host, copied,
+    and spread into the table's rows on the device. The table's other entries keep older values, never read."""
+
+    def __init__(self, shapes: dict[str, tuple[int, ...]], device: torch.device, table: str = "block_tables"):
+        if list(shapes)[-1] != table:
+            raise ValueError(f"the block table {table!r} must be the last field")
         total = flat_size(shapes)
-        self._hosts = [torch.zeros(total, dtype=torch.int32).pin_memory() for _ in range(host_ring_size())]
+        pinned = device.type == "cuda"
+        ring = host_ring_size()
+        self._hosts = [torch.zeros(total, dtype=torch.int32, pin_memory=pinned) for _ in range(ring)]
         self._device = torch.zeros(total, dtype=torch.int32, device=device)
         self._host_fields = [field_views(shapes, host.numpy()) for host in self._hosts]  # views made once
         self.device = field_views(shapes, self._device)
         self._turn = 0
+        self._table = table
+        self._table_offset = flat_size({name: shape for name, shape in shapes.items() if name != table})
+        self._table_width = shapes[table][1]
+        table_size = int(np.prod(shapes[table]))
+        self._packed_hosts = [torch.zeros(table_size, dtype=torch.int32, pin_memory=pinned) for _ in range(ring)]
+        self._packed_device = torch.zeros(table_size, dtype=torch.int32, device=device)
 
     def fill(self) -> dict[str, np.ndarray]:
         """The next host buffer's fields, to be written and then uploaded (they hold older steps' values)."""
         self._turn = (self._turn + 1) % len(self._hosts)
         return self._host_fields[self._turn]
 
-    def upload(self) -> None:
-        self._device.copy_(self._hosts[self._turn], non_blocking=True)
+    def upload(self, table_rows: int | None = None, table_columns: int | None = None) -> None:
+        """Queue the copy of the fields filled: all of them, or every field but the block table and of the table
+        its [:table_rows, :table_columns] corner (the rows and columns the step's graph reads)."""
+        host = self._hosts[self._turn]
+        if table_rows is None or table_columns is None:
+            self._device.copy_(host, non_blocking=True)
+            return
+        start = self._table_offset
+        self._device[:start].copy_(host[:start], non_blocking=True)
+        if table_columns >= self._table_width:  # whole rows: one contiguous run
+            end = start + table_rows * self._table_width
+            self._device[start:end].copy_(host[start:end], non_blocking=True)
+            return
+        size = table_rows * table_columns
+        packed = self._packed_hosts[self._turn][:size]
+        packed.numpy().reshape(table_rows, table_columns)[...] = self._host_fields[self._turn][self._table][
+            :table_rows, :table_columns
+        ]
+        landed = self._packed_device[:size]
+        landed.copy_(packed, non_blocking=True)
+        self.device[self._table][:table_rows, :table_columns].copy_(landed.view(table_rows, table_columns))
 
 
 def flat_size(shapes: dict[str, tuple[int, ...]]) -> int:

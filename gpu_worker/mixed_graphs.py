@@ -240,7 +240,11 @@ class MixedGraphs:
             inputs.pending_rows,
             inputs.pending_slots,
         )
-        self.inputs.upload()
+        layout = self.step_layout
+        self.inputs.upload(  # the table's rows a bucket's graph may read, the columns the step's contexts reach
+            table_rows=min(bucket, layout.max_seqs),
+            table_columns=max(1, min(layout.table_width, inputs.layout.block_table.shape[1])),
+        )
         self.step_layout.attention.prepare_replay(self.attention_metadata[bucket], inputs.layout)
         self.graphs[bucket].replay()
         r = len(inputs.logit_rows)
