@@ -80,7 +80,7 @@ class SamplingFields(RequestBody):
     presence_penalty: float | None = None
     frequency_penalty: float | None = None
     repetition_penalty: float | None = None
-    logit_bias: dict[str, float] | None = None  # JSON keys are strings: token ids written as text
+    logit_bias: Annotated[dict[str, float], Field(fail_fast=True)] | None = None  # keys: token ids as text (JSON)
     skip_special_tokens: bool = True
     spaces_between_special_tokens: bool = True
 

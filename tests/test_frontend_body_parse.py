@@ -195,11 +195,13 @@ def test_one_validation_of_a_body_of_many_models_lets_a_waiting_thread_run_betwe
         (CompletionRequest, {"prompt": ["a", 1] * 1500}),
         (CompletionRequest, {"prompt": "a", "stop": [1] * 3000}),
         (CompletionRequest, {"prompt": "a", "stop_token_ids": ["a"] * 3000}),
+        (CompletionRequest, {"prompt": "a", "logit_bias": {str(token): "a" for token in range(3000)}}),
     ],
 )
 def test_a_list_of_many_bad_elements_is_one_error_not_one_per_element(model, body):
-    """Errors become Python for the 400 in one call that holds the GIL (~3 µs each): a list stops at its first
-    bad element, and a prompt is validated as the one shape its first element names, not tried as each."""
+    """Errors become Python for the 400 in one call that holds the GIL (~3 µs each): a list (or logit_bias) stops
+    at its first bad element, and a prompt is validated as the one shape its first element names, not tried as
+    each."""
     with pytest.raises(ValidationError) as caught:
         model.model_validate_json(json.dumps(body))
     assert caught.value.error_count() <= 2  # a content part's union: not a string, and the list's first bad part
