@@ -16,10 +16,10 @@ after ~0.1 s on the thread.
 Within the bound, the request models (frontend/protocol.py) keep each hold short: every model calls back into
 Python once built (RequestBody._gil_switch_point), where the interpreter hands the GIL to the loop when it has
 asked; a list stops at its first bad element (an invalid list of 30,000 elements is one error, not 30,000 to
-convert to Python in one call); a prompt is validated as the one shape its first element names. The longest
-hold left is a run of values outside any model (a list of token ids, a logit_bias object), a fraction of a
-microsecond each. Work proportional to a chat body's messages (their template form) is done with the
-validation, on the thread.
+turn into Python in one call); a prompt is validated as the one shape its first element names. What runs
+longest without a switch is the JSON parse and a run of values outside any model (a list of token ids, a
+logit_bias object), a fraction of a microsecond each. Work proportional to a chat body's messages (their
+template form) is done in the same pass, on the thread, not on the loop.
 """
 
 from __future__ import annotations
