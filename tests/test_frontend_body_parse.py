@@ -151,7 +151,7 @@ def test_the_profiling_endpoints_arguments_are_read_the_same_bounded_way(http, b
 
 def test_one_validation_of_a_body_of_many_models_lets_a_waiting_thread_run_between_them():
     """pydantic holds the GIL for its whole call except where it calls back into Python: after each model it builds
-    (RequestBody._gil_switch_point), where the interpreter hands the GIL to a thread that asked for it. So the
+    (RequestBody._checked), where the interpreter hands the GIL to a thread that asked for it. So the
     event loop waits for one model at most, not for the body, while the parsing thread validates."""
     body = json.dumps({"messages": [{"role": "user", "content": "a"}] * 2000}).encode()
     progress = 0
@@ -196,12 +196,14 @@ def test_one_validation_of_a_body_of_many_models_lets_a_waiting_thread_run_betwe
         (CompletionRequest, {"prompt": "a", "stop": [1] * 3000}),
         (CompletionRequest, {"prompt": "a", "stop_token_ids": ["a"] * 3000}),
         (CompletionRequest, {"prompt": "a", "logit_bias": {str(token): "a" for token in range(3000)}}),
+        (CompletionRequest, {"prompt": "a", **{f"unknown{i}": 1 for i in range(3000)}}),
+        (ChatCompletionRequest, {"messages": [{"role": "user", "content": "a", **{f"x{i}": 1 for i in range(3000)}}]}),
     ],
 )
 def test_a_list_of_many_bad_elements_is_one_error_not_one_per_element(model, body):
     """Errors become Python for the 400 in one call that holds the GIL (~3 µs each): a list (or logit_bias) stops
-    at its first bad element, and a prompt is validated as the one shape its first element names, not tried as
-    each."""
+    at its first bad element, a prompt is validated as the one shape its first element names, not tried as
+    each, and a model's unknown fields are one refusal."""
     with pytest.raises(ValidationError) as caught:
         model.model_validate_json(json.dumps(body))
     assert caught.value.error_count() <= 2  # a content part's union: not a string, and the list's first bad part
