@@ -17,6 +17,11 @@ Shapes (the first four just under 16 MiB, the default --max-request-body-bytes):
 /health is polled on its own connection every --poll-ms from just before the bodies are sent until every one
 is answered; the reported stall is the slowest /health in that window. RSS is the frontend process's VmRSS
 (its pid from /stats), sampled as often.
+
+Each shape's body is also read in this process as the frontend's parsing thread reads it (body_parse.validated,
+at the default --max-request-json-values): `parse_ms`, and `longest_gil_hold_ms`, its longest stretch without
+running Python bytecode (the only points where the interpreter hands the GIL to another thread, the event
+loop), each the best of a few.
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -31,6 +37,11 @@ from concurrent.futures import ThreadPoolExecutor
 import httpx
 
 from benchmarks.serve import LaunchedServer
+from common.garbage import freeze_startup_objects
+from frontend.body_parse import validated
+from frontend.errors import ApiError
+from frontend.limits import HttpLimits
+from frontend.protocol import ChatCompletionRequest, CompletionRequest
 
 DEFAULT_LAUNCH = "--model ../shared/models/gpt2 --load-format null --device cpu --tokenizer-workers 1"
 
@@ -50,6 +61,7 @@ SHAPES = {
     ),
 }
 SMALL_BODY = {"prompt": "hi", "max_tokens": 1}
+MODELS = {"/v1/chat/completions": ChatCompletionRequest, "/v1/completions": CompletionRequest}
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -145,11 +157,48 @@ def stall(url: str, shape: str, bodies: int, poll_s: float) -> dict:
     }
 
 
+def parse_holds(shape: str, repeats: int = 5) -> dict:
+    """The shape's body read as the parsing thread reads it, in this process: its time, and its longest stretch
+    of CPU time between two profiler events (a Python call or return, a C call from Python), in which no other
+    thread can take the GIL; each the best of `repeats` (CPU time: a stretch the OS took the core away counts
+    only the work)."""
+    path, body = SHAPES[shape]
+    payload = json.dumps(body).encode()
+    max_values = HttpLimits().max_request_json_values
+    # As in the frontend, what is alive before the parse is frozen: a full collection that the parse's objects
+    # set off traverses them only, not this process's heap (the shapes' lists hold millions of references).
+    freeze_startup_objects()
+
+    def parse() -> None:
+        try:
+            validated(payload, MODELS[path], max_values)
+        except ApiError:  # past the bound: the count's 400
+            pass
+
+    stamps: list[float] = []
+    best_ms = best_hold_ms = float("inf")
+    for _ in range(repeats):
+        started = time.perf_counter()
+        parse()
+        best_ms = min(best_ms, (time.perf_counter() - started) * 1000)
+        stamps.clear()
+        stamps.append(time.thread_time())
+        sys.setprofile(lambda frame, event, arg: stamps.append(time.thread_time()))
+        try:
+            parse()
+        finally:
+            sys.setprofile(None)
+        stamps.append(time.thread_time())
+        best_hold_ms = min(best_hold_ms, max(b - a for a, b in zip(stamps, stamps[1:])) * 1000)
+    return {"parse_ms": round(best_ms, 1), "longest_gil_hold_ms": round(best_hold_ms, 2)}
+
+
 def run(url: str, args: argparse.Namespace) -> dict:
     with httpx.Client(base_url=url, timeout=60) as client:
         small = small_request_latency_ms(client, args.small_requests)
     shapes = list(SHAPES) if args.shape == "all" else [args.shape]
-    return {"small_request_ms": small, "stalls": [stall(url, s, args.bodies, args.poll_ms / 1000) for s in shapes]}
+    stalls = [{**stall(url, s, args.bodies, args.poll_ms / 1000), **parse_holds(s)} for s in shapes]
+    return {"small_request_ms": small, "stalls": stalls}
 
 
 def main(argv: list[str] | None = None) -> dict:

@@ -6,11 +6,20 @@
                                       then validated
 
 Parsing and validation (pydantic, in Rust) hold the GIL for the whole call, whether they run on the loop's
-thread or another: a thread alone frees the loop only where the work between two GIL releases is short.
-The cost of that call is about a microsecond per JSON value (an array element, an object member), not
-per byte (a 15 MB string parses in milliseconds), so the values are counted before it, by a scan whose C
-calls each cover one gap between strings, and which stops as soon as the bound is passed. A 16 MiB
-body of 500,000 content parts held the loop 4 s; counted first, it is a 400 after ~0.1 s on the thread.
+thread or another, except where the call comes back into Python: a thread alone frees the loop only where
+the work between two such points is short. The cost of that call is about a microsecond per JSON value (an
+array element, an object member), not per byte (a 15 MB string parses in milliseconds), so the values are
+counted before it, by a scan whose C calls each cover one gap between strings, and which stops as soon as
+the bound is passed. A 16 MiB body of 500,000 content parts held the loop 4 s; counted first, it is a 400
+after ~0.1 s on the thread.
+
+Within the bound, the request models (frontend/protocol.py) keep each hold short: every model calls back into
+Python once built (RequestBody._checked), where the interpreter hands the GIL to the loop when it has
+asked; a list stops at its first bad element and a model's unknown fields are one refusal (30,000 errors were
+0.1-0.4 s to turn into Python in one call); a prompt is validated as the one shape its first element names.
+What runs longest without a switch is the JSON parse and a run of values outside any model (a list of token
+ids, a logit_bias object, unknown members), a fraction of a microsecond each. Work proportional to a chat
+body's messages (their template form) is done in the same pass, on the thread, not on the loop.
 """
 
 from __future__ import annotations
@@ -33,8 +42,8 @@ class JsonObject(RootModel[dict[str, Any]]):
     """Any JSON object: the free-form arguments of the profiling endpoints."""
 
 
-# The costliest 32 KiB of JSON for these models (8,000 one-character prompts in a list, a union pydantic tries
-# member by member) validates in ~13 ms on a loaded 2-core machine; usual bodies never leave the loop.
+# The costliest 32 KiB of JSON for these models (960 one-character chat messages, each a model and its template
+# form) validates in ~9 ms on a loaded 2-core machine; usual bodies never leave the loop.
 INLINE_PARSE_BYTES = 32 * 1024
 SCAN_WINDOW = 1 << 20  # bytes one C call of the value count covers: ~1 ms
 BACKSLASH = ord("\\")
@@ -148,6 +157,9 @@ def _without_escapes(body: bytes) -> bytes:
 
 def invalid_body(exc: ValidationError) -> ApiError:
     errors = exc.errors(include_url=False)
+    for error in errors:  # an unknown field, refused by the model it is in (RequestBody._checked): its location
+        if error["type"] == "extra_forbidden" and "field" in error.get("ctx", {}):
+            error["loc"] = (*error["loc"], error["ctx"]["field"])
     first = errors[0]
     if first["type"] == "json_invalid":
         return ApiError(400, f"the request body is not valid JSON ({first.get('ctx', {}).get('error', '')})")

@@ -16,6 +16,8 @@ from __future__ import annotations
 from importlib.metadata import PackageNotFoundError, version
 
 from fastapi import APIRouter, Request
+from pydantic import model_validator
+from typing_extensions import Self
 
 from common.messages import DetokenizeRequest, RequestRejected, TextReply, TokenizeRequest
 from frontend.body_parse import parse_body
@@ -26,6 +28,7 @@ from frontend.protocol import (
     ChatMessage,
     ChatTemplateFields,
     Int,
+    Items,
     RequestBody,
     check_prompt_chars,
     refuse_unless,
@@ -35,14 +38,19 @@ from frontend.protocol import (
 class TokenizeBody(ChatTemplateFields):
     model: str | None = None
     prompt: str | None = None
-    messages: list[ChatMessage] | None = None
+    messages: Items[ChatMessage] | None = None
     add_special_tokens: bool | None = None  # default: true for a prompt, false for messages (vLLM's)
     return_token_strs: bool | None = False
+
+    @model_validator(mode="after")
+    def _read_messages_as_validated(self) -> Self:
+        self._read_messages(self.messages)
+        return self
 
 
 class DetokenizeBody(RequestBody):
     model: str | None = None
-    tokens: list[Int]
+    tokens: Items[Int]
 
 
 def _check_model(model: str | None, client: EngineClient) -> None:
@@ -73,7 +81,7 @@ def tokenizer_router(client: EngineClient, limits: HttpLimits) -> APIRouter:
             special = True if body.add_special_tokens is None else body.add_special_tokens
             ask = TokenizeRequest(0, prompt=body.prompt, add_special_tokens=special)
         else:
-            messages = [m.engine_message() for m in body.messages]  # as a chat request sends them
+            messages = body.template_messages()  # as a chat request sends them
             check_prompt_chars([body.rendered_text(messages)], max_chars, "messages")
             ask = TokenizeRequest(0, chat_messages=messages, chat_options=body.chat_options())
         reply = await _ask(client, ask)

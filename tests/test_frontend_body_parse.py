@@ -1,18 +1,22 @@
-"""Request bodies read at a bounded cost (frontend/body_parse.py): the count of JSON values that bounds it, and
-the 400 naming the field where a body holds more; in-process, on a scripted engine."""
+"""Request bodies read at a bounded cost (frontend/body_parse.py): the count of JSON values that bounds it, the
+400 naming the field where a body holds more, and validation that hands the GIL over between models;
+in-process, on a scripted engine."""
 
 from __future__ import annotations
 
 import json
 import random
+import sys
+import threading
 
 import pytest
 from fastapi.testclient import TestClient
+from pydantic import ValidationError
 
 from frontend.app import build_app
 from frontend.body_parse import INLINE_PARSE_BYTES, field_past_value_limit
 from frontend.limits import HttpLimits
-from frontend.protocol import MAX_TOOLS
+from frontend.protocol import MAX_TOOLS, ChatCompletionRequest, ChatMessage, CompletionRequest
 from tests.fake_engine import FakeEngineClient
 from tests.test_frontend_api import assert_error
 
@@ -140,3 +144,99 @@ def test_more_tools_than_openai_takes_is_400_naming_tools(http, engine):
 def test_the_profiling_endpoints_arguments_are_read_the_same_bounded_way(http, body, param, says):
     error = assert_error(http.post("/start_profile", json=body), 400, param)
     assert says in error["message"]
+
+
+# ---------------------------------------------------------------- how long one validation holds the GIL
+
+
+def test_one_validation_of_a_body_of_many_models_lets_a_waiting_thread_run_between_them():
+    """pydantic holds the GIL for its whole call except where it calls back into Python: after each model it builds
+    (RequestBody._checked), where the interpreter hands the GIL to a thread that asked for it. So the
+    event loop waits for one model at most, not for the body, while the parsing thread validates."""
+    body = json.dumps({"messages": [{"role": "user", "content": "a"}] * 2000}).encode()
+    progress = 0
+    seen_inside_the_call: list[int] = []
+    running, done = threading.Event(), threading.Event()
+
+    def waiting_thread() -> None:
+        nonlocal progress
+        running.set()
+        while not done.is_set():
+            progress += 1
+
+    def profile(frame, event, arg) -> None:  # each Python function that validation calls
+        if event == "call":
+            seen_inside_the_call.append(progress)
+
+    interval = sys.getswitchinterval()
+    thread = threading.Thread(target=waiting_thread)
+    sys.setswitchinterval(1e-6)  # a waiting thread asks for the GIL at once: any switch point hands it over
+    try:
+        thread.start()
+        running.wait()
+        sys.setprofile(profile)
+        ChatCompletionRequest.model_validate_json(body)
+    finally:
+        sys.setprofile(None)
+        done.set()
+        thread.join()
+        sys.setswitchinterval(interval)
+    assert len(seen_inside_the_call) >= 2000  # the interpreter was entered once per message at least
+    assert len(set(seen_inside_the_call)) > 1  # and the other thread ran in between, within the one call
+
+
+@pytest.mark.parametrize(
+    "model, body",
+    [
+        (ChatCompletionRequest, {"messages": [5] * 3000}),
+        (ChatCompletionRequest, {"messages": [{"role": "user", "content": 5}] * 3000}),
+        (ChatCompletionRequest, {"messages": [{"role": "user", "content": [{"type": "text", "text": 5}] * 3000}]}),
+        (CompletionRequest, {"prompt": [1, "a"] * 1500}),
+        (CompletionRequest, {"prompt": ["a", 1] * 1500}),
+        (CompletionRequest, {"prompt": "a", "stop": [1] * 3000}),
+        (CompletionRequest, {"prompt": "a", "stop_token_ids": ["a"] * 3000}),
+        (CompletionRequest, {"prompt": "a", "logit_bias": {str(token): "a" for token in range(3000)}}),
+        (CompletionRequest, {"prompt": "a", **{f"unknown{i}": 1 for i in range(3000)}}),
+        (ChatCompletionRequest, {"messages": [{"role": "user", "content": "a", **{f"x{i}": 1 for i in range(3000)}}]}),
+    ],
+)
+def test_a_list_of_many_bad_elements_is_one_error_not_one_per_element(model, body):
+    """Errors become Python for the 400 in one call that holds the GIL (~3 µs each): a list (or logit_bias) stops
+    at its first bad element, a prompt is validated as the one shape its first element names, not tried as
+    each, and a model's unknown fields are one refusal."""
+    with pytest.raises(ValidationError) as caught:
+        model.model_validate_json(json.dumps(body))
+    assert caught.value.error_count() <= 2  # a content part's union: not a string, and the list's first bad part
+
+
+@pytest.mark.parametrize(
+    "prompt, where, says",
+    [([1, "a"], "prompt.1", "valid integer"), (["a", 1], "prompt.1", "valid string"), ([[1], "a"], "prompt.1", "")],
+)
+def test_a_prompt_list_is_read_as_the_shape_its_first_element_names(http, prompt, where, says):
+    error = assert_error(http.post("/v1/completions", json={"prompt": prompt}), 400, "prompt")
+    assert f"(at {where})" in error["message"] and says in error["message"]
+
+
+def test_a_large_chat_bodys_messages_are_read_for_the_template_on_the_parsing_thread(http, engine, monkeypatch):
+    """Work proportional to the messages (their template form) is done with the validation, off the event loop."""
+    threads = set()
+    read = ChatMessage.engine_message
+
+    def recorded(message: ChatMessage) -> dict:
+        threads.add(threading.current_thread().name.split("_")[0])
+        return read(message)
+
+    monkeypatch.setattr(ChatMessage, "engine_message", recorded)
+    messages = [{"role": "user", "content": "x"}] * 300  # within MAX_VALUES
+    body = {"messages": messages, "user": "x" * INLINE_PARSE_BYTES}  # past INLINE_PARSE_BYTES
+    response = http.post("/v1/chat/completions", json=body)
+    assert response.status_code == 200, response.text
+    assert threads == {"body-parse"}
+    assert engine.submitted[0].chat_messages == messages
+
+
+def test_a_refused_message_is_answered_after_the_checks_made_before_messages_are_read(http, engine):
+    body = {"messages": [{"role": "user", "content": None}], "n": 0}
+    assert_error(http.post("/v1/chat/completions", json=body), 400, "n")
+    assert_error(http.post("/v1/chat/completions", json={**body, "n": 1}), 400, "messages")
