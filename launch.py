@@ -281,11 +281,11 @@ def model_sampling_defaults(choice: str, model_folder) -> dict[str, float]:
 
 def default_api_server_count(local_replicas: int = 1) -> int:
     """A quarter of the cores, 1 to 4, and at least one per engine replica on this node (as vLLM: each replica's
-    stream of tokens wants its own HTTP process). Why 4 on a 16-core host: a frontend costs ~17 µs of CPU per token
-    it streams, the scheduler ~6, each other process less (the null engine on the 2-core CPU, docs/benchmarks.md
-    "The serving path's CPU per token"). Two frontends were the serving path's limit (1.22x one H100 engine's W1);
-    four leave it to the scheduler, past 2x. A quarter of the cores leaves the rest to the scheduler, the tokenizer
-    workers and the GPU worker's host loop."""
+    stream of tokens wants its own HTTP process). Why 4 on a 16-core host: the frontends cost 17-25 µs of CPU per
+    token they stream (2 to 4 of them), the scheduler ~6, each other process less (the null engine on the 2-core
+    CPU, docs/benchmarks.md "The serving path's CPU per token"). Two frontends were the serving path's limit (1.22x
+    one H100 engine's W1); four hold about as much as the scheduler, past 2x. A quarter of the cores leaves the
+    rest to the scheduler, the tokenizer workers and the GPU worker's host loop."""
     return max(1, local_replicas, min(4, (os.cpu_count() or 1) // 4))
 
 
