@@ -270,11 +270,13 @@ def model_sampling_defaults(choice: str, model_folder) -> dict[str, float]:
 
 
 def default_api_server_count(local_replicas: int = 1) -> int:
-    """2 where the cores allow: one GPU's stream of tokens needs more than one HTTP process, but on the
-    16-core H100 host 4 were no faster than 2 (they take cores from the scheduler, the tokenizer workers and
-    the GPU worker's host loop); docs/notes/benchmark-history.md, "Serving at engine speed". At least one per
-    engine replica on this node, as vLLM: each replica's stream of tokens wants its own HTTP process."""
-    return max(2 if (os.cpu_count() or 1) >= 8 else 1, local_replicas)
+    """A quarter of the cores, 1 to 4, and at least one per engine replica on this node (as vLLM: each replica's
+    stream of tokens wants its own HTTP process). Why 4 on a 16-core host: the frontends cost 17-25 µs of CPU per
+    token they stream (2 to 4 of them), the scheduler ~6, each other process less (the null engine on the 2-core
+    CPU, docs/benchmarks.md "The serving path's CPU per token"). Two frontends were the serving path's limit (1.22x
+    one H100 engine's W1); four hold about as much as the scheduler, past 2x. A quarter of the cores leaves the
+    rest to the scheduler, the tokenizer workers and the GPU worker's host loop."""
+    return max(1, local_replicas, min(4, (os.cpu_count() or 1) // 4))
 
 
 def profile_config(args: argparse.Namespace) -> ProfileConfig:

@@ -22,6 +22,7 @@ import argparse
 import asyncio
 import contextlib
 import json
+import os
 import shlex
 import signal
 import socket
@@ -51,6 +52,7 @@ from benchmarks.load_client import (
     run_clients,
     send_request,
 )
+from benchmarks.process_cpu import process_cpu_s
 from benchmarks.workloads import (
     WorkloadRequest,
     load_prompts_file,
@@ -293,7 +295,8 @@ class LaunchedServer:
 
 
 async def server_stats(client: httpx.AsyncClient) -> dict[str, dict] | None:
-    """Every process's cumulative stats (GET /stats) by role, or None if the server does not give them."""
+    """Every process's cumulative stats (GET /stats) by role, or None if the server does not give them. A process
+    of this machine's gets `cpu_s` beside them: its CPU seconds so far, from /proc (benchmarks/process_cpu.py)."""
     try:
         response = await client.get("/stats")
         if response.status_code != 200:
@@ -302,6 +305,10 @@ async def server_stats(client: httpx.AsyncClient) -> dict[str, dict] | None:
         stats = {role: reply["payload"] for role, reply in body["replies"].items()}
         if "frontend" in body:  # the answering process's own, beside its children's replies
             stats["frontend"] = body["frontend"]["payload"]
+        for role, reply in body["replies"].items():
+            cpu = process_cpu_s(reply["pid"], role)
+            if cpu is not None:
+                stats[role]["cpu_s"] = cpu
         return stats
     except (httpx.HTTPError, KeyError, ValueError):
         return None
@@ -356,9 +363,12 @@ def step_chain_view(before: dict[str, dict], after: dict[str, dict], schedulers:
     }
 
 
-def process_view(before: dict[str, dict] | None, after: dict[str, dict] | None) -> dict[str, dict] | None:
-    """Where the server's time went during the run, per process: busy share of the run's wall time, messages
-    and msgpack seconds (deltas of GET /stats; see common/profiling.py ProcessStats)."""
+def process_view(
+    before: dict[str, dict] | None, after: dict[str, dict] | None, completion_tokens: int
+) -> dict[str, dict] | None:
+    """Where the server's time went during the run, per process: busy share of the run's wall time, CPU seconds
+    and CPU µs per completion token (a process of this machine's), messages and msgpack seconds (deltas of
+    GET /stats; see common/profiling.py ProcessStats)."""
     if not before or not after:
         return None
     view = {}
@@ -366,9 +376,12 @@ def process_view(before: dict[str, dict] | None, after: dict[str, dict] | None) 
         b, a = before[role], after[role]
         wall = a["uptime_s"] - b["uptime_s"]
         busy = a["busy_s"] - b["busy_s"]
+        cpu = a["cpu_s"] - b["cpu_s"] if "cpu_s" in a and "cpu_s" in b else None
         view[role] = {
             "busy_pct": 100 * busy / wall if wall > 0 else 0.0,
             "busy_s": busy,
+            "cpu_s": cpu,
+            "cpu_us_per_token": 1e6 * cpu / completion_tokens if cpu is not None and completion_tokens else None,
             "messages_in": a["messages_in"] - b["messages_in"],
             "messages_out": a["messages_out"] - b["messages_out"],
             "msgpack_s": sum(a[k] - b[k] for k in ("msgpack_encode_s", "msgpack_decode_s")),
@@ -390,6 +403,7 @@ class Measurement:
     stats_after: dict | None
     requests: list[RequestTimings]
     client: ClientUsage
+    load_average: tuple[float, float]  # this machine's 1-minute load average as the run began, and as it ended
 
 
 def measure(
@@ -417,9 +431,11 @@ def measure(
             return model, await server_stats(c)
 
     model, before = asyncio.run(snapshot(warm=True))
+    load_before = os.getloadavg()[0]
     requests, usage = run_clients(url, workload, offsets, sampling, headers, client_processes, max_concurrency)
+    load_after = os.getloadavg()[0]
     _, after = asyncio.run(snapshot(warm=False))
-    return Measurement(model, before, after, requests, usage)
+    return Measurement(model, before, after, requests, usage, (load_before, load_after))
 
 
 # ---------------------------------------------------------------------------------------------- report
@@ -482,6 +498,22 @@ def print_repeats(result: dict) -> None:
         print("busy seconds per burst: " + "; ".join(per_role))
 
 
+def print_cpu_per_token(processes: dict[str, dict], load_average: tuple[float, float] | None) -> None:
+    """Each server process's CPU per completion token, and the server's tokens/s were that process the limit
+    with a core to itself (every token of the run over its CPU seconds: a frontend's share of the tokens is in
+    its seconds already). About the same whatever the machine's load, unlike the busy share."""
+    measured = {role: p for role, p in processes.items() if p.get("cpu_us_per_token")}
+    if not measured:
+        return
+    print(f"\n{'process':<16}{'CPU s':>10}{'CPU µs/token':>14}{'tok/s at one core':>20}")
+    for role, p in sorted(measured.items(), key=lambda item: -item[1]["cpu_us_per_token"]):
+        print(f"{role:<16}{p['cpu_s']:>10.2f}{p['cpu_us_per_token']:>14.2f}{1e6 / p['cpu_us_per_token']:>20,.0f}")
+    total = sum(p["cpu_us_per_token"] for p in measured.values())
+    print(f"{'all':<16}{sum(p['cpu_s'] for p in measured.values()):>10.2f}{total:>14.2f}")
+    if load_average:
+        print(f"load average (1 min) as the run began / ended: {load_average[0]:.2f} / {load_average[1]:.2f}")
+
+
 def print_report(result: dict) -> None:
     s = result["summary"]
     print(
@@ -521,6 +553,7 @@ def print_report(result: dict) -> None:
             "server processes, busy % of the run: "
             + ", ".join(f"{role} {p['busy_pct']:.0f}%" for role, p in processes.items())
         )
+        print_cpu_per_token(processes, result.get("load_average"))
     c = result["client"]
     print(
         f"client: {c['processes']} process(es) on {c['event_loop']}, "
@@ -607,15 +640,17 @@ def run(args: argparse.Namespace, command: str) -> dict:
         for round_index in range(1, args.bursts):
             again = build_workload(args, round_index)
             r = measure(url, again, offsets, sampling, args.max_concurrency, headers, 0, args.client_processes)
+            repeat_summary = summarize(r.requests)
             repeats.append(
                 {
                     "round": round_index,
-                    "summary": summary_dict(summarize(r.requests)),
+                    "summary": summary_dict(repeat_summary),
                     "server": server_view(r.stats_before, r.stats_after),
-                    "processes": process_view(r.stats_before, r.stats_after),
+                    "processes": process_view(r.stats_before, r.stats_after, repeat_summary.completion_tokens),
                     "client": r.client.to_dict(),
                 }
             )
+    summary = summarize(m.requests)
     result = {
         "command": command,
         "label": args.label,
@@ -623,9 +658,10 @@ def run(args: argparse.Namespace, command: str) -> dict:
         "model": m.model,
         "args": vars(args),
         "started_at": min(r.submit for r in m.requests),
-        "summary": summary_dict(summarize(m.requests)),
+        "summary": summary_dict(summary),
         "server": server_view(m.stats_before, m.stats_after),
-        "processes": process_view(m.stats_before, m.stats_after),
+        "processes": process_view(m.stats_before, m.stats_after, summary.completion_tokens),
+        "load_average": m.load_average,
         "client": m.client.to_dict(),
         "server_log": str(server.log_path) if server is not None else None,
         "requests": [request_dict(i, w, t) for i, (w, t) in enumerate(zip(workload, m.requests))],

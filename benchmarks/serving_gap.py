@@ -68,11 +68,13 @@ def serve(label: str, flags: str, out: Path, log: Path, rows: list[dict]) -> dic
             "step_ms": s["latencies_ms"].get("itl_sampled", {}).get("p50"),
             "client": f"{c['processes']} × peak {max(c['peak_cpu_pct'], default=0):.0f}%",
             "busy": ", ".join(f"{r} {p['busy_pct']:.0f}%" for r, p in processes.items()),
-            # Where the time went: each process's busy µs per completion token and per request, its messages
-            # and msgpack seconds over the run (deltas of GET /stats).
+            # Where the time went: each process's CPU µs per completion token (from /proc; its busy µs where the
+            # server is not this machine's), busy ms per request, its messages and msgpack seconds over the run.
             "per_token_us": {
-                r: 1e6 * p["busy_s"] / max(1, s["completion_tokens"])
-                for r, p in (result.get("processes") or {}).items()
+                r: p["cpu_us_per_token"]
+                if p.get("cpu_us_per_token") is not None
+                else 1e6 * p["busy_s"] / max(1, s["completion_tokens"])
+                for r, p in processes.items()
             },
             "per_request_ms": {r: 1e3 * p["busy_s"] / max(1, s["completed"]) for r, p in processes.items()},
             "processes": processes,

@@ -67,10 +67,9 @@ def serve_one(worker: TokenizerWorker, router: ReplicaRouter, rng: random.Random
         ends = {rid: "length" for rid in live} if step == body["max_tokens"] else {}
         tokens = [rng.randrange(worker.tokenizer.vocab_size) for _ in live]
         outputs, _ = worker.process_tokens(TokenBatch(time.time(), list(live), tokens, ends))
-        for output in outputs:
-            if output.finish_reason is not None:  # the length, or a stop string
-                router.release(output.rid)
-                live.remove(output.rid)
+        for rid in outputs.finish_reasons:  # the length, or a stop string
+            router.release(rid)
+            live.remove(rid)
     for rid in live:  # the client went away
         worker.drop(rid)
         router.release(rid)

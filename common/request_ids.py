@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Iterator
+from itertools import compress
 
 
 def request_ids(frontend_index: int, num_frontends: int) -> Iterator[int]:
@@ -25,3 +26,15 @@ def frontend_of(rid: int, num_frontends: int) -> int:
 
 def tokenizer_of(rid: int, num_tokenizers: int) -> int:
     return rid % num_tokenizers
+
+
+def columns_by_owner(owners: list[int], *columns: list) -> dict[int, tuple[list, ...]]:
+    """Each column's entries grouped by their owner (`owners[i]`: frontend_of or tokenizer_of of entry i), each group
+    in the columns' order: how a step's hundreds of entries are split between the processes that own them. One
+    comparison pass and one C-level compress per owner and column, not a Python iteration per entry and column
+    (a fifth of a tokenizer worker's time per token, the loop it replaced)."""
+    parts = {}
+    for owner in set(owners):
+        keep = [o == owner for o in owners]
+        parts[owner] = tuple(list(compress(column, keep)) for column in columns)
+    return parts

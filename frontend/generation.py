@@ -74,7 +74,7 @@ class Generation:
             events = [first, *self.stream.ready_events()]
             failed = events.pop() if isinstance(events[-1], RequestRejected) else None  # an error ends a stream
             handed = time.time()
-            batch = [_output(event) for event in events]
+            batch = [event if type(event) is RequestOutput else _output(event) for event in events]
             for output in batch:
                 output.streamed_time = output.streamed_time or handed
                 self._record(output)

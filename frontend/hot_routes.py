@@ -18,7 +18,7 @@ from collections.abc import Awaitable, Callable
 
 from fastapi import FastAPI, Request, Response
 from fastapi.routing import APIRoute, APIRouter
-from starlette.types import Receive, Scope, Send
+from starlette.types import Message, Receive, Scope, Send
 
 from frontend.body_guard import RequestBodyGuard
 
@@ -57,20 +57,14 @@ class HotRoutes:
 
     async def _serve(self, scope: Scope, receive: Receive, send: Send) -> None:
         request = Request(scope, receive)
-        started = False
-
-        async def tracked_send(message) -> None:
-            nonlocal started
-            started = True
-            await send(message)
-
+        tracked = TrackedSend(send)
         try:
             if self.check_key is not None:
                 await self.check_key(request)
             response = await self.endpoints[scope["path"]](request)
-            await response(scope, receive, tracked_send)
+            await response(scope, receive, tracked)
         except Exception as exc:
-            if started:
+            if tracked.started:
                 raise  # the response is under way: as FastAPI, the server closes the connection
             await (await self._handled(request, exc))(scope, receive, send)
 
@@ -81,3 +75,18 @@ class HotRoutes:
             if handler is not None:
                 return await handler(request, exc)  # type: ignore[misc]
         raise exc
+
+
+class TrackedSend:
+    """The server's `send`, noting whether the response has started. It hands back the server's own awaitable
+    rather than awaiting it in a coroutine of its own: a streamed chunk passes here once per write."""
+
+    __slots__ = ("_send", "started")
+
+    def __init__(self, send: Send):
+        self._send = send
+        self.started = False
+
+    def __call__(self, message: Message) -> Awaitable[None]:
+        self.started = True
+        return self._send(message)

@@ -223,6 +223,7 @@ class FrontendMetrics:
         self.model_name = model_name
         self.counts = RequestCounts()
         self._latency = self.counts.latencies
+        self._inter_token = self._latency["inter_token"]
         self.scheduler = SchedulerStatsCollector(model_name)
 
     def accepted(self, prompt_tokens: int, times: StageTimes) -> None:
@@ -237,19 +238,20 @@ class FrontendMetrics:
         """One output of an accepted request; `previous_token_streamed` is when its previous token was
         streamed, None while it has none."""
         num_tokens = len(output.token_ids)
-        self.counts.generation_tokens += num_tokens
-        latency = self._latency
-        if num_tokens and previous_token_streamed is None:
-            latency["ttft"].observe(max(0.0, output.streamed_time - times.arrival))
-            if output.first_scheduled:
-                latency["queue_time"].observe(max(0.0, output.first_scheduled - times.queued))
-        elif num_tokens:
-            latency["inter_token"].observe(max(0.0, output.streamed_time - previous_token_streamed))
-        for _ in range(num_tokens - 1):
-            latency["inter_token"].observe(0.0)
+        if num_tokens:
+            self.counts.generation_tokens += num_tokens
+            if previous_token_streamed is not None:  # every token but a request's first: tested first, kept cheap
+                self._inter_token.observe(max(0.0, output.streamed_time - previous_token_streamed))
+            else:
+                latency = self._latency
+                latency["ttft"].observe(max(0.0, output.streamed_time - times.arrival))
+                if output.first_scheduled:
+                    latency["queue_time"].observe(max(0.0, output.first_scheduled - times.queued))
+            for _ in range(num_tokens - 1):
+                self._inter_token.observe(0.0)
         if output.finish_reason:
             self.finished(output.finish_reason)
-            latency["e2e"].observe(max(0.0, output.streamed_time - times.arrival))
+            self._latency["e2e"].observe(max(0.0, output.streamed_time - times.arrival))
 
     def finished(self, finish_reason: str) -> None:
         finished = self.counts.finished

@@ -68,9 +68,25 @@ def output_line(o: RequestOutput) -> str:
     finish = "null" if o.finish_reason is None else json_string(o.finish_reason)
     return (
         f'{{"token_ids":[{",".join(map(str, o.token_ids))}],"text":{json_string(o.text)},'
-        f'"sampled_time":{o.sampled_time!r},"detokenized_time":{o.detokenized_time!r},'
+        f'"sampled_time":{step_time_text(o.sampled_time)},"detokenized_time":{step_time_text(o.detokenized_time)},'
         f'"streamed_time":{o.streamed_time!r},"finish_reason":{finish}}}\n'
     )
+
+
+# A float's repr (its JSON) costs about a microsecond, as much as the rest of a line. Every output of one step
+# has the same sampled and detokenized times (OutputBatch), so each is written once for all of the step's
+# streams; a streamed time is its own write's, and is not kept.
+_STEP_TIME_TEXTS: dict[float, str] = {}
+MAX_STEP_TIME_TEXTS = 1024  # steps' worth of times kept: the outputs still in streams' queues are a few steps
+
+
+def step_time_text(t: float) -> str:
+    text = _STEP_TIME_TEXTS.get(t)
+    if text is None:
+        if len(_STEP_TIME_TEXTS) >= MAX_STEP_TIME_TEXTS:
+            _STEP_TIME_TEXTS.clear()
+        text = _STEP_TIME_TEXTS[t] = repr(t)
+    return text
 
 
 def _summary(generation: Generation) -> dict:

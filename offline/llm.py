@@ -212,7 +212,7 @@ class LLM:
     ) -> None:
         """A step's text into the outputs; a stop string matched ends its request, in the scheduler too."""
         step_outputs, aborts = texts.process_tokens(batch)
-        for out in step_outputs:
+        for out in step_outputs.outputs():
             completion = outputs.get(out.rid)
             if completion is None:
                 continue

@@ -36,7 +36,7 @@ from common.model_info import ModelInfo
 from common.pipeline import PIPELINE_DEPTH
 from common.process import announce_ready, exit_child, init_child_process
 from common.profiling import ProcessProfiler, ProcessStats, ProfileConfig
-from common.request_ids import tokenizer_of
+from common.request_ids import columns_by_owner, tokenizer_of
 from common.transport import Endpoints, pull_socket, push_socket, recv, send
 from scheduler.scheduler import Scheduler
 from scheduler.step_observer import ProfileWindow, SchedulerObserver
@@ -224,14 +224,11 @@ def split_by_tokenizer(batch: TokenBatch, num_tokenizers: int) -> dict[int, Toke
     each group in the batch's order; the batch itself when one worker owns them all."""
     if num_tokenizers == 1:
         return {0: batch}
-    parts: dict[int, TokenBatch] = {}
-    for rid, token in zip(batch.rids, batch.token_ids):
-        index = tokenizer_of(rid, num_tokenizers)
-        part = parts.get(index)
-        if part is None:
-            part = parts[index] = TokenBatch(batch.sampled_time, [], [])
-        part.rids.append(rid)
-        part.token_ids.append(token)
+    owners = [tokenizer_of(rid, num_tokenizers) for rid in batch.rids]
+    parts = {
+        index: TokenBatch(batch.sampled_time, rids, tokens)
+        for index, (rids, tokens) in columns_by_owner(owners, batch.rids, batch.token_ids).items()
+    }
     for rid, reason in batch.finish_reasons.items():
         parts[tokenizer_of(rid, num_tokenizers)].finish_reasons[rid] = reason
     for first in batch.firsts:

@@ -89,6 +89,28 @@ def test_the_server_view_covers_the_run_and_not_the_warm_up(run):
     assert view["cache_hit_tokens"] == 0  # unique prompts share no block
 
 
+def test_every_server_process_reports_its_cpu_per_completion_token(run, capsys):
+    result, _ = run
+    processes = result["processes"]
+    assert {"frontend-0", "tokenizer-0", "scheduler", "gpu_worker"} <= set(processes)
+    tokens = result["summary"]["completion_tokens"]
+    for role, p in processes.items():
+        assert p["cpu_s"] >= 0, role
+        assert p["cpu_us_per_token"] == pytest.approx(1e6 * p["cpu_s"] / tokens), role
+    assert sum(p["cpu_s"] for p in processes.values()) > 0, "serving the run took some CPU somewhere"
+    assert len(result["load_average"]) == 2
+
+
+def test_a_process_of_another_role_or_machine_has_no_cpu_reading():
+    import os
+
+    from benchmarks.process_cpu import process_cpu_s
+
+    own = process_cpu_s(os.getpid(), "not-this-process")
+    assert own is None, "a pid whose name is not the role's is someone else's"
+    assert process_cpu_s(2**22 + 1, "scheduler") is None  # no such pid here
+
+
 def test_the_plots_are_written(run):
     _, out = run
     for name in ("latency_cdf.png", "tokens_over_time.png"):

@@ -91,16 +91,15 @@ def test_help_lists_the_flags_in_vllms_groups(capsys):
     assert out.index("\ncache:") < where["--block-size"] < out.index("\nscheduler:") < where["--max-num-seqs"]
 
 
-def test_the_api_server_count_default_follows_the_cores(monkeypatch):
-    monkeypatch.setattr("os.cpu_count", lambda: 16)
-    assert parse_args([]).api_server_count == 2
-    monkeypatch.setattr("os.cpu_count", lambda: 2)
-    assert parse_args([]).api_server_count == 1
+def test_the_api_server_count_default_is_a_quarter_of_the_cores_from_1_to_4(monkeypatch):
+    for cores, frontends in ((2, 1), (8, 2), (16, 4), (128, 4)):
+        monkeypatch.setattr("os.cpu_count", lambda cores=cores: cores)
+        assert parse_args([]).api_server_count == frontends, f"{cores} cores"
     assert parse_args(["--api-server-count", "3"]).api_server_count == 3
 
 
 def test_the_api_server_count_default_is_at_least_one_per_local_replica(monkeypatch):
-    monkeypatch.setattr("os.cpu_count", lambda: 16)
+    monkeypatch.setattr("os.cpu_count", lambda: 8)
     assert parse_args(["-dp", "4"]).api_server_count == 4
     assert parse_args(["-dp", "4", "--data-parallel-size-local", "1"]).api_server_count == 2
     assert parse_args(["-dp", "4", "--api-server-count", "1"]).api_server_count == 1

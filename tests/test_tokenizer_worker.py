@@ -223,12 +223,12 @@ def test_tokens_stream_back_as_text_one_output_batch_per_token_batch(worker, rid
     worker.submit(rid, prompt="hi")
     ids = worker.tokenizer.hf.encode("天气很好 🚀✨")
     first = worker.step(Sampled(rid, ids[0], first=FirstTokens(rid, 150.0, 16)))
-    assert (first.items[0].first_scheduled, first.items[0].num_cached_tokens) == (150.0, 16)
-    outputs = [first.items[0]]
+    assert (first.outputs()[0].first_scheduled, first.outputs()[0].num_cached_tokens) == (150.0, 16)
+    outputs = [first.outputs()[0]]
     for i, token in enumerate(ids[1:], start=1):
         batch = worker.step(tokens(rid, token, "length" if i == len(ids) - 1 else None))
-        assert [out.rid for out in batch.items] == [rid]
-        outputs.append(batch.items[0])
+        assert [out.rid for out in batch.outputs()] == [rid]
+        outputs.append(batch.outputs()[0])
     assert "".join(out.text for out in outputs) == "天气很好 🚀✨"
     assert [out.token_ids for out in outputs] == [[i] for i in ids]
     assert [out.finish_reason for out in outputs] == [None] * (len(ids) - 1) + ["length"]
@@ -240,7 +240,7 @@ def test_a_stop_string_ends_the_request_and_aborts_it_at_the_scheduler(worker, r
     ids = worker.tokenizer.hf.encode("你好，世界。今天")
     outputs = []
     for token in ids:
-        outputs += worker.step(tokens(rid, token)).items
+        outputs += worker.step(tokens(rid, token)).outputs()
         if outputs[-1].finish_reason:
             break
     assert "".join(out.text for out in outputs) == "你好，"
@@ -249,7 +249,7 @@ def test_a_stop_string_ends_the_request_and_aborts_it_at_the_scheduler(worker, r
     # The scheduler may have sampled one more token before the abort reached it: it is dropped.
     other = next(_rids)
     worker.submit(other, prompt="hi")
-    assert [out.rid for out in worker.step(tokens(rid, ids[0]), tokens(other, ids[0])).items] == [other]
+    assert [out.rid for out in worker.step(tokens(rid, ids[0]), tokens(other, ids[0])).outputs()] == [other]
 
 
 def test_a_client_abort_is_forwarded_and_later_tokens_are_dropped(worker, rid):
@@ -258,7 +258,7 @@ def test_a_client_abort_is_forwarded_and_later_tokens_are_dropped(worker, rid):
     assert receive(worker.to_scheduler) == AbortRequest(rid, "abort")
     other = next(_rids)
     worker.submit(other, prompt="hi")
-    assert [out.rid for out in worker.step(tokens(rid, 5, "abort"), tokens(other, 5)).items] == [other]
+    assert [out.rid for out in worker.step(tokens(rid, 5, "abort"), tokens(other, 5)).outputs()] == [other]
 
 
 def test_a_scheduler_rejection_is_forwarded_and_the_request_forgotten(worker, rid):
@@ -268,14 +268,14 @@ def test_a_scheduler_rejection_is_forwarded_and_the_request_forgotten(worker, ri
     assert receive(worker.to_frontend) == rejected
     other = next(_rids)
     worker.submit(other, prompt="hi")
-    assert [out.rid for out in worker.step(tokens(rid, 5), tokens(other, 5)).items] == [other]
+    assert [out.rid for out in worker.step(tokens(rid, 5), tokens(other, 5)).outputs()] == [other]
 
 
 def test_held_back_text_is_flushed_when_the_scheduler_finishes_the_request(worker, rid):
     worker.submit(rid, SamplingParams(stop=["world"]), prompt="hi")
     for token in worker.tokenizer.hf.encode("wor"):
-        assert worker.step(tokens(rid, token)).items[0].text == ""
-    last = worker.step(tokens(rid, 0, "stop")).items[0]  # EOS
+        assert worker.step(tokens(rid, token)).outputs()[0].text == ""
+    last = worker.step(tokens(rid, 0, "stop")).outputs()[0]  # EOS
     assert (last.text, last.finish_reason, last.stop_reason) == ("wor", "stop", None)
 
 
@@ -292,8 +292,8 @@ def test_special_tokens_show_in_the_text_as_the_request_asks(worker, rid, sampli
     worker.submit(rid, sampling, prompt="hi")
     hf = worker.tokenizer.hf
     ids = hf.encode("hi") + [hf.convert_tokens_to_ids("<|im_end|>")] + hf.encode(" there")
-    outputs = [worker.step(tokens(rid, token)).items[0] for token in ids]
-    outputs.append(worker.step(tokens(rid, hf.eos_token_id, "stop")).items[0])
+    outputs = [worker.step(tokens(rid, token)).outputs()[0] for token in ids]
+    outputs.append(worker.step(tokens(rid, hf.eos_token_id, "stop")).outputs()[0])
     assert "".join(out.text for out in outputs) == text
     assert outputs[-1].token_ids == [hf.eos_token_id]
 
@@ -304,8 +304,8 @@ def test_a_stop_token_id_that_ends_a_request_is_not_in_its_text(worker, rid):
     hf = worker.tokenizer.hf
     *body, stop = hf.encode("ok.")
     worker.submit(rid, SamplingParams(stop_token_ids=[stop]), prompt="hi")
-    outputs = [worker.step(tokens(rid, token)).items[0] for token in body]
-    outputs.append(worker.step(tokens(rid, stop, "stop")).items[0])
+    outputs = [worker.step(tokens(rid, token)).outputs()[0] for token in body]
+    outputs.append(worker.step(tokens(rid, stop, "stop")).outputs()[0])
     assert "".join(out.text for out in outputs) == "ok"
     assert [out.token_ids for out in outputs][-1] == [stop]
     assert outputs[-1].stop_reason == stop  # vLLM's stop_reason: the stop token id
@@ -410,7 +410,7 @@ def test_logprobs_get_each_tokens_text(worker, rid):
     worker.submit(rid, prompt="hi")
     ids = worker.tokenizer.hf.encode("import json")
     item = Sampled(rid, ids[0], logprobs=Logprobs(0, ids[:1], [-0.5], [ids[:2]], [[-0.5, -1.0]]))
-    [out] = worker.step(item).items
+    [out] = worker.step(item).outputs()
     texts = [worker.tokenizer.hf.decode([i]) for i in ids[:2]]
     assert out.logprobs.token_texts == texts[:1] and out.logprobs.top_texts == [texts]
 
@@ -418,8 +418,8 @@ def test_logprobs_get_each_tokens_text(worker, rid):
 def test_stop_strings_wait_for_min_tokens(worker, rid):
     worker.submit(rid, SamplingParams(stop=["a"], min_tokens=2), prompt="hi")
     [a] = worker.tokenizer.hf.encode("a")
-    assert worker.step(tokens(rid, a)).items[0].text == "a", "one token out: not yet a stop"
-    out = worker.step(tokens(rid, a)).items[0]
+    assert worker.step(tokens(rid, a)).outputs()[0].text == "a", "one token out: not yet a stop"
+    out = worker.step(tokens(rid, a)).outputs()[0]
     assert (out.text, out.finish_reason) == ("", "stop")
 
 
@@ -462,7 +462,7 @@ def test_a_long_prompt_does_not_hold_back_other_requests_tokens(worker, rid):
     huge = next(_rids)
     send(worker.requests, GenerateRequest(huge, SamplingParams(), 100.0, prompt=LONG_TEXT * 60))
     output = worker.step(tokens(rid, worker.tokenizer.hf.encode("ok")[0]))
-    assert [out.rid for out in output.items] == [rid]
+    assert [out.rid for out in output.outputs()] == [rid]
     assert worker.to_scheduler.poll(0) == 0  # the huge prompt's encoding is still going on
     tokenized = receive(worker.to_scheduler, timeout_s=60.0)
     assert tokenized.rid == huge and tokenized.prompt_token_ids == worker.tokenizer.hf.encode(LONG_TEXT * 60)

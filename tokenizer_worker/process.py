@@ -16,7 +16,6 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
-from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -40,7 +39,6 @@ from common.messages import (
     GenerateRequest,
     OutputBatch,
     RequestAccepted,
-    RequestOutput,
     RequestRejected,
     TokenBatch,
     TokenizedRequest,
@@ -48,7 +46,7 @@ from common.messages import (
 )
 from common.process import announce_ready, exit_child, init_child_process
 from common.profiling import ProcessProfiler, ProcessStats, ProfileConfig
-from common.request_ids import frontend_of
+from common.request_ids import columns_by_owner, frontend_of
 from common.transport import Endpoints, pull_socket, push_socket, send
 from tokenizer_worker.background_encoder import BackgroundEncoder, EncodeJob
 from tokenizer_worker.router import ReplicaRouter
@@ -188,14 +186,15 @@ class TokenizerProcess:
             started = time.perf_counter()
             outputs, aborts = self.worker.process_tokens(message)
             self.stats.detokenize_s += time.perf_counter() - started
-            self.stats.tokens_detokenized += sum(len(out.token_ids) for out in outputs)
+            self.stats.tokens_detokenized += len(outputs.token_ids)
             self.stats.stop_string_aborts += len(aborts)
             for abort in aborts:
                 self._send(self._scheduler_of(abort.rid), abort)
-            for output in outputs:
-                if output.finish_reason is not None:
-                    self.router.release(output.rid)
-            self._send_outputs(outputs)
+            for rid in outputs.finish_reasons:
+                self.router.release(rid)
+            if outputs.rids:
+                for index, part in split_by_frontend(outputs, len(self.to_frontends)).items():
+                    self._send(self.to_frontends[index], part)
         elif isinstance(message, RequestAccepted):
             self._send(self._frontend_of(message.rid), message)
         elif isinstance(message, RequestRejected):
@@ -226,18 +225,6 @@ class TokenizerProcess:
     def _frontend_of(self, rid: int) -> zmq.Socket:
         return self.to_frontends[frontend_of(rid, len(self.to_frontends))]
 
-    def _send_outputs(self, outputs: list[RequestOutput]) -> None:
-        """One step's outputs, one message per frontend that holds any of them."""
-        if len(self.to_frontends) == 1:
-            if outputs:
-                self._send(self.to_frontends[0], OutputBatch(outputs))
-            return
-        by_frontend: dict[int, list[RequestOutput]] = defaultdict(list)
-        for output in outputs:
-            by_frontend[frontend_of(output.rid, len(self.to_frontends))].append(output)
-        for index, items in by_frontend.items():
-            self._send(self.to_frontends[index], OutputBatch(items))
-
     def _drain(self, sock: zmq.Socket, handle: Callable[[Any], None]) -> None:
         for _ in range(MAX_MESSAGES_PER_TURN):
             try:
@@ -253,6 +240,23 @@ class TokenizerProcess:
 
     def _send(self, sock: zmq.Socket, message: Any) -> None:
         send(sock, message, self.activity.sockets)
+
+
+def split_by_frontend(batch: OutputBatch, num_frontends: int) -> dict[int, OutputBatch]:
+    """The batch's entries grouped by the frontend that holds each request (request_ids.frontend_of), each group in
+    the batch's order: one message per frontend per step. The batch itself when one frontend holds them all."""
+    if num_frontends == 1:
+        return {0: batch}
+    owners = [frontend_of(rid, num_frontends) for rid in batch.rids]
+    parts = {
+        index: OutputBatch(batch.sampled_time, batch.detokenized_time, rids, texts, tokens)
+        for index, (rids, texts, tokens) in columns_by_owner(owners, batch.rids, batch.texts, batch.token_ids).items()
+    }
+    for rid, reason in batch.finish_reasons.items():
+        parts[frontend_of(rid, num_frontends)].finish_reasons[rid] = reason
+    for extra in batch.extras:
+        parts[frontend_of(extra.rid, num_frontends)].extras.append(extra)
+    return parts
 
 
 def main(

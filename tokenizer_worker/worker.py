@@ -2,7 +2,7 @@
 
     GenerateRequest ──tokenize──▶ TokenizedRequest (to the scheduler)  or  RequestRejected (to the frontend)
                     (a long prompt: an EncodeJob for background_encoder.py, then finish_encoding)
-    TokenBatch ──detokenize, stop strings, logprobs' token texts──▶ RequestOutput per request
+    TokenBatch ──detokenize, stop strings, logprobs' token texts──▶ OutputBatch (a step's outputs, columnar)
                                                                (+ AbortRequest "stop" to the scheduler)
     TokenizeRequest / DetokenizeRequest ──▶ TextReply  or  RequestRejected (to the frontend; nothing kept)
 
@@ -23,7 +23,8 @@ from common.messages import (
     DetokenizeRequest,
     GenerateRequest,
     Logprobs,
-    RequestOutput,
+    OutputBatch,
+    OutputExtras,
     RequestRejected,
     StageTimes,
     TextReply,
@@ -135,16 +136,20 @@ class TokenizerWorker:
         self.encoding.pop(rid, None)
         return self.requests.pop(rid, None) is not None
 
-    def process_tokens(self, batch: TokenBatch) -> tuple[list[RequestOutput], list[AbortRequest]]:
+    def process_tokens(self, batch: TokenBatch) -> tuple[OutputBatch, list[AbortRequest]]:
         """The outputs of one step's tokens, and the aborts to send the scheduler for stop-string matches."""
-        outputs: list[RequestOutput] = []
+        rids: list[int] = []
+        texts: list[str] = []
+        tokens: list[int] = []
+        ended: dict[int, str] = {}
+        extras: list[OutputExtras] = []
         aborts: list[AbortRequest] = []
         finish_reasons = batch.finish_reasons
         firsts = {first.rid: first for first in batch.firsts} if batch.firsts else None
         logprobs = {item.rid: item.logprobs for item in batch.logprobs} if batch.logprobs else None
-        sampled_time = batch.sampled_time
+        requests = self.requests
         for rid, token in zip(batch.rids, batch.token_ids):
-            state = self.requests.get(rid)
+            state = requests.get(rid)
             if state is None:
                 continue
             state.num_output_tokens += 1
@@ -157,31 +162,39 @@ class TokenizerWorker:
                 text, stopped = delta, False
             else:
                 text, stopped = state.stop.feed(delta, final)
-            finish_reason = "stop" if stopped else engine_reason
-            if stopped and not final:
-                aborts.append(AbortRequest(rid, "stop"))  # the scheduler would go on generating
-            if finish_reason is not None:
-                del self.requests[rid]
+            rids.append(rid)
+            texts.append(text)
+            tokens.append(token)
+            extra = None
+            if stopped:
+                ended[rid] = "stop"
+                extra = OutputExtras(rid, stop_reason=state.stop.matched)
+                if not final:
+                    aborts.append(AbortRequest(rid, "stop"))  # the scheduler would go on generating
+            elif final:
+                ended[rid] = engine_reason
+                if engine_reason == "stop" and state.sampling is not None:
+                    extra = OutputExtras(rid, stop_reason=state.sampling.stop_reason_of(token))
+            if rid in ended:
+                del requests[rid]
                 log.debug(
                     "request %d finished (%s): %d prompt tokens, %d output tokens",
                     rid,
-                    finish_reason,
+                    ended[rid],
                     state.num_prompt_tokens,
                     state.num_output_tokens,
                 )
-            output = RequestOutput(rid, text, [token], sampled_time, time.time(), finish_reason)
-            if stopped:
-                output.stop_reason = state.stop.matched
-            elif engine_reason == "stop" and state.sampling is not None:
-                output.stop_reason = state.sampling.stop_reason_of(token)
             if firsts is not None and (first := firsts.get(rid)) is not None:
-                output.first_scheduled = first.first_scheduled
-                output.num_cached_tokens = first.num_cached_tokens
-                output.prompt_logprobs = self._with_texts(first.prompt_logprobs)
-            if logprobs is not None:
-                output.logprobs = self._with_texts(logprobs.get(rid))
-            outputs.append(output)
-        return outputs, aborts
+                extra = extra or OutputExtras(rid)
+                extra.first_scheduled = first.first_scheduled
+                extra.num_cached_tokens = first.num_cached_tokens
+                extra.prompt_logprobs = self._with_texts(first.prompt_logprobs)
+            if logprobs is not None and (own := logprobs.get(rid)) is not None:
+                extra = extra or OutputExtras(rid)
+                extra.logprobs = self._with_texts(own)
+            if extra is not None:
+                extras.append(extra)
+        return OutputBatch(batch.sampled_time, time.time(), rids, texts, tokens, ended, extras), aborts
 
     def _with_texts(self, logprobs: Logprobs | None) -> Logprobs | None:
         if logprobs is not None:
