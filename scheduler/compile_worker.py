@@ -68,6 +68,7 @@ from scheduler.structured_output import compile_error_message, compile_spec
 ROLE = "grammar-compile"
 # How often the thread waiting for a compile reads the worker's CPU time (the pipe wakes it at once when done).
 CLOCK_READ_S = 0.1
+SLOW_COMPILE_S = 1.0  # a compile that took longer is logged with its times: CPU, and wall (its wait for idle cycles)
 log = logging.getLogger(__name__)
 
 
@@ -244,11 +245,20 @@ class CompileWorker:
         if reply.error:
             return GrammarRefused(reply.error)
         # It compiles within the timeout: compiled again here, at this thread's priority, and kept.
+        trial_cpu_s, trial_wall_s, started = deadline.cpu_s, deadline.wall_s, time.monotonic()
         try:
             compiled = compile_spec(self._compiler, *key)
         except (RuntimeError, ValueError):  # the worker's compile passed: the server's fault, not the request's
             log.exception("a %s that compiled in the worker did not compile in the scheduler", kind)
             return GrammarRefused(f"the {kind} could not be compiled", 500)
+        if trial_wall_s > SLOW_COMPILE_S:
+            log.info(
+                "a %s compiled in %.1f CPU s (%.1f s in the worker, idle cycles only), then again in %.1f s",
+                kind,
+                trial_cpu_s,
+                trial_wall_s,
+                time.monotonic() - started,
+            )
         if compiled.memory_size_bytes >= TRIM_AFTER_BYTES:
             _return_freed_heap()
         return compiled
@@ -257,7 +267,7 @@ class CompileWorker:
         if overrun == "cpu":
             log.warning("a %s took over %g CPU s to compile: its worker is killed and replaced", kind, self.timeout_s)
             return GrammarRefused(
-                f"the {kind} did not compile within {self.timeout_s:g} s (--grammar-compile-timeout); "
+                f"the {kind} did not compile within {self.timeout_s:g} s of CPU (--grammar-compile-timeout); "
                 f"a simpler or smaller one may"
             )
         log.warning(
