@@ -16,7 +16,8 @@ Why SCHED_IDLE (measured beside a running stream on two cores, CPU engine; docs/
 running stream"): the CPU engine's forward runs two torch threads that wait on each other at every parallel op, so
 a compile holding a core for one time slice stalls the step, however low its nice value: a nice-10 compile left
 one ~700 ms gap (29x the median) during the 8,000-choice compile. A SCHED_IDLE thread is never run while a normal
-thread wants the core, and is preempted on that thread's wake-up rather than at the end of its slice.
+thread wants the core, and is preempted on that thread's wake-up rather than at the end of its slice. (Its own
+figure is for a quiet host: on a shared one, other processes' load hides a compile's stall either way.)
 The price: on a machine busy throughout, a compile waits, as its request does; hence the timeout in CPU time.
 
 A GIL-holding stretch of the scheduler's compile thread, preempted, would hold the loop until that thread runs
@@ -32,8 +33,10 @@ import time
 from dataclasses import dataclass, field
 from typing import Literal
 
-# A compile may take this many times --grammar-compile-timeout in wall time, CPU or not. Beside a stream on two
-# cores a SCHED_IDLE compile of 8,000 choices (2.4 CPU s) took ... s: the bound leaves starved compiles room.
+# A compile may take this many times --grammar-compile-timeout in wall time, CPU or not: 100 s at the default, the
+# longest a client is kept waiting for a verdict. Beside a stream on a 2-core machine that other sessions kept busy
+# (load average 5-9), the 8,000 choices' trial (2.5 s of CPU) took 86 s on idle cycles: on a machine that busy,
+# the grammars that need more than about a third of the timeout get the 503.
 WALL_BOUND_FACTOR = 10
 FALLBACK_NICENESS = 19  # where SCHED_IDLE is not to be had: the lowest nice value
 _CLOCK_TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100

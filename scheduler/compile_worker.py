@@ -233,8 +233,9 @@ class CompileWorker:
         while not self._conn.poll(CLOCK_READ_S):
             overrun = deadline.overrun()
             if overrun is not None:
+                cpu_s, wall_s = deadline.cpu_s, deadline.wall_s  # (read while the worker is there to be read)
                 self._replace()
-                return self._refusal(kind, overrun, deadline)
+                return self._refusal(kind, overrun, cpu_s, wall_s)
         try:
             reply: GrammarCompiled = decode(self._conn.recv_bytes())
         except (EOFError, OSError):
@@ -263,7 +264,7 @@ class CompileWorker:
             _return_freed_heap()
         return compiled
 
-    def _refusal(self, kind: str, overrun: str, deadline: CompileDeadline) -> GrammarRefused:
+    def _refusal(self, kind: str, overrun: str, cpu_s: float, wall_s: float) -> GrammarRefused:
         if overrun == "cpu":
             log.warning("a %s took over %g CPU s to compile: its worker is killed and replaced", kind, self.timeout_s)
             return GrammarRefused(
@@ -273,12 +274,10 @@ class CompileWorker:
         log.warning(
             "a %s had %.1f s of CPU in %.0f s (the server was busy): its worker is killed and replaced",
             kind,
-            deadline.cpu_s,
-            deadline.wall_s,
+            cpu_s,
+            wall_s,
         )
-        return GrammarRefused(
-            f"the server was too busy to compile the {kind} within {deadline.wall_s:.0f} s; retry later", 503
-        )
+        return GrammarRefused(f"the server was too busy to compile the {kind} within {wall_s:.0f} s; retry later", 503)
 
     def _replace(self) -> None:
         """Kill the worker; _run starts the next one once this job's refusal is out (its start takes seconds)."""
