@@ -10,11 +10,12 @@ the scheduler's memory over many distinct grammars.
 A stream (greedy completions of --stream-tokens tokens with ignore_eos, started again whenever one ends) runs
 throughout, from the moment the server is ready. First, where the server says it is preparing the grammar
 vocabulary (/stats: grammar_vocabulary_ready), until it is done:
-  vocabulary   the compile worker's start beside the stream (before it, the server was not ready until then)
+  vocabulary   the compile worker's start beside the stream (a server that prepares the vocabulary before it is
+               ready has no such phase)
 Then, one at a time, each a completion of one token:
   control   no grammar, sampled at temperature 1: what any request beside the stream costs it
   first     the server's first structured request, a small regex (before the compile worker, it prepared the
-            tokenizer's vocabulary on the scheduler's loop)
+            tokenizer's vocabulary on the scheduler's loop; now it comes once the vocabulary is ready)
   choices   a choice of --choices unique strings (the issue's case: 8,000 choices, about 230 KB)
   choices_again   the same again: with a cache of compiled grammars, what the way in of so large a request costs
   none      no request: the stream alone for as long as `choices` took to its verdict (the noise floor: the

@@ -15,13 +15,17 @@
 Why SCHED_IDLE (measured beside a running stream on two cores, CPU engine; docs/benchmarks.md, "Grammars beside a
 running stream"): the CPU engine's forward runs two torch threads that wait on each other at every parallel op, so
 a compile holding a core for one time slice stalls the step, however low its nice value: a nice-10 compile left
-one ~700 ms gap (29x the median) during the 8,000-choice compile. A SCHED_IDLE thread is never run while a normal
-thread wants the core, and is preempted on that thread's wake-up rather than at the end of its slice. (Its own
-figure is for a quiet host: on a shared one, other processes' load hides a compile's stall either way.)
+one ~700 ms gap (29x the median) during the 8,000-choice compile. A SCHED_IDLE thread runs only where no normal
+thread wants the core (bar a 0.3 % share), and is preempted on that thread's wake-up, not at the end of its
+slice. (Its own figure is for a quiet host: on a shared one, other processes' load hides a compile's stall.)
+Nice 19 is not that: a smaller share (1.5 % of a nice-0 thread's weight), but still taken in slices while the
+torch threads want the core.
 The price: on a machine busy throughout, a compile waits, as its request does; hence the timeout in CPU time.
 
-A GIL-holding stretch of the scheduler's compile thread, preempted, would hold the loop until that thread runs
-again: the thread holds the GIL only between xgrammar's calls (which release it), microseconds at a time.
+Priority inversion: a lock that the loop also takes, held by the compile thread when a serving thread preempts it,
+holds the loop until the compile thread runs again, at the latest once the engine has run the plans it holds and a
+core idles (a step or two). The thread holds the GIL only between xgrammar's calls (which release it),
+microseconds at a time, and glibc's heap locks while it trims the heap after a large grammar (compile_worker.py).
 """
 
 from __future__ import annotations
@@ -34,7 +38,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 # A compile may take this many times --grammar-compile-timeout in wall time, CPU or not: 100 s at the default, the
-# longest a client is kept waiting for a verdict. Beside a stream on a 2-core machine that other sessions kept busy
+# longest a trial keeps its request waiting. Beside a stream on a 2-core machine that other sessions kept busy
 # (load average 5-9), the 8,000 choices' trial (2.5 s of CPU) took 86 s on idle cycles: on a machine that busy,
 # the grammars that need more than about a third of the timeout get the 503.
 WALL_BOUND_FACTOR = 10
