@@ -8,10 +8,14 @@ the scheduler's memory over many distinct grammars.
     python -m benchmarks.grammar_stall --url http://127.0.0.1:8000
 
 A stream (greedy completions of --stream-tokens tokens with ignore_eos, started again whenever one ends) runs
-throughout. While it runs, one at a time, each a completion of one token:
+throughout, from the moment the server is ready. First, where the server says it is preparing the grammar
+vocabulary (/stats: grammar_vocabulary_ready), until it is done:
+  vocabulary   the compile worker's start beside the stream (a server that prepares the vocabulary before it is
+               ready has no such phase)
+Then, one at a time, each a completion of one token:
   control   no grammar, sampled at temperature 1: what any request beside the stream costs it
   first     the server's first structured request, a small regex (before the compile worker, it prepared the
-            tokenizer's vocabulary on the scheduler's loop)
+            tokenizer's vocabulary on the scheduler's loop; now it comes once the vocabulary is ready)
   choices   a choice of --choices unique strings (the issue's case: 8,000 choices, about 230 KB)
   choices_again   the same again: with a cache of compiled grammars, what the way in of so large a request costs
   none      no request: the stream alone for as long as `choices` took to its verdict (the noise floor: the
@@ -113,11 +117,27 @@ def choices_body(count: int, tag: str = "") -> dict:
     return {"prompt": "x", "max_tokens": 1, "structured_outputs": {"choice": choices}}
 
 
+def vocabulary_ready(url: str) -> bool:
+    """Every scheduler's grammar vocabulary is prepared (a server that does not say: it was before it was ready)."""
+    replies = httpx.get(f"{url}/stats", timeout=60).json()["replies"]
+    schedulers = [reply for role, reply in replies.items() if role.startswith("scheduler")]
+    return all(reply["payload"].get("grammar_vocabulary_ready", 1) for reply in schedulers)
+
+
 def stall_phases(url: str, args: argparse.Namespace) -> dict:
     stream = Stream(url, args.stream_tokens)
+    started = time.perf_counter()
     stream.thread.start()
-    stream.wait_for(args.settle_tokens)
     phases = {}
+    if not vocabulary_ready(url):
+        deadline = time.monotonic() + WAIT_S
+        while not vocabulary_ready(url):
+            if time.monotonic() > deadline:
+                raise RuntimeError("the grammar vocabulary was not ready in time")
+            time.sleep(0.2)  # a poll bounded by the deadline
+        ready = time.perf_counter()
+        phases["vocabulary"] = {"started": started, "verdict": ready, "ended": ready, "status": None, "error": ""}
+    stream.wait_for(args.settle_tokens)
     bodies = {
         # No grammar: the gap that any request arriving beside the stream costs it (its prefill joins a step)
         "control": {"prompt": "x", "max_tokens": 1, "temperature": 1.0},

@@ -57,7 +57,7 @@ class EngineConfig:
     # Structured output (scheduler/grammars.py): a grammar's source beyond this many bytes is refused where the
     # request enters; one that takes longer to compile is refused and its compile worker replaced.
     max_grammar_bytes: int = MAX_GRAMMAR_BYTES
-    grammar_compile_timeout: float = 10.0  # seconds
+    grammar_compile_timeout: float = 10.0  # seconds of the compile's CPU time (scheduler/compile_budget.py)
 
     def __post_init__(self) -> None:
         if self.max_num_batched_tokens == "auto":  # (the flag's spelling, or LLM(max_num_batched_tokens="auto"))
@@ -249,8 +249,9 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
         "--grammar-compile-timeout",
         type=float,
         default=d.grammar_compile_timeout,
-        help="structured output: seconds one grammar may take to compile (in the scheduler's compile worker, off "
-        "its loop); past it the request gets a 400 naming the field and the worker is replaced",
+        help="structured output: seconds of CPU one grammar may take to compile (in the scheduler's compile worker, "
+        "off its loop, on cycles serving leaves idle); past it the request gets a 400 naming the field and the worker "
+        "is replaced; a compile starved of CPU for 10x as long in wall time gets a 503",
     )
     parallel.add_argument(
         "--tensor-parallel-size",

@@ -38,6 +38,16 @@ class SchedulerStats:
         "clearserve_prefill_budget_tokens",
         "Prompt tokens the next step may compute (sized from step times under --max-num-batched-tokens auto)",
     )
+    num_waiting_for_grammar: int = _metric(
+        "gauge",
+        "clearserve_num_requests_waiting_for_grammar",
+        "Structured-output requests waiting for their grammar to compile (or for the grammar vocabulary)",
+    )
+    grammar_vocabulary_ready: int = _metric(
+        "gauge",
+        "clearserve_grammar_vocabulary_ready",
+        "Engine replicas whose grammar compile worker has prepared the vocabulary (until then grammars wait)",
+    )
     # The last step's sizes and the cumulative counters, kept up to date by the scheduler as it plans.
     last_step_prefill_tokens: int = _metric(
         "gauge", "clearserve_last_step_prefill_tokens", "Prompt tokens computed by the last step"

@@ -11,11 +11,15 @@ One grammar at a time, in submission order (a job nobody waits for any more is s
 the tokenizer's vocabulary (xgrammar's TokenizerInfo) when it starts, with the scheduler, and hands it over as
 JSON: the scheduler compiles with it, and a restarted worker starts from it.
 
-A compile still running at --grammar-compile-timeout is killed with its worker (SIGKILL: a compile cannot be
-interrupted) and another worker is started at once, at low priority; the request is refused (400, naming its
-field) and the jobs behind it wait for the new worker's start (a process importing xgrammar, and torch with it;
-the vocabulary is given, not prepared again). A worker that dies on a grammar is replaced the same way. The
-timeout bounds the trial; the second compile takes about as long again.
+A compile is timed by its CPU time, not wall time, and runs only on cycles that serving leaves idle (SCHED_IDLE):
+compile_budget.py says why. One past --grammar-compile-timeout of CPU is killed with its worker (SIGKILL: a compile
+cannot be interrupted) and another worker is started at once; the request is refused (400, naming its field) and the
+jobs behind it wait for the new worker's start (a process importing xgrammar, and torch with it; the vocabulary is
+given, not prepared again). One that gets no CPU for WALL_BOUND_FACTOR times the timeout is killed the same way, its
+request refused with a 503 (the server was too busy). A worker that dies on a grammar is replaced the same way.
+
+The server does not wait for the vocabulary: until the first worker has prepared it, grammars wait in the queue
+(their requests in WAITING_FOR_GRAMMAR), and a grammar's clocks start when it is handed to a worker.
 
 Why a process rather than a thread (measured on this 2-core CPU, GPT-2's vocabulary, xgrammar 0.2.8):
 - xgrammar's compile does release the GIL: a Python thread ticking every millisecond kept ticking through an
@@ -24,15 +28,18 @@ Why a process rather than a thread (measured on this 2-core CPU, GPT-2's vocabul
 - but a compile cannot be stopped: a thread past its timeout would keep a core busy to the end (90 s for a
   50,000-branch regex) with every compile queued behind it; a process is killed at the timeout;
 - and xgrammar's compiler holds memory outside its byte-bounded cache, freed only with the compiler
-  (grammar_cache.py): both compilers run with xgrammar's cache off, and memory stays flat;
-- a process can run at a lower CPU priority (COMPILE_NICENESS): on a machine whose cores serve requests, a
-  compile takes what they leave.
+  (grammar_cache.py): both compilers run with xgrammar's cache off, and memory stays flat.
 Why compile twice rather than hand the worker's grammar over: xgrammar's only way across is its JSON, which
 costs more than the compile it carries. For 8,000 choices (36 MB of token masks), on a quiet CPU: compile 2.4 s,
 serialize 4.1 s, read back 1.8 s, with 37 MB through the pipe and a 350 MB parse tree in the scheduler: 70 % of
 the work to the verdict (34 s at nice 10 beside a running stream), and the stream's longest gaps but the first
 fell in it (docs/benchmarks.md, "Grammars beside a running stream"). For ordinary grammars it is milliseconds
 either way (a 10-field schema: compile 12.6 ms, serialize 13.3 ms, read back 6.3 ms).
+The second compile is not timed: it cannot be stopped, and needs none. It is the trial's work again (the same
+grammar, compiler and threads), so the trial bounds its CPU time; like the trial it takes idle cycles only, so its
+cost is the request's wait, not the other streams' time. Neither alternative is cheaper: a trial skipped for grammars
+that look small is unsafe (a short regex of nested counted repeats compiles for minutes), and a second compile run
+beside the trial, dropped if the trial times out, would leave a thread that cannot be stopped compiling to the end.
 A grammar served from the cache is compiled by nobody.
 """
 
@@ -54,14 +61,14 @@ from common.messages import CompileGrammar, CompileWorkerReady, GrammarCompiled
 from common.process import exit_child, init_child_process
 from common.sampling_params import STRUCTURED_KIND_NAMES
 from common.wire import decode, encode
+from scheduler.compile_budget import CompileDeadline, yield_to_serving
 from scheduler.grammar_cache import GrammarKey
 from scheduler.structured_output import compile_error_message, compile_spec
 
 ROLE = "grammar-compile"
-# Nice 10: a compile (and reading its grammar back) gets about a tenth of a core that a nice-0 serving process wants
-# too, all of an idle one. Measured beside a stream on 2 cores (docs/benchmarks.md): nice 0 slowed the stream 2.4x
-# while 8,000 choices compiled, nice 10 by 10-15%, and at nice 19 that compile never finished within 10 s.
-COMPILE_NICENESS = 10
+# How often the thread waiting for a compile reads the worker's CPU time (the pipe wakes it at once when done).
+CLOCK_READ_S = 0.1
+SLOW_COMPILE_S = 1.0  # a compile that took longer is logged with its times: CPU, and wall (its wait for idle cycles)
 log = logging.getLogger(__name__)
 
 
@@ -107,7 +114,8 @@ def serve(
 ) -> None:
     """The compile worker's entry point (spawned). tokenizer_info_json: the vocabulary an earlier worker prepared
     ("": prepare it from the model's tokenizer)."""
-    init_child_process(ROLE, log_level, parent_pid)  # (at COMPILE_NICENESS: the spawning thread's, inherited)
+    init_child_process(ROLE, log_level, parent_pid)
+    yield_to_serving(whole_process=True)  # (inherited from the spawning thread already, on Linux)
     try:
         import xgrammar
 
@@ -165,7 +173,6 @@ class CompileWorker:
         self._compiler: Any = None  # xgrammar.GrammarCompiler, this thread's: for the grammars the worker passed
         self._closing = False
         self.ready = threading.Event()  # set once the first worker has prepared the vocabulary
-        self.first_start_over = threading.Event()  # ... or failed to
         self.compiles = 0  # grammars handed to a worker
         self.restarts = 0  # workers killed (timeout) or lost (died on a grammar) and started again
         self._thread = threading.Thread(target=self._run, name="grammar-compiles", daemon=True)
@@ -189,10 +196,10 @@ class CompileWorker:
         return self._process.pid if self._process is not None else None
 
     def _run(self) -> None:
-        # This thread compiles the grammars the worker passed (seconds for the largest) and spawns the workers,
-        # which inherit its priority: both below the loop's and the serving processes'. (Linux: a nice value is a
-        # thread's own, and xgrammar's compile threads inherit this one's.)
-        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), COMPILE_NICENESS)
+        # This thread compiles the grammars the worker passed (seconds for the largest) and spawns the workers:
+        # they, and xgrammar's compile threads, inherit its priority, below every serving thread (compile_budget.py).
+        priority = yield_to_serving()
+        log.debug("grammar compiles run at %s", priority)
         try:
             while True:
                 if self._conn is None and not self._closing:
@@ -220,15 +227,15 @@ class CompileWorker:
             if self._conn is None:
                 return GrammarRefused("structured output is unavailable: the grammar compiler did not start", 500)
         kind = STRUCTURED_KIND_NAMES.get(key[0], key[0])
+        deadline = CompileDeadline(self._process.pid, self.timeout_s, compile_threads())
         self._conn.send_bytes(encode(CompileGrammar(*key)))
         self.compiles += 1
-        if not self._conn.poll(self.timeout_s):
-            log.warning("a %s took over %g s to compile: its worker is killed and replaced", kind, self.timeout_s)
-            self._replace()
-            return GrammarRefused(
-                f"the {kind} did not compile within {self.timeout_s:g} s (--grammar-compile-timeout); "
-                f"a simpler or smaller one may"
-            )
+        while not self._conn.poll(CLOCK_READ_S):
+            overrun = deadline.overrun()
+            if overrun is not None:
+                cpu_s, wall_s = deadline.cpu_s, deadline.wall_s  # (read while the worker is there to be read)
+                self._replace()
+                return self._refusal(kind, overrun, cpu_s, wall_s)
         try:
             reply: GrammarCompiled = decode(self._conn.recv_bytes())
         except (EOFError, OSError):
@@ -239,14 +246,38 @@ class CompileWorker:
         if reply.error:
             return GrammarRefused(reply.error)
         # It compiles within the timeout: compiled again here, at this thread's priority, and kept.
+        trial_cpu_s, trial_wall_s, started = deadline.cpu_s, deadline.wall_s, time.monotonic()
         try:
             compiled = compile_spec(self._compiler, *key)
         except (RuntimeError, ValueError):  # the worker's compile passed: the server's fault, not the request's
             log.exception("a %s that compiled in the worker did not compile in the scheduler", kind)
             return GrammarRefused(f"the {kind} could not be compiled", 500)
+        if trial_wall_s > SLOW_COMPILE_S:
+            log.info(
+                "a %s compiled in %.1f CPU s (%.1f s in the worker, idle cycles only), then again in %.1f s",
+                kind,
+                trial_cpu_s,
+                trial_wall_s,
+                time.monotonic() - started,
+            )
         if compiled.memory_size_bytes >= TRIM_AFTER_BYTES:
             _return_freed_heap()
         return compiled
+
+    def _refusal(self, kind: str, overrun: str, cpu_s: float, wall_s: float) -> GrammarRefused:
+        if overrun == "cpu":
+            log.warning("a %s took over %g CPU s to compile: its worker is killed and replaced", kind, self.timeout_s)
+            return GrammarRefused(
+                f"the {kind} did not compile within {self.timeout_s:g} s of CPU (--grammar-compile-timeout); "
+                f"a simpler or smaller one may"
+            )
+        log.warning(
+            "a %s had %.1f s of CPU in %.0f s (the server was busy): its worker is killed and replaced",
+            kind,
+            cpu_s,
+            wall_s,
+        )
+        return GrammarRefused(f"the server was too busy to compile the {kind} within {wall_s:.0f} s; retry later", 503)
 
     def _replace(self) -> None:
         """Kill the worker; _run starts the next one once this job's refusal is out (its start takes seconds)."""
@@ -280,16 +311,21 @@ class CompileWorker:
             log.error("the grammar compile worker did not start (exit code %s)", process.exitcode)
             self._process = None
             conn.close()
-            self.first_start_over.set()
             return
         if not self._tokenizer_info_json:
             self._tokenizer_info_json = ready.tokenizer_info_json
             info = xgrammar.TokenizerInfo.deserialize_json(ready.tokenizer_info_json)
             self._compiler = xgrammar.GrammarCompiler(info, max_threads=compile_threads(), cache_enabled=False)
         self._conn = conn
+        if not self.ready.is_set():
+            log.info(
+                "grammar vocabulary ready: structured requests compile from now (compile worker pid %d, %.1f s)",
+                process.pid,
+                time.perf_counter() - started,
+            )
+        else:
+            log.info("grammar compile worker (pid %d) ready in %.1f s", process.pid, time.perf_counter() - started)
         self.ready.set()
-        self.first_start_over.set()
-        log.info("grammar compile worker (pid %d) ready in %.1f s", process.pid, time.perf_counter() - started)
 
     def _stop_process(self) -> None:
         if self._process is not None:

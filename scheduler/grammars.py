@@ -47,8 +47,9 @@ class Grammars:
         self.worker: CompileWorker | None = None
 
     def start(self) -> None:
-        """Start the compile worker, which prepares the vocabulary (the server: at start-up; offline.LLM: on the
-        first grammar). xgrammar, and torch with it, is imported here, not on the loop when a grammar comes."""
+        """Start the compile worker, which prepares the vocabulary (the server: at start-up, while it serves;
+        offline.LLM: on the first grammar). Grammars submitted meanwhile wait for it. xgrammar, and torch with it,
+        is imported here, not on the loop when a grammar comes."""
         if self.worker is not None:
             return
         import xgrammar  # noqa: F401
@@ -67,12 +68,10 @@ class Grammars:
         )
         self.worker.start()
 
-    def wait_ready(self, timeout_s: float) -> bool:
-        """Until the compile worker has prepared the vocabulary (the server: before it says it is ready). False
-        if it failed to start (structured requests then get a 500) or took longer than timeout_s."""
-        assert self.worker is not None, "start() first"
-        self.worker.first_start_over.wait(timeout_s)
-        return self.worker.ready.is_set()
+    @property
+    def vocabulary_ready(self) -> bool:
+        """The compile worker has prepared the vocabulary: grammars compile from now (until then they wait)."""
+        return self.worker is not None and self.worker.ready.is_set()
 
     @property
     def doorbell(self) -> int | None:

@@ -42,7 +42,6 @@ from scheduler.scheduler import Scheduler
 from scheduler.step_observer import ProfileWindow, SchedulerObserver
 
 IDLE_POLL_MS = 100
-GRAMMAR_WORKER_START_S = 300.0  # a start-up's bound: a process importing xgrammar (and torch) on a loaded machine
 log = logging.getLogger("scheduler")
 
 
@@ -61,10 +60,10 @@ def main(
     """limits: as the engine replica's GPU worker decided them (its WorkerReady)."""
     init_child_process(replica.scheduler_role, log_level, parent_pid)
     scheduler = Scheduler(config, info, limits)
-    scheduler.grammars.start()  # the compile worker prepares the vocabulary now, not for the first grammar
+    # The compile worker prepares the vocabulary now, not for the first grammar, and while the server serves: a
+    # structured request that comes first waits for it (its compile timeout not yet counting), nobody else does.
+    scheduler.grammars.start()
     loop = SchedulerLoop(scheduler, Endpoints(run_dir), num_tokenizers, profile, num_frontends, replica)
-    if not scheduler.grammars.wait_ready(GRAMMAR_WORKER_START_S):
-        log.error("the grammar compile worker is not ready: structured requests wait for it (500 if it cannot start)")
     freeze_startup_objects()
     announce_ready(run_dir, replica.scheduler_role)
     try:

@@ -93,8 +93,8 @@ class Scheduler:
         self.cache = PrefixCache(self.blocks) if config.enable_prefix_caching else None
         self.max_model_len = limits.max_model_len  # within the KV store: a request must fit it alone
         self.eos_token_ids = frozenset(info.eos_token_ids)
-        # Structured output's grammars: the compile worker starts with the server (scheduler/process.py), or on
-        # the first grammar.
+        # Structured output's grammars: the compile worker starts with the server (scheduler/process.py: it
+        # prepares the vocabulary while the server serves), or on the first grammar.
         self.grammars = Grammars(config.model, info.vocab_size, info.eos_token_ids, config.grammar_compile_timeout)
         self.requests: dict[int, Request] = {}
         self.waiting = WaitingQueue(config.scheduling_policy)
@@ -231,6 +231,8 @@ class Scheduler:
             kv_blocks_cached=evictable,
             kv_blocks_used=self.blocks.num_blocks - self.blocks.num_free - evictable,
             prefill_budget=self.prefill_budget.tokens,
+            num_waiting_for_grammar=self.grammars.num_waiting,
+            grammar_vocabulary_ready=int(self.grammars.vocabulary_ready),
         )
 
     def schedule(self, ahead: bool = False) -> StepPlan | None:

@@ -1,16 +1,22 @@
-"""Structured output's grammars are compiled off the scheduler's loop, by its compile worker: a request waits for
-its grammar in its own state while everyone else runs; the bounds (--max-grammar-bytes, --grammar-compile-timeout)
-refuse a grammar with a 400 naming its field; a compile error says what is wrong in the user's terms."""
+"""Structured output's grammars are compiled off the scheduler's loop, by its compile worker, on cycles serving leaves
+idle: a request waits for its grammar in its own state (also while the vocabulary is still being prepared) while
+everyone else runs; the bounds (--max-grammar-bytes, --grammar-compile-timeout in CPU time, a wall bound beyond it)
+refuse a grammar with a 400 naming its field (503 when the server was too busy); a compile error says what is wrong
+in the user's terms."""
 
 from __future__ import annotations
 
 import json
+import os
 import re
 import select
+import signal
 import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import httpx
 import pytest
@@ -31,6 +37,9 @@ from common.sampling_params import SamplingParams, StructuredOutput
 from frontend.app import build_app
 from frontend.engine_client import EngineLimits
 from gpu_worker.limits import decide_limits
+from offline import LLM
+from scheduler import compile_budget
+from scheduler.compile_worker import CompileWorker
 from scheduler.request import RequestStatus
 from scheduler.scheduler import Scheduler
 from scheduler.structured_output import compile_error_message
@@ -207,7 +216,8 @@ def test_compile_error_messages_drop_library_paths_frames_and_quoted_input():
     assert message == "the JSON schema does not compile: Failed to parse JSON: syntax error at line 1 near: ."
 
 
-def test_a_compile_past_the_timeout_is_refused_naming_its_field_and_the_worker_is_replaced(tiny_llama):
+def test_a_compile_past_the_timeout_is_refused_naming_its_field_and_the_worker_is_replaced(tiny_llama, monkeypatch):
+    monkeypatch.setattr(compile_budget, "WALL_BOUND_FACTOR", 1000)  # CPU time alone: however busy the machine
     scheduler = make_scheduler(tiny_llama, grammar_compile_timeout=0.2)
     try:
         assert scheduler.grammars.worker.ready.wait(WAIT_S)
@@ -219,6 +229,115 @@ def test_a_compile_past_the_timeout_is_refused_naming_its_field_and_the_worker_i
         assert scheduler.grammars.worker.restarts == 1 and scheduler.grammars.worker.pid != pid
         after, _ = add(scheduler, StructuredOutput("regex", "ab?"))  # compiles well within 0.2 s on the new worker
         assert isinstance(verdict_of(scheduler, after), RequestAccepted)
+    finally:
+        scheduler.close()
+
+
+@pytest.mark.skipif(not hasattr(os, "SCHED_IDLE"), reason="SCHED_IDLE is Linux's; elsewhere the worker runs at nice 19")
+def test_compiles_run_only_on_cycles_that_serving_leaves_idle(scheduler):
+    worker = scheduler.grammars.worker
+    assert worker.ready.wait(WAIT_S)
+    threads = [thread for thread in threading.enumerate() if thread.name == "grammar-compiles"]
+    assert threads and all(os.sched_getscheduler(t.native_id) == os.SCHED_IDLE for t in threads), "the compile thread"
+    assert os.sched_getscheduler(worker.pid) == os.SCHED_IDLE, "the compile worker"
+    assert os.sched_getscheduler(threading.get_native_id()) != os.SCHED_IDLE, "not the scheduler's loop"
+
+
+@contextmanager
+def stopped(pid: int) -> Iterator[None]:
+    """The process gets no CPU at all inside the block (SIGSTOP), as on a machine busy throughout."""
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        yield
+    finally:
+        if pid_alive(pid):
+            os.kill(pid, signal.SIGCONT)
+
+
+def test_a_compile_starved_of_cpu_is_not_refused_for_waiting(tiny_llama, monkeypatch):
+    monkeypatch.setattr(compile_budget, "WALL_BOUND_FACTOR", 100)  # not the wall bound's test: however busy the machine
+    timeout_s = 0.5
+    scheduler = make_scheduler(tiny_llama, grammar_compile_timeout=timeout_s)
+    try:
+        assert scheduler.grammars.worker.ready.wait(WAIT_S)
+        with stopped(scheduler.grammars.worker.pid):
+            rid, _ = add(scheduler, StructuredOutput("regex", "[0-4]{2}z"))
+            time.sleep(3 * timeout_s)  # what is tested: the grammar handed over, its worker without CPU this long
+            assert scheduler.take_grammar_verdicts() == [], "no verdict while it waits for a core"
+        assert isinstance(verdict_of(scheduler, rid), RequestAccepted), "compiled once it had a core"
+        assert scheduler.grammars.worker.restarts == 0
+    finally:
+        scheduler.close()
+
+
+def test_a_compile_that_gets_no_cpu_is_refused_at_the_wall_bound_as_the_servers_fault(tiny_llama, monkeypatch):
+    monkeypatch.setattr(compile_budget, "WALL_BOUND_FACTOR", 4)
+    scheduler = make_scheduler(tiny_llama, grammar_compile_timeout=0.25)
+    try:
+        worker = scheduler.grammars.worker
+        assert worker.ready.wait(WAIT_S)
+        pid = worker.pid
+        with stopped(pid):
+            rid, _ = add(scheduler, StructuredOutput("regex", "[5-9]{2}q", "guided_regex"))
+            refused = verdict_of(scheduler, rid)
+        assert isinstance(refused, RequestRejected) and refused.status == 503 and refused.param is None
+        assert "too busy" in refused.message and "retry" in refused.message
+        assert worker.restarts == 1 and worker.pid != pid, "the starved worker killed and replaced"
+        after, _ = add(scheduler, StructuredOutput("regex", "[5-9]{2}r"))
+        assert isinstance(verdict_of(scheduler, after), RequestAccepted)
+    finally:
+        scheduler.close()
+
+
+@pytest.fixture
+def vocabulary_gate(monkeypatch) -> Iterator[threading.Event]:
+    """The first compile worker's vocabulary is held back until the test sets the event (a slow start-up)."""
+    gate = threading.Event()
+    start = CompileWorker._start_process
+
+    def held_start(worker: CompileWorker) -> None:
+        if not worker.ready.is_set():
+            assert gate.wait(WAIT_S), "the test never let the vocabulary be prepared"
+        start(worker)
+
+    monkeypatch.setattr(CompileWorker, "_start_process", held_start)
+    yield gate
+    gate.set()
+
+
+def test_a_structured_request_sent_before_the_vocabulary_is_ready_waits_for_it_and_completes(
+    tiny_llama, vocabulary_gate
+):
+    pattern = "[a-c]{2,4}-[0-9]{3}"
+    sampling = SamplingParams(max_tokens=40, temperature=1.0, seed=3, structured=StructuredOutput("regex", pattern))
+    outputs: list = []
+    with LLM(str(tiny_llama), device="cpu", dtype="float32", block_size=4, num_kv_blocks=64) as llm:
+        generating = threading.Thread(target=lambda: outputs.extend(llm.generate([[5, 9, 7]], [sampling])))
+        generating.start()
+        wait_until(lambda: llm.scheduler.grammars.num_waiting == 1, timeout=WAIT_S, what="the request to arrive")
+        snapshot = llm.scheduler.snapshot()
+        assert snapshot.num_waiting_for_grammar == 1 and snapshot.grammar_vocabulary_ready == 0
+        assert not outputs, "waiting, not refused"
+        vocabulary_gate.set()
+        generating.join(WAIT_S)
+        assert llm.scheduler.snapshot().grammar_vocabulary_ready == 1
+    [out] = outputs
+    text = llm.tokenizer.decode(out.token_ids, skip_special_tokens=True)
+    assert re.fullmatch(pattern, text) and out.finish_reason == "stop", text
+
+
+def test_the_wait_for_the_vocabulary_is_not_counted_by_the_compile_timeout(tiny_llama, vocabulary_gate, monkeypatch):
+    monkeypatch.setattr(compile_budget, "WALL_BOUND_FACTOR", 3)
+    timeout_s = 1.0  # of CPU; the wall bound 3 s: the wait below outlasts both
+    scheduler = make_scheduler(tiny_llama, grammar_compile_timeout=timeout_s)
+    try:
+        rid, verdict = add(scheduler, StructuredOutput("regex", "[a-c]{2}-[0-9]{2}", "structured_outputs"))
+        assert verdict is None and scheduler.requests[rid].status is RequestStatus.WAITING_FOR_GRAMMAR
+        time.sleep(3.5 * timeout_s)  # what is tested: a wait for the vocabulary longer than every bound
+        assert scheduler.take_grammar_verdicts() == [] and not scheduler.grammars.vocabulary_ready
+        vocabulary_gate.set()
+        assert isinstance(verdict_of(scheduler, rid), RequestAccepted)
+        assert scheduler.grammars.worker.restarts == 0
     finally:
         scheduler.close()
 
@@ -314,9 +433,22 @@ def test_a_running_stream_keeps_streaming_while_a_big_grammar_compiles(tiny_serv
     answered = time.monotonic()
     stop.set()
     streamer.join(timeout=WAIT_S)
-    assert response.status_code in (200, 400), response.text  # 400: past the compile timeout on a slow machine
+    # 400: past the compile timeout on a slow machine; 503: starved of CPU past the wall bound on a busy one
+    assert response.status_code in (200, 400, 503), response.text
     # Progress throughout: no pause of the stream covers a quarter of the wait (on the loop, one pause is
     # nearly all of it: the compile's).
     window = [sent, *(t for t in arrivals if sent < t < answered), answered]
     longest_pause = max(b - a for a, b in zip(window, window[1:]))
     assert longest_pause < (answered - sent) / 4, f"a {longest_pause:.1f} s pause in {answered - sent:.1f} s"
+
+
+def test_stats_and_metrics_say_when_the_grammar_vocabulary_is_ready(tiny_server):
+    def ready() -> bool:
+        replies = httpx.get(f"{tiny_server.url}/stats", timeout=30).json()["replies"]
+        schedulers = [reply["payload"] for role, reply in replies.items() if role.startswith("scheduler")]
+        assert schedulers and all("num_waiting_for_grammar" in payload for payload in schedulers)
+        return all(payload["grammar_vocabulary_ready"] == 1 for payload in schedulers)
+
+    wait_until(ready, timeout=WAIT_S, what="the grammar vocabulary to be ready")
+    metrics = httpx.get(f"{tiny_server.url}/metrics", timeout=30).text
+    assert re.search(r"^clearserve_grammar_vocabulary_ready 1\.0$", metrics, re.M), "in /metrics too"
