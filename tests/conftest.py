@@ -27,6 +27,10 @@ import pytest
 # Tests must never reach the network; transformers and the hub client are told so up front.
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+# Grammar compiles at the serving processes' priority (scheduler/compile_budget.py): the suite keeps both cores
+# of a small machine busy throughout, so compiles on idle cycles (the default) would wait minutes for each grammar.
+# tests/test_grammar_compile.py checks the default's idle priority with this unset.
+os.environ.setdefault("CLEARSERVE_GRAMMAR_COMPILE_PRIORITY", "normal")
 # One compute thread per process (this one and every server child, which inherit it): a test often runs
 # several torch processes at once, and on a small machine threads that wait on each other's cores at
 # every parallel op make a CPU forward several times slower. Set before torch is imported.

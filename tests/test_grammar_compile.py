@@ -234,13 +234,29 @@ def test_a_compile_past_the_timeout_is_refused_naming_its_field_and_the_worker_i
 
 
 @pytest.mark.skipif(not hasattr(os, "SCHED_IDLE"), reason="SCHED_IDLE is Linux's; elsewhere the worker runs at nice 19")
-def test_compiles_run_only_on_cycles_that_serving_leaves_idle(scheduler):
-    worker = scheduler.grammars.worker
-    assert worker.ready.wait(WAIT_S)
-    threads = [thread for thread in threading.enumerate() if thread.name == "grammar-compiles"]
-    assert threads and all(os.sched_getscheduler(t.native_id) == os.SCHED_IDLE for t in threads), "the compile thread"
-    assert os.sched_getscheduler(worker.pid) == os.SCHED_IDLE, "the compile worker"
-    assert os.sched_getscheduler(threading.get_native_id()) != os.SCHED_IDLE, "not the scheduler's loop"
+def test_compiles_run_only_on_cycles_that_serving_leaves_idle(tiny_llama, monkeypatch):
+    monkeypatch.delenv(compile_budget.PRIORITY_ENV, raising=False)  # the default (tests/conftest.py sets normal)
+    scheduler = make_scheduler(tiny_llama)
+    try:
+        worker = scheduler.grammars.worker
+        assert worker.ready.wait(WAIT_S)
+        threads = [thread for thread in threading.enumerate() if thread.name == "grammar-compiles"]
+        assert threads and all(os.sched_getscheduler(t.native_id) == os.SCHED_IDLE for t in threads), "compile thread"
+        assert os.sched_getscheduler(worker.pid) == os.SCHED_IDLE, "the compile worker"
+        assert os.sched_getscheduler(threading.get_native_id()) != os.SCHED_IDLE, "not the scheduler's loop"
+    finally:
+        scheduler.close()
+
+
+def test_a_host_busy_by_design_can_keep_compiles_at_normal_priority(tiny_llama, monkeypatch):
+    monkeypatch.setenv(compile_budget.PRIORITY_ENV, "normal")
+    scheduler = make_scheduler(tiny_llama)
+    try:
+        worker = scheduler.grammars.worker
+        assert worker.ready.wait(WAIT_S)
+        assert os.sched_getscheduler(worker.pid) == os.SCHED_OTHER, "the compile worker"
+    finally:
+        scheduler.close()
 
 
 @contextmanager
