@@ -89,28 +89,9 @@ def load_fp8(folder, dtype: torch.dtype, fused_inputs: bool) -> torch.nn.Module:
 
 def prefill_logits(model: torch.nn.Module) -> torch.Tensor:
     """One prefill step of two sequences (5 and 11 tokens) on the torch attention."""
-    import numpy as np
+    from tests.tiny_models import prefill_logits as prefill
 
-    from gpu_worker.attention import BatchLayout, TorchAttention
-    from gpu_worker.kv_cache import PagedKVCache
-    from gpu_worker.models.forward_context import ForwardContext
-
-    lengths, block_size = [5, 11], 8
-    layout = BatchLayout.build(lengths, lengths, [[0], [1, 2]], block_size)
-    positions = np.concatenate([np.arange(n) for n in lengths])
-    ids = torch.randint(1, 500, (sum(lengths),), generator=torch.Generator().manual_seed(8)).to(DEVICE)
-    layers, kv_heads, head_dim = model.kv_shape
-    dtype = model.embed_tokens.weight.dtype
-    cache = PagedKVCache(layers, 3, block_size, kv_heads, head_dim, dtype, DEVICE)
-    attention = TorchAttention(block_size)
-    metadata = attention.build_metadata(
-        layout,
-        layout.slot_mapping(positions, block_size),
-        lambda v, dtype: torch.as_tensor(v, dtype=dtype, device=DEVICE),
-    )
-    with torch.inference_mode():
-        hidden = model(ids, torch.as_tensor(positions, device=DEVICE), ForwardContext(attention, metadata, cache))
-        return model.compute_logits(hidden)
+    return prefill(model, [5, 11], [[0], [1, 2]], 8, model.embed_tokens.weight.dtype, DEVICE)
 
 
 @pytest.fixture

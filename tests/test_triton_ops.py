@@ -94,29 +94,18 @@ def test_act_and_mul_splits_the_fused_gate_up_output(dtype, activation):
 def test_each_family_runs_the_same_forward_with_the_fused_ops(tiny_family):
     """Each family's layers wired to the kernels (norm styles, per-head and whole-projection q/k norms, partial
     rotary in place, GeGLU, MoE experts beside them): a prefill of two sequences gives the torch ops' logits."""
-    import numpy as np
-
-    from gpu_worker.attention import BatchLayout, TorchAttention
-    from gpu_worker.kv_cache import PagedKVCache
     from gpu_worker.model_loader import load_model
-    from gpu_worker.models.forward_context import ForwardContext
+    from tests.tiny_models import prefill_logits
 
-    lengths, block_size = [7, 30], 8
-    layout = BatchLayout.build(lengths, lengths, [[0], [1, 2, 3, 4]], block_size)
-    positions = np.concatenate([np.arange(n) for n in lengths])
-    ids = torch.randint(1, 500, (sum(lengths),), generator=torch.Generator().manual_seed(8)).to(DEVICE)
-    logits = []
-    for fused in (False, True):
-        model = load_model(str(tiny_family), "auto", torch.float32, DEVICE, fused_kernels=fused)
-        layers, kv_heads, head_dim = model.kv_shape
-        cache = PagedKVCache(layers, 5, block_size, kv_heads, head_dim, torch.float32, DEVICE)
-        attention = TorchAttention(block_size)
-        metadata = attention.build_metadata(
-            layout,
-            layout.slot_mapping(positions, block_size),
-            lambda v, dtype: torch.as_tensor(v, dtype=dtype, device=DEVICE),
+    logits = [
+        prefill_logits(
+            load_model(str(tiny_family), "auto", torch.float32, DEVICE, fused_kernels=fused),
+            [7, 30],
+            [[0], [1, 2, 3, 4]],
+            8,
+            torch.float32,
+            DEVICE,
         )
-        with torch.inference_mode():
-            hidden = model(ids, torch.as_tensor(positions, device=DEVICE), ForwardContext(attention, metadata, cache))
-            logits.append(model.compute_logits(hidden))
+        for fused in (False, True)
+    ]
     torch.testing.assert_close(logits[1], logits[0], rtol=1e-5, atol=1e-5)

@@ -337,3 +337,36 @@ def build_gguf(folder: Path, path: Path) -> Path:
     writer.write_tensors_to_file()
     writer.close()
     return path
+
+
+def prefill_logits(
+    model: torch.nn.Module,
+    lengths: list[int],
+    block_tables: list[list[int]],
+    block_size: int,
+    kv_dtype: torch.dtype,
+    device: torch.device,
+) -> torch.Tensor:
+    """The logits of one prefill step of len(lengths) sequences of random ids (seeded), each in its blocks, on
+    the torch attention: a model's forward with nothing but its own layers' kernels in question."""
+    import numpy as np
+
+    from gpu_worker.attention import BatchLayout, TorchAttention
+    from gpu_worker.kv_cache import PagedKVCache
+    from gpu_worker.models.forward_context import ForwardContext
+
+    layout = BatchLayout.build(lengths, lengths, block_tables, block_size)
+    positions = np.concatenate([np.arange(n) for n in lengths])
+    ids = torch.randint(1, 500, (sum(lengths),), generator=torch.Generator().manual_seed(8)).to(device)
+    layers, kv_heads, head_dim = model.kv_shape
+    num_blocks = 1 + max(block for table in block_tables for block in table)
+    cache = PagedKVCache(layers, num_blocks, block_size, kv_heads, head_dim, kv_dtype, device)
+    attention = TorchAttention(block_size)
+    metadata = attention.build_metadata(
+        layout,
+        layout.slot_mapping(positions, block_size),
+        lambda v, dtype: torch.as_tensor(v, dtype=dtype, device=device),
+    )
+    with torch.inference_mode():
+        hidden = model(ids, torch.as_tensor(positions, device=device), ForwardContext(attention, metadata, cache))
+        return model.compute_logits(hidden)
