@@ -92,10 +92,11 @@ def main(argv: list[str] | None = None) -> dict:
         steps = args.steps
         wall_ms = statistics.median(walls) * 1e3
         busy_ms = sum(by_kind.values()) / steps / 1e3
-        contexts = sum(lens) / len(lens) + args.warm_steps + args.steps / 2
+        context_lens = [n + args.warm_steps + args.steps // 2 for n in lens]  # halfway through the profiled steps
+        contexts = sum(context_lens) / len(context_lens)
         device_name = torch.cuda.get_device_name() if cuda else "cpu"
         peak = gpu_peak(device_name)
-        floor = _floor_ms(llm, args.model, [n + args.warm_steps + args.steps // 2 for n in lens], peak)
+        floor = _floor_ms(llm, args.model, context_lens, peak)
         print(
             f"{device_name}, TP={config.tensor_parallel_size}, batch {args.batch}, mean context "
             f"{contexts:.0f}: decode step {wall_ms:.2f} ms wall (median of {steps}), GPU busy {busy_ms:.2f} ms, "
