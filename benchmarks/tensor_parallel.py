@@ -13,7 +13,9 @@ Dummy weights are drawn whole and split, so every size holds the same model. The
 `LLM.step()` (plan, launch, read back; no overlap) of --batch one-token decodes, synchronised: on CUDA a
 CUDA-graph replay unless --enforce-eager. Figures are medians of --decode-steps steps. The all-reduce
 latencies are of [batch, --hidden-size] bf16 tensors on the largest TP size's GPUs, each the mean of
---all-reduce-repeats all-reduces captured back to back in a CUDA graph (as a decode step holds them).
+--all-reduce-repeats all-reduces captured back to back in a CUDA graph (as a decode step holds them); beside
+them the residual add and norm alone ("norm") and the one-shot sum ending in them in one kernel ("fused"), which
+is what a Llama layer runs in place of one-shot + norm.
 """
 
 from __future__ import annotations
@@ -86,13 +88,13 @@ def all_reduce_latencies(size: int, batches: list[int], hidden: int, repeats: in
 def _all_reduce_rank(rank: int, size: int, tmp: str, batches: list[int], hidden: int, repeats: int, out: str):
     import torch.distributed as dist
 
-    from gpu_worker.all_reduce import PeerAllReduce
+    from gpu_worker.models import triton_ops
     from gpu_worker.parallel import close_tensor_parallel, init_tensor_parallel
 
-    tp = init_tensor_parallel(rank, size, os.path.join(tmp, "store"), "cuda")
-    device = torch.device("cuda", rank)
     # Buffers for the largest batch, beyond the engine's threshold: where the two cross is what this measures.
-    peer = PeerAllReduce.create(device, max_bytes=max(batches) * hidden * 2)
+    tp = init_tensor_parallel(rank, size, os.path.join(tmp, "store"), "cuda", peer_max_bytes=max(batches) * hidden * 2)
+    device = torch.device("cuda", rank)
+    peer = tp.peer
     rows = []
     for batch in batches:
         x = torch.randn(batch, hidden, dtype=torch.bfloat16, device=device)
@@ -103,6 +105,12 @@ def _all_reduce_rank(rank: int, size: int, tmp: str, batches: list[int], hidden:
         if peer is not None and peer.takes(x):
             row["one_shot_us"] = _graphed_us(partial(peer, x), repeats)
             row["one_shot_equals_nccl"] = bool(torch.equal(peer(x), summed))
+        if peer is not None and peer.takes_rows(x, x):
+            # A layer's real pair: the sum, then the residual add and norm; apart, and fused in one kernel.
+            weight, residual = torch.randn(hidden, dtype=x.dtype, device=device), torch.randn_like(x)
+            row["norm_us"] = _graphed_us(partial(triton_ops.add_rms_norm, summed, weight, 1e-5, residual), repeats)
+            fused = partial(peer.sum_add_rms_norm, x, residual, weight, 1e-5, 0.0, False, False)
+            row["one_shot_and_norm_fused_us"] = _graphed_us(fused, repeats)
         rows.append(row)
     if rank == 0:
         with open(out, "w") as f:
@@ -140,14 +148,15 @@ def print_all_reduce_latencies(size: int, rows: list[dict]) -> None:
         f"all-reduce on {size} GPUs, bf16, µs per call (the engine goes one-shot up to "
         f"{PEER_ALL_REDUCE_MAX_BYTES // 1024} KiB):"
     )
-    print(f"{'batch':>6} {'KiB':>7} {'NCCL':>8} {'one-shot':>9} {'ratio':>6}  same sum")
+    print(f"{'batch':>6} {'KiB':>7} {'NCCL':>8} {'one-shot':>9} {'ratio':>6}  same sum  {'norm':>6} {'fused':>6}")
     for row in rows:
         one_shot = row.get("one_shot_us")
         ratio = f"{one_shot / row['nccl_us']:6.2f}" if one_shot else "     -"
         shot = f"{one_shot:9.1f}" if one_shot else "        -"
+        norm, fused = row.get("norm_us"), row.get("one_shot_and_norm_fused_us")
         print(
             f"{row['batch']:>6} {row['bytes'] / 1024:>7.0f} {row['nccl_us']:>8.1f} {shot} {ratio}  "
-            f"{row.get('one_shot_equals_nccl', '-')}",
+            f"{row.get('one_shot_equals_nccl', '-')!s:>8}  {norm or 0:6.1f} {fused or 0:6.1f}",
             flush=True,
         )
 

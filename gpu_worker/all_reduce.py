@@ -1,17 +1,18 @@
-"""The decode step's all-reduces on CUDA, one-shot over NVLink peer memory: every rank writes its tensor into a
-buffer the other ranks' GPUs can read (torch's symmetric memory), and one kernel per rank loads every rank's
-copy and sums them, in rank order, so that every rank holds the same bits. NCCL's ring takes several steps per
-all-reduce, each a few microseconds of latency; a decode step of an 8B model holds 65 all-reduces of a few
-KiB to 2 MiB, where that latency, not the bandwidth, is what they cost.
+"""The decode step's all-reduces on CUDA, one-shot over NVLink peer memory: every rank copies its tensor into a
+buffer the other ranks' GPUs can read (torch's symmetric memory), and in the same kernel loads every rank's copy
+and sums them, in rank order, so that every rank holds the same bits (the kernels: all_reduce_kernels.py, one
+program per SM). NCCL's ring takes several steps per all-reduce, each a few microseconds of latency; a decode
+step of an 8B model holds 65 all-reduces of a few KiB to 2 MiB, where that latency, not the bandwidth, is what
+they cost. Where the sum feeds a residual add and an RMSNorm (every row-parallel projection of the Llama-style
+layers: models/norms.py), the same kernel ends in the norm, and the sum is never written.
 
-    x (this rank) ──one kernel: copy into peer buffer, barrier, load every rank's, sum──▶ out (new tensor)
+    x (this rank) --one kernel: copy into peer buffer, rendezvous, load every rank's, sum [, + residual, norm]--> out
 
 NCCL stays for tensors above PEER_ALL_REDUCE_MAX_BYTES (the ring's bandwidth wins there), for dtypes or
-layouts the kernel lacks (float16, unaligned sizes), and wherever the buffers could not be set up (no peer
-access, ranks on different hosts, an older torch): then every rank uses NCCL, agreed at start. The buffers
-are allocated once, here, before any CUDA graph is captured; a captured all-reduce replays its one kernel on
-them. NVLink multicast (the symm_mem "multimem" operations) is never used: it is off on the machines this
-runs on, and one-shot needs none.
+layouts the kernel lacks, and wherever the buffers could not be set up (no peer access, ranks on different
+hosts, an older torch): then every rank uses NCCL, agreed at start. The buffers are allocated once, here,
+before any CUDA graph is captured; a captured all-reduce replays its one kernel on them. NVLink multicast (the
+symm_mem "multimem" operations) is never used: it is off on the machines this runs on, and one-shot needs none.
 """
 
 from __future__ import annotations
@@ -20,33 +21,40 @@ import logging
 import os
 import socket
 import zlib
+from typing import TYPE_CHECKING
 
 import torch
 import torch.distributed as dist
 
+if TYPE_CHECKING:  # the kernels import Triton: only a CUDA group with peer memory loads them
+    from gpu_worker.all_reduce_kernels import PeerState
+    from gpu_worker.models import fp8
+
 log = logging.getLogger(__name__)
 
 # One-shot reads every peer's whole tensor, so its cost grows with size x ranks while NCCL's ring moves
-# 2(n-1)/n of it: past a few MiB the ring wins. 2 MiB covers decode batches up to 256 at hidden size 4096 in
-# bf16 (benchmarks/tensor_parallel.py prints both latencies for these sizes; move this to where they cross).
-PEER_ALL_REDUCE_MAX_BYTES = 2 * 2**20
-# The dtypes torch's one-shot kernel sums (one buffer each).
-PEER_DTYPES = (torch.bfloat16, torch.float32)
+# 2(n-1)/n of it. On two H100s (benchmarks/tensor_parallel.py prints both for these sizes) one-shot took
+# 14 / 22 / 37 µs at 2 / 4 / 8 MiB against NCCL's 36 / 41 / 55: 8 MiB covers a decode batch of 1,024 at
+# Llama-3-8B's hidden size and of 512 at the 70B's.
+PEER_ALL_REDUCE_MAX_BYTES = 8 * 2**20
+# The dtypes the kernels sum (in float32, rounded once).
+PEER_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+# The fused sum-and-norm keeps a row in one program's registers (models/triton_ops.py's norm does too).
+PEER_NORM_MAX_COLUMNS = 16384
 _SEVERAL_HOSTS = "the ranks are on more than one host"
 # A process that set up symmetric memory for one group (an offline.LLM with tensor parallelism, closed, then
 # another in the same process) does not do it again: torch keeps the first group's state per process and a
 # second rendezvous under the new group hung on two H100s (the second TP=2 engine of one test process).
 _EARLIER_GROUP = "this process set up peer memory for an earlier group"
 _peer_memory_group: str | None = None  # the one group this process set up peer memory for
-_ALIGNMENT = 16  # bytes: the kernel's vector width; the input and the buffer view must both be aligned to it
 
 
 class PeerAllReduce:
-    """One-shot all-reduce through symmetric-memory buffers of `max_bytes` per dtype, set up by `create`."""
+    """One-shot all-reduce of tensors up to `max_bytes` through peer-readable buffers (all_reduce_kernels.PeerState),
+    set up by `create`."""
 
-    def __init__(self, buffers: dict[torch.dtype, torch.Tensor], group_name: str, max_bytes: int):
-        self.buffers = buffers
-        self.group_name = group_name
+    def __init__(self, state: PeerState, max_bytes: int):
+        self.state = state
         self.max_bytes = max_bytes
 
     @classmethod
@@ -84,15 +92,25 @@ class PeerAllReduce:
         os.environ.setdefault("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1")
         import torch.distributed._symmetric_memory as symm_mem
 
+        from gpu_worker.all_reduce_kernels import PeerState
+
         global _peer_memory_group
-        group_name = dist.group.WORLD.group_name
-        buffers = {}
-        for dtype in PEER_DTYPES:
-            buffer = symm_mem.empty(max_bytes // dtype.itemsize, dtype=dtype, device=device)
-            symm_mem.rendezvous(buffer, group_name)
-            buffers[dtype] = buffer
-        _peer_memory_group = group_name
-        return cls(buffers, group_name, max_bytes)
+        rank, world = dist.get_rank(), dist.get_world_size()
+        # The same grid on every rank (its programs pair up across ranks): the fewest SMs of any rank's GPU.
+        programs = torch.tensor([torch.cuda.get_device_properties(device).multi_processor_count], device=device)
+        dist.all_reduce(programs, op=dist.ReduceOp.MIN)
+        flag_bytes = int(programs.item()) * world * 4
+        # Two halves for the two parities, then the flags: one allocation, one rendezvous.
+        memory = symm_mem.empty(2 * max_bytes + flag_bytes, dtype=torch.uint8, device=device)
+        handle = symm_mem.rendezvous(memory, dist.group.WORLD.group_name)
+        memory[2 * max_bytes :].zero_()
+        torch.cuda.synchronize(device)
+        _every_rank_agrees(True, device)  # a barrier: every rank's flags are zero before any rank's first signal
+        bases = torch.tensor(handle.buffer_ptrs, dtype=torch.int64, device=device)
+        state = PeerState(rank, world, bases, bases + 2 * max_bytes, int(programs.item()), max_bytes)
+        state.memory = memory
+        _peer_memory_group = dist.group.WORLD.group_name
+        return cls(state, max_bytes)
 
     def _sums_correctly(self, device: torch.device) -> bool:
         rank, size = dist.get_rank(), dist.get_world_size()
@@ -100,29 +118,57 @@ class PeerAllReduce:
         return bool(torch.all(self(x) == size * (size + 1) / 2).item())
 
     def takes(self, x: torch.Tensor) -> bool:
-        """Whether `x` goes one-shot: small enough, a dtype the kernel sums, contiguous and 16-byte aligned
-        (the same on every rank: the same model code makes the same shapes)."""
-        nbytes = x.numel() * x.element_size()
+        """Whether `x` goes one-shot: small enough, a dtype the kernel sums, contiguous (the same on every
+        rank: the same model code makes the same shapes)."""
+        return x.dtype in PEER_DTYPES and 0 < x.numel() * x.element_size() <= self.max_bytes and x.is_contiguous()
+
+    def takes_rows(self, x: torch.Tensor, residual: torch.Tensor) -> bool:
+        """Whether the sum of rows `x` [T, N] can end in the residual add and norm in the same kernel."""
         return (
-            x.dtype in self.buffers
-            and 0 < nbytes <= self.max_bytes
-            and nbytes % _ALIGNMENT == 0
-            and x.storage_offset() * x.element_size() % _ALIGNMENT == 0
-            and x.is_contiguous()
+            self.takes(x)
+            and x.dim() == 2
+            and x.shape[1] <= PEER_NORM_MAX_COLUMNS
+            and residual.shape == x.shape
+            and residual.dtype == x.dtype
+            and residual.stride(1) == 1
         )
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         """The sum over the ranks of `x` (which `takes`), as a new tensor; `x` is left as it was."""
+        return self.state.sum(x)
+
+    def sum_add_rms_norm(
+        self,
+        x: torch.Tensor,
+        residual: torch.Tensor,
+        weight: torch.Tensor,
+        eps: float,
+        offset: float,
+        scale_in_float32: bool,
+        quantize: bool,
+    ) -> fp8.Activation:
+        """The norm of residual + (sum over the ranks of `x`), with that sum added into `residual` (rows that
+        `takes_rows`): what all-reducing x and then models/triton_ops.add_rms_norm give, bit for bit."""
+        if quantize:
+            from gpu_worker.models import fp8
+            from gpu_worker.models.fp8_triton import empty_rows
+
+            values, scales = empty_rows(x.shape[0], x.shape[1], x.device)
+            self.state.sum_add_rms_norm(x, residual, weight, eps, values, scales, offset, scale_in_float32)
+            return fp8.QuantizedRows(values, scales, x.dtype)
         out = torch.empty_like(x)
-        buffer = self.buffers[x.dtype][: x.numel()]
-        torch.ops.symm_mem.one_shot_all_reduce_copy_out(buffer, x.view(-1), "sum", self.group_name, out.view(-1))
+        self.state.sum_add_rms_norm(x, residual, weight, eps, out, None, offset, scale_in_float32)
         return out
 
 
 def _unavailable_reason(device: torch.device) -> str | None:
     same_host = _same_host(device)  # first: a collective every rank joins
-    if not hasattr(torch.ops.symm_mem, "one_shot_all_reduce_copy_out"):
-        return f"torch {torch.__version__} has no symm_mem.one_shot_all_reduce_copy_out"
+    try:
+        import torch.distributed._symmetric_memory as symm_mem
+    except ImportError:
+        symm_mem = None
+    if symm_mem is None or not hasattr(symm_mem, "empty"):
+        return f"torch {torch.__version__} has no symmetric memory"
     if not same_host:
         return _SEVERAL_HOSTS
     return None

@@ -28,7 +28,7 @@ import torch.distributed as dist
 
 from common.model_info import shard_size
 from common.nodes import ONE_NODE, Nodes
-from gpu_worker.all_reduce import PeerAllReduce
+from gpu_worker.all_reduce import PEER_ALL_REDUCE_MAX_BYTES, PeerAllReduce
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,16 +70,37 @@ class TensorParallel:
 
 
 SINGLE = TensorParallel()
+
+
+@dataclass(frozen=True, slots=True)
+class UnreducedSum:
+    """A row-parallel projection's output before its all-reduce, handed to the residual norm that reads it
+    (models/norms.py), which sums it: on CUDA with peer memory, in the norm's own kernel (all_reduce.py)."""
+
+    partial: torch.Tensor
+    tp: TensorParallel
+
+    def summed(self) -> torch.Tensor:
+        return self.tp.all_reduce(self.partial)
+
+
 # One tensor in, one out (capturable in a CUDA graph with NCCL); torch 2.13 renamed it.
 _all_gather_single = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
 
 
 def init_tensor_parallel(
-    rank: int, size: int, init_file: str, device_type: str, device_index: int | None = None, nodes: Nodes = ONE_NODE
+    rank: int,
+    size: int,
+    init_file: str,
+    device_type: str,
+    device_index: int | None = None,
+    nodes: Nodes = ONE_NODE,
+    peer_max_bytes: int = PEER_ALL_REDUCE_MAX_BYTES,
 ) -> TensorParallel:
     """Join the group of `size` ranks that meet at `init_file` (a file:// store no other run uses), or, across
     nodes, at node 0's store (common/nodes.py). Blocks until every rank has joined. device_index: this rank's GPU
-    (default: cuda:rank; an engine replica's ranks take the GPUs after the previous replicas')."""
+    (default: cuda:rank; an engine replica's ranks take the GPUs after the previous replicas'). peer_max_bytes:
+    the largest all-reduce that goes one-shot over peer memory (a benchmark's, to find where NCCL wins)."""
     if size == 1:
         return SINGLE
     if device_type == "cuda":
@@ -104,7 +125,7 @@ def init_tensor_parallel(
         dist.init_process_group(backend, store=dist.PrefixStore("tensor-parallel/", store), rank=rank, world_size=size)
     else:
         dist.init_process_group(backend, init_method=f"file://{init_file}", rank=rank, world_size=size)
-    peer = PeerAllReduce.create(torch.device("cuda", index)) if backend == "nccl" else None
+    peer = PeerAllReduce.create(torch.device("cuda", index), peer_max_bytes) if backend == "nccl" else None
     return TensorParallel(rank, size, peer)
 
 

@@ -1,6 +1,7 @@
-"""The one-shot all-reduce over peer memory (gpu_worker/all_reduce.py): which tensors it takes (the rest go
-to NCCL), that a CPU group never sets it up, and, on two GPUs, that it sums exactly as NCCL does, eagerly and
-replayed from a CUDA graph."""
+"""The one-shot all-reduce over peer memory (gpu_worker/all_reduce.py, all_reduce_kernels.py): which tensors
+it takes (the rest go to NCCL), that a CPU group never sets it up; its kernels on one rank in the Triton
+interpreter (the copy, the epochs, both parities, the fused norm bit for bit); and, on two GPUs, that it sums
+exactly as NCCL does, eagerly and replayed from a CUDA graph, and that the fused norm equals all-reduce + norm."""
 
 from __future__ import annotations
 
@@ -10,16 +11,33 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 
-from gpu_worker.all_reduce import PEER_DTYPES, PeerAllReduce
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+pytest.importorskip("triton", reason="triton is not installed (pip install triton)")
+
+from gpu_worker.all_reduce import PeerAllReduce  # noqa: E402
+from gpu_worker.all_reduce_kernels import PeerState  # noqa: E402
+from gpu_worker.models import triton_ops  # noqa: E402
 
 MAX_BYTES = 64 * 1024
+PROGRAMS = 3
+DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def one_rank_peer(max_bytes: int = MAX_BYTES) -> PeerAllReduce:
+    """A group of one rank: the kernels run (in the interpreter without CUDA) and the rendezvous has no one to
+    wait for."""
+    memory = torch.zeros(2 * max_bytes + PROGRAMS * 4, dtype=torch.uint8, device=DEVICE)
+    bases = torch.tensor([memory.data_ptr()], dtype=torch.int64, device=DEVICE)
+    state = PeerState(0, 1, bases, bases + 2 * max_bytes, PROGRAMS, max_bytes)
+    state.memory = memory
+    return PeerAllReduce(state, max_bytes)
 
 
 @pytest.fixture
 def peer() -> PeerAllReduce:
-    """Its choice of tensors needs no GPU: buffers stand in for the rendezvoused ones."""
-    buffers = {dtype: torch.empty(MAX_BYTES // dtype.itemsize, dtype=dtype) for dtype in PEER_DTYPES}
-    return PeerAllReduce(buffers, group_name="0", max_bytes=MAX_BYTES)
+    return one_rank_peer()
 
 
 @pytest.mark.parametrize("batch", [1, 7, 8])
@@ -32,10 +50,8 @@ def test_it_takes_decode_sized_tensors(peer, batch):
     ("tensor", "why"),
     [
         (torch.empty(9, 4096, dtype=torch.bfloat16), "larger than its buffer"),
-        (torch.empty(4, 4096, dtype=torch.float16), "a dtype its kernel does not sum"),
-        (torch.empty(3, 1, dtype=torch.float32), "12 bytes: not a multiple of its 16-byte vectors"),
+        (torch.empty(4, 4096, dtype=torch.int32), "a dtype its kernel does not sum"),
         (torch.empty(4, 64, dtype=torch.bfloat16)[:, :32], "not contiguous"),
-        (torch.empty(65, dtype=torch.float32)[1:], "starting 4 bytes into its storage"),
         (torch.empty(0, 4096, dtype=torch.bfloat16), "empty"),
     ],
 )
@@ -45,6 +61,45 @@ def test_it_leaves_other_tensors_to_nccl(peer, tensor, why):
 
 def test_a_cpu_group_has_no_peer_memory():
     assert PeerAllReduce.create(torch.device("cpu")) is None
+
+
+def test_calls_alternate_buffers_and_count_epochs_per_program(peer):
+    x = torch.randn(5, 700, device=DEVICE)
+    for call in range(1, 4):
+        assert torch.equal(peer(x * call), x * call)
+        assert peer.state.epochs.tolist() == [call] * PROGRAMS
+    halves = peer.state.memory[: 2 * MAX_BYTES].view(torch.float32).view(2, -1)
+    # The last call (epoch 3, odd) wrote the odd half; the one before it the even half.
+    assert torch.equal(halves[1, : x.numel()], (x * 3).flatten())
+    assert torch.equal(halves[0, : x.numel()], (x * 2).flatten())
+
+
+NORM_STYLES = {"llama": {"offset": 0.0, "scale_in_float32": False}, "gemma": {"offset": 1.0, "scale_in_float32": True}}
+
+
+@pytest.mark.parametrize("quantize", [False, True])
+@pytest.mark.parametrize("style", NORM_STYLES.values(), ids=NORM_STYLES.keys())
+def test_the_sum_ending_in_the_norm_is_the_norm_of_the_sum_bit_for_bit(peer, style, quantize):
+    gen = torch.Generator().manual_seed(0)
+    x, residual, weight = (torch.randn(*shape, generator=gen).to(DEVICE) for shape in [(7, 600), (7, 600), (600,)])
+    assert peer.takes_rows(x, residual)
+    expected_residual = residual.clone()
+    if quantize:
+        expected = triton_ops.add_rms_norm_fp8(x, weight, 1e-6, expected_residual, **style)
+    else:
+        expected = triton_ops.add_rms_norm(x, weight, 1e-6, expected_residual, **style)
+    got = peer.sum_add_rms_norm(x, residual, weight, 1e-6, quantize=quantize, **style)
+    assert torch.equal(residual, expected_residual)
+    if quantize:
+        assert torch.equal(got.values.view(torch.uint8), expected.values.view(torch.uint8))
+        assert torch.equal(got.scales, expected.scales)
+    else:
+        assert torch.equal(got, expected)
+
+
+def test_rows_too_wide_for_one_program_are_summed_then_normed_apart():
+    peer, x = one_rank_peer(max_bytes=256 * 1024), torch.empty(1, 32768)
+    assert peer.takes(x) and not peer.takes_rows(x, torch.empty_like(x))
 
 
 def _rank_sums(rank: int, size: int, tmp: str, failures) -> None:
@@ -72,6 +127,23 @@ def _rank_sums(rank: int, size: int, tmp: str, failures) -> None:
                 graph.replay()
                 torch.cuda.synchronize()
                 assert torch.equal(static_out, expected), ("graph", dtype, batch)
+                # The fused form: what the all-reduce and then the norm kernel give, in a graph replayed twice.
+                weight = torch.randn(4096, dtype=dtype, device="cuda", generator=gen)
+                residual = torch.randn(batch, 4096, dtype=dtype, device="cuda", generator=gen)
+                want_residual = residual.clone()
+                want = triton_ops.add_rms_norm(expected, weight, 1e-5, want_residual)
+                static_residual = residual.clone()
+                fused_graph = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(fused_graph):
+                    fused = tp.peer.sum_add_rms_norm(
+                        static_in, static_residual, weight, 1e-5, offset=0.0, scale_in_float32=False, quantize=False
+                    )
+                for _ in range(2):
+                    static_residual.copy_(residual)
+                    fused_graph.replay()
+                torch.cuda.synchronize()
+                assert torch.equal(static_residual, want_residual), ("fused residual", dtype, batch)
+                assert torch.equal(fused, want), ("fused norm", dtype, batch)
     except AssertionError as exc:
         failures.put(f"rank {rank}: {exc}")
     finally:

@@ -92,6 +92,11 @@ class LlamaDecoderLayer(nn.Module):
         )
         self.post_attention_layernorm = RMSNorm(h, eps, fused_kernels)
         self.mlp = llama_mlp(config, layer_index, tp, fused_kernels)
+        # Both row-parallel outputs go straight to a residual norm (this layer's second, the next layer's first
+        # or the model's last): the norm sums them, in its own kernel where it can (models/norms.py).
+        self.self_attn.o_proj.sum_in_next_norm = True
+        if isinstance(self.mlp, GatedMLP):
+            self.mlp.down_proj.sum_in_next_norm = True
 
     def fuse_fp8_inputs(self) -> None:
         """Each norm's output has one reader: qkv_proj; gate_up_proj unless the MLP is a mixture of experts

@@ -15,7 +15,7 @@ from torch import nn
 
 from gpu_worker.models import fp8
 from gpu_worker.models.parallel_layers import ColumnParallelLinear, RowParallelLinear
-from gpu_worker.parallel import TensorParallel
+from gpu_worker.parallel import TensorParallel, UnreducedSum
 
 # Hugging Face activation names -> the fused kernel's (models/triton_ops.py: act_and_mul).
 ACTIVATIONS = {"silu": "silu", "gelu_pytorch_tanh": "gelu_tanh"}
@@ -53,7 +53,7 @@ class GatedMLP(nn.Module):
     def fuse_fp8_inputs(self) -> None:
         self.quantized_act = self.fused and fp8.is_quantized(self.down_proj)
 
-    def forward(self, x: fp8.Activation) -> torch.Tensor:
+    def forward(self, x: fp8.Activation) -> torch.Tensor | UnreducedSum:
         gate_up = self.gate_up_proj(x)
         if self.quantized_act:
             from gpu_worker.models import triton_ops

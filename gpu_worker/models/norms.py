@@ -7,6 +7,8 @@
 With `fused` (CUDA, next to the Triton attention) the residual add and the norm are one kernel
 (models/triton_ops.py) that rounds where the torch ops below do; when its only reader is an FP8 projection
 (`quantize_for`, at load) the kernel also quantizes the rows it returns (models/fp8.py: QuantizedRows).
+Under tensor parallelism x may come unreduced (parallel.UnreducedSum): the norm all-reduces it first, or,
+fused with peer memory on CUDA, sums it in the same kernel (gpu_worker/all_reduce.py).
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import torch
 from torch import nn
 
 from gpu_worker.models import fp8
+from gpu_worker.parallel import UnreducedSum
 
 NormStyle = Literal["llama", "gemma", "olmo"]
 
@@ -36,9 +39,18 @@ class RMSNorm(nn.Module):
         and an FP8 projection, forward returns the rows quantized for it."""
         self.quantized_output = self.fused and fp8.is_quantized(projection)
 
-    def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None):
+    def forward(self, x: torch.Tensor | UnreducedSum, residual: torch.Tensor | None = None):
         """RMSNorm of x over its last dimension; given the residual stream, of residual + x, returned with that
         sum (the new residual stream: the fused kernel writes it into `residual`)."""
+        if isinstance(x, UnreducedSum):
+            peer = x.tp.peer
+            if self.fused and residual is not None and peer is not None and peer.takes_rows(x.partial, residual):
+                style = {"offset": self.offset, "scale_in_float32": self.scale_in_float32}
+                out = peer.sum_add_rms_norm(
+                    x.partial, residual, self.weight, self.eps, quantize=self.quantized_output, **style
+                )
+                return out, residual
+            x = x.summed()
         if self.fused:
             from gpu_worker.models import triton_ops
 

@@ -16,7 +16,7 @@ from torch import nn
 
 from gpu_worker.models import fp8
 from gpu_worker.models.weights import TensorSource, padded_vocab_size
-from gpu_worker.parallel import TensorParallel
+from gpu_worker.parallel import TensorParallel, UnreducedSum
 
 
 def _check_shape(got: torch.Size, want: tuple[int, ...]) -> None:
@@ -62,18 +62,24 @@ class ColumnParallelLinear(nn.Linear):
 
 class RowParallelLinear(nn.Linear):
     """A projection whose inputs are split across ranks (the outputs of a column-parallel one): each rank
-    multiplies its share, one all-reduce sums them, then the bias is added once."""
+    multiplies its share, one all-reduce sums them, then the bias is added once. A projection without a bias
+    whose only reader is a residual norm (`sum_in_next_norm`, set by the layer that knows) returns its partial
+    sum unreduced: the norm sums it in its own kernel."""
 
     def __init__(self, in_features: int, out_features: int, tp: TensorParallel, bias: bool, what: str):
         super().__init__(tp.shard(in_features, what), out_features, bias=bias)
         self.tp = tp
         self.full_in_features = in_features
         self.register_buffer("weight_scale", None)  # per output channel (of this rank's inputs), once FP8
+        self.sum_in_next_norm = False
 
-    def forward(self, x: fp8.Activation) -> torch.Tensor:
+    def forward(self, x: fp8.Activation) -> torch.Tensor | UnreducedSum:
         if self.tp.size == 1:
             return fp8.linear(x, self.weight, self.bias, self.weight_scale)
-        y = self.tp.all_reduce(fp8.linear(x, self.weight, None, self.weight_scale))
+        partial = fp8.linear(x, self.weight, None, self.weight_scale)
+        if self.sum_in_next_norm and self.bias is None:
+            return UnreducedSum(partial, self.tp)
+        y = self.tp.all_reduce(partial)
         return y if self.bias is None else y + self.bias
 
     def full_shape(self, name: str) -> tuple[int, ...]:

@@ -21,7 +21,7 @@ from gpu_worker.models import fp8
 from gpu_worker.models.forward_context import ForwardContext
 from gpu_worker.models.parallel_layers import ColumnParallelLinear, RowParallelLinear
 from gpu_worker.models.rotary import RotaryEmbedding
-from gpu_worker.parallel import TensorParallel
+from gpu_worker.parallel import TensorParallel, UnreducedSum
 
 QKNorm = Literal["per_head", "whole"]
 
@@ -82,7 +82,7 @@ class SelfAttention(nn.Module):
             self.num_heads, self.num_kv_heads, self.head_dim, self.scale, self.sliding_window, self.softcap
         )
 
-    def forward(self, x: fp8.Activation, positions: torch.Tensor, ctx: ForwardContext) -> torch.Tensor:
+    def forward(self, x: fp8.Activation, positions: torch.Tensor, ctx: ForwardContext) -> torch.Tensor | UnreducedSum:
         t = positions.shape[0]
         q, k, v = self.qkv_proj(x).split([self.q_size, self.kv_size, self.kv_size], -1)
         if self.q_norm is not None and self.qk_norm == "whole":

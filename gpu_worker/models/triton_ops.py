@@ -30,6 +30,48 @@ from gpu_worker.triton_math import tanh
 
 
 @triton.jit
+def add_rms_norm_row(
+    x,
+    row,
+    residual_ptr,
+    out_ptr,
+    scale_ptr,
+    weight_ptr,
+    eps,
+    stride_r,
+    stride_o,
+    fp8_max,
+    inv_fp8_max,
+    min_scale,
+    cols,
+    mask,
+    N: tl.constexpr,
+    HAS_RESIDUAL: tl.constexpr,
+    OFFSET: tl.constexpr,
+    SCALE_IN_FP32: tl.constexpr,
+    QUANTIZE: tl.constexpr,
+):
+    """One row x (its lanes past N masked off): residual + x stored into the residual, then its RMSNorm stored
+    (or quantized) into out. Also the tail of the all-reduce that ends in a norm (gpu_worker/all_reduce_kernels.py)."""
+    if HAS_RESIDUAL:
+        x = (x.to(tl.float32) + tl.load(residual_ptr + row * stride_r + cols, mask=mask, other=0.0).to(tl.float32)).to(
+            x.dtype
+        )
+        tl.store(residual_ptr + row * stride_r + cols, x, mask=mask)
+    h = x.to(tl.float32)
+    h = h * tl.rsqrt(tl.sum(h * h, 0) / N + eps)
+    w = tl.load(weight_ptr + cols, mask=mask, other=0.0).to(tl.float32)
+    if SCALE_IN_FP32:  # gemma, olmo: (OFFSET + w) * h in float32, one rounding
+        out = (h * (OFFSET + w)).to(x.dtype)
+    else:  # llama: h rounded first
+        out = (w * h.to(x.dtype).to(tl.float32)).to(x.dtype)
+    if QUANTIZE:  # out_ptr: float8 rows, scale_ptr: their scales
+        quantize_row(out.to(tl.float32), out_ptr, scale_ptr, row, stride_o, cols, mask, fp8_max, inv_fp8_max, min_scale)
+    else:
+        tl.store(out_ptr + row * stride_o + cols, out, mask=mask)
+
+
+@triton.jit
 def _add_rms_norm_kernel(
     x_ptr,
     residual_ptr,
@@ -54,22 +96,27 @@ def _add_rms_norm_kernel(
     cols = tl.arange(0, N_PAD)
     mask = cols < N
     x = tl.load(x_ptr + row * stride_x + cols, mask=mask, other=0.0)
-    if HAS_RESIDUAL:
-        x = (x.to(tl.float32) + tl.load(residual_ptr + row * stride_r + cols, mask=mask, other=0.0).to(tl.float32)).to(
-            x.dtype
-        )
-        tl.store(residual_ptr + row * stride_r + cols, x, mask=mask)
-    h = x.to(tl.float32)
-    h = h * tl.rsqrt(tl.sum(h * h, 0) / N + eps)
-    w = tl.load(weight_ptr + cols, mask=mask, other=0.0).to(tl.float32)
-    if SCALE_IN_FP32:  # gemma, olmo: (OFFSET + w) * h in float32, one rounding
-        out = (h * (OFFSET + w)).to(x.dtype)
-    else:  # llama: h rounded first
-        out = (w * h.to(x.dtype).to(tl.float32)).to(x.dtype)
-    if QUANTIZE:  # out_ptr: float8 rows, scale_ptr: their scales
-        quantize_row(out.to(tl.float32), out_ptr, scale_ptr, row, stride_o, cols, mask, fp8_max, inv_fp8_max, min_scale)
-    else:
-        tl.store(out_ptr + row * stride_o + cols, out, mask=mask)
+    add_rms_norm_row(
+        x,
+        row,
+        residual_ptr,
+        out_ptr,
+        scale_ptr,
+        weight_ptr,
+        eps,
+        stride_r,
+        stride_o,
+        fp8_max,
+        inv_fp8_max,
+        min_scale,
+        cols,
+        mask,
+        N,
+        HAS_RESIDUAL,
+        OFFSET,
+        SCALE_IN_FP32,
+        QUANTIZE,
+    )
 
 
 def add_rms_norm(
