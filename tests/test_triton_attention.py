@@ -143,7 +143,7 @@ def run_triton(
     batch: Batch, monkeypatch: pytest.MonkeyPatch, **options
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Caches NaN wherever no cached context lives, outputs NaN until written."""
-    backend = TritonAttention(batch.k_cache.shape[1])
+    backend = TritonAttention(batch.k_cache.shape[1], batch.k_cache.shape[2])
     k_cache, v_cache = (_poison_slots(c, batch.poisoned) for c in (batch.k_cache, batch.v_cache))
     q, k, v = batch.qkv_views()
     metadata = build_metadata(backend, batch.layout, batch.slots)
@@ -304,6 +304,7 @@ def test_decode_result_does_not_depend_on_the_slice_length(slice_len, options, m
             on_device([0, 0, 3, slices.slice_len]),
             on_device(slices.seqs),
             on_device(slices.starts),
+            triton_kernels.decode_merge_counts(3, 2, DEVICE),
             **options,
         )
     torch.testing.assert_close(out, run_reference(batch, **options)[0], rtol=1e-5, atol=1e-5)
