@@ -310,6 +310,67 @@ def test_decode_result_does_not_depend_on_the_slice_length(slice_len, options, m
     torch.testing.assert_close(out, run_reference(batch, **options)[0], rtol=1e-5, atol=1e-5)
 
 
+# (cached, new) decodes and, at slices of 64 tokens, how many slices each context is cut into.
+DECODE_CUTS = [
+    pytest.param([(40, 1), (63, 1), (0, 1), (17, 1)], [1, 1, 1, 1], id="none-cut"),
+    pytest.param([(40, 1), (300, 1), (63, 1), (200, 1)], [1, 5, 1, 4], id="some-cut"),
+    pytest.param([(100, 1), (300, 1), (450, 1), (129, 1)], [2, 5, 8, 3], id="all-cut"),
+]
+
+
+@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("heads,kv_heads", [(4, 4), (8, 2)], ids=["mha", "gqa"])
+@pytest.mark.parametrize("seqs,cuts", DECODE_CUTS)
+def test_a_graph_sized_decode_launch_merges_its_cut_contexts_and_leaves_its_counters_zero(
+    seqs, cuts, heads, kv_heads, head_dim, monkeypatch
+):
+    """A step's decodes in a launch sized for a larger one, as a CUDA graph launches: slices -1 and stale slice
+    starts past the step's, merge counters for twice its decodes, padding token rows after its queries. Two
+    launches with the same counters (two layers of one step) each give the reference's outputs, write no
+    padding row and leave every counter zero."""
+    slice_len, padding_tokens = 64, 3
+    batch = mixed_batch(seqs, 16, heads, kv_heads, head_dim, seed=14)
+    slices = triton_kernels.decode_slices(batch.layout.context_lens, kv_heads, 132, slice_len=slice_len)
+    assert np.diff(slices.starts).tolist() == cuts
+    backend = TritonAttention(16, kv_heads)
+    metadata = build_metadata(backend, batch.layout, batch.slots)
+    q, k, v = batch.qkv_views()
+    k_cache, v_cache = batch.k_cache.clone(), batch.v_cache.clone()
+    triton_kernels.store_kv(k, v, k_cache, v_cache, metadata.slot_mapping)
+    num_decodes = len(seqs)
+    padding = torch.randn(padding_tokens, *q.shape[1:], generator=torch.Generator().manual_seed(2))
+    q = torch.cat([q, padding.to(DEVICE, q.dtype)])
+    slice_seqs = np.concatenate([slices.seqs, np.full(16, -1, np.int32)])
+    stale_starts = np.arange(num_decodes) * 7 + 10**6  # a larger step's, never read
+    slice_starts = np.concatenate([slices.starts, stale_starts]).astype(np.int32)
+    merge_counts = triton_kernels.decode_merge_counts(2 * num_decodes, kv_heads, DEVICE)
+
+    def on_device(values) -> torch.Tensor:
+        return torch.tensor(values, dtype=torch.int32, device=DEVICE)
+
+    reference = run_reference(batch)[0]
+    for _ in range(2):
+        with monkeypatch.context() as patch:
+            nan_filled_empty(patch)
+            out = torch.empty_like(q)
+        triton_kernels.decode_attention(
+            q,
+            out,
+            k_cache,
+            v_cache,
+            metadata.block_tables,
+            metadata.context_lens,
+            SCALE,
+            on_device([0, 0, num_decodes, slice_len]),
+            on_device(slice_seqs),
+            on_device(slice_starts),
+            merge_counts,
+        )
+        torch.testing.assert_close(out[:num_decodes], reference, rtol=1e-5, atol=1e-5)
+        assert out[num_decodes:].isnan().all()
+        assert not merge_counts.any()
+
+
 def slice_counts(contexts, num_kv_heads: int, capacity: int | None = None) -> np.ndarray:
     return np.diff(triton_kernels.decode_slices(np.asarray(contexts), num_kv_heads, 132, capacity).starts)
 
