@@ -59,7 +59,7 @@ def build_model(
     """The model's layers on `device` in `dtype` (experts in FP8 with quantization "fp8"), their weights not yet
     loaded; and its config."""
     hf_config = AutoConfig.from_pretrained(folder)
-    with _default_dtype(dtype), device:
+    with default_dtype(dtype), device:
         model = model_class_for(hf_config)(hf_config, fused_kernels=fused_kernels, tp=tp, quantization=quantization)
     return model, hf_config
 
@@ -73,7 +73,8 @@ def read_weights(model: torch.nn.Module, folder: str, device: torch.device, prog
 
 
 @contextlib.contextmanager
-def _default_dtype(dtype: torch.dtype):
+def default_dtype(dtype: torch.dtype):
+    """Layers built inside take `dtype` as the model dtype (their parameters', and what they read back as it)."""
     previous = torch.get_default_dtype()
     torch.set_default_dtype(dtype)
     try:

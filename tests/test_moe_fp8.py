@@ -17,7 +17,7 @@ if not torch.cuda.is_available():
 
 pytest.importorskip("triton", reason="triton is not installed (pip install triton)")
 
-from gpu_worker.model_loader import load_model  # noqa: E402
+from gpu_worker.model_loader import default_dtype, load_model  # noqa: E402
 from gpu_worker.models import fp8  # noqa: E402
 from gpu_worker.models.fused_moe import fused_experts  # noqa: E402
 from gpu_worker.models.moe import SparseMoE  # noqa: E402
@@ -51,24 +51,19 @@ def moe_layer(
     """A layer built as the loader builds one (under the model dtype, on the device) and loaded with `weights`
     (whole_weights' unless given): "mixtral" routing or "qwen3_moe" (norm_topk_prob off)."""
     router, gate_up, down = weights or whole_weights(num_experts)
-    previous = torch.get_default_dtype()
-    torch.set_default_dtype(dtype)
-    try:
-        with DEVICE:
-            moe = SparseMoE(
-                HIDDEN,
-                INTERMEDIATE,
-                num_experts,
-                top_k,
-                tp,
-                "silu",
-                fused=False,
-                renormalize=style == "mixtral",
-                weights_in_model_dtype=style == "qwen3_moe",
-                quantization=quantization,
-            )
-    finally:
-        torch.set_default_dtype(previous)
+    with default_dtype(dtype), DEVICE:
+        moe = SparseMoE(
+            HIDDEN,
+            INTERMEDIATE,
+            num_experts,
+            top_k,
+            tp,
+            "silu",
+            fused=False,
+            renormalize=style == "mixtral",
+            weights_in_model_dtype=style == "qwen3_moe",
+            quantization=quantization,
+        )
     moe.gate.weight.data.copy_(router)
     moe.experts.load("gate_up_proj", gate_up.to(DEVICE))
     moe.experts.load("down_proj", down.to(DEVICE))
