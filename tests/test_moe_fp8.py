@@ -290,6 +290,17 @@ def test_fp8_moe_models_generate_what_the_float_ones_mostly_do(kind, tmp_path):
     assert sum(deltas) / len(deltas) < MEAN_ABS_DELTA_LOGPROB
 
 
+def test_two_ranks_with_fp8_experts_each_quantize_their_share_and_agree_with_one(tmp_path):
+    """The engine's ranks (gloo on the CPU) build their FP8 experts from the same checkpoint: down's scales are
+    over each rank's share of the width, so not token-exact with one rank."""
+    from tests.test_fp8 import PROMPTS, first_token_agreement, greedy
+    from tests.tiny_models import build_model
+
+    folder = build_model("mixtral", tmp_path / "mixtral")
+    two = greedy(folder, PROMPTS, quantization="fp8", tensor_parallel_size=2)
+    assert first_token_agreement(two, greedy(folder, PROMPTS, quantization="fp8")) >= 0.75
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a CUDA device")
 def test_a_captured_graph_replays_the_fp8_experts_of_a_new_routing():
     moe = moe_layer(8, 2, "qwen3_moe", torch.bfloat16)
