@@ -149,7 +149,8 @@ def test_the_fused_kernel_on_fp8_weights_gives_the_torch_paths_numbers(dtype, st
     expected = moe.experts(x, ids, weights)
     got = fused(moe, x, ids, weights)
     assert got.dtype == dtype
-    tight = {"rtol": 1e-5, "atol": 1e-5} if dtype == torch.float32 else {"rtol": 1e-2, "atol": 1e-2}
+    step = {torch.float32: 1e-5, torch.float16: 1e-2, torch.bfloat16: 2e-2}[dtype]  # bfloat16's steps are 8x
+    tight = {"rtol": step, "atol": step}
     torch.testing.assert_close(got, expected, **tight)
 
 
@@ -316,7 +317,7 @@ def test_a_captured_graph_replays_the_fp8_experts_of_a_new_routing():
     ids.copy_(new_ids)
     weights.copy_(new_weights)
     graph.replay()
-    torch.testing.assert_close(out, moe.experts(x, new_ids, new_weights), rtol=1e-2, atol=1e-2)
+    torch.testing.assert_close(out, moe.experts(x, new_ids, new_weights), rtol=2e-2, atol=2e-2)
 
 
 @pytest.mark.skipif(
