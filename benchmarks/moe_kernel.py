@@ -1,6 +1,7 @@
 """One mixture-of-experts layer's experts, the fused Triton kernels against the torch paths, per token count.
 
     python -m benchmarks.moe_kernel [--shapes qwen3-30b-a3b,mixtral-8x7b] [--tp 2] [--tokens 1,8,64,256,1024,4096]
+    python -m benchmarks.moe_kernel --quantization fp8   # the experts in FP8 (weight-only), as the engine holds them
     python -m benchmarks.moe_kernel --sweep-tiles     # which tiles are fastest, against the ones tiles_for picks
 
 For each shape (benchmarks/shapes.py; one layer of it, random weights, this rank's 1/--tp of every expert's
@@ -11,9 +12,11 @@ width) and token count: a random routing through the layer's own router, then mi
     torch loop    the torch path: each expert on its tokens (host reads; what --enforce-eager ran before)
     every expert  every expert on every token, zero-weighted where unpicked, in a CUDA graph: what captured
                   steps ran before the fused kernels
-and the fused path's reading speed: the picked experts' weights (measured from the routing) over the graph's
-time, as a share of the GPU's datasheet bandwidth (benchmarks/roofline.py). The fused output's largest error
-against the torch loop's, relative to its largest magnitude, is printed too (bf16: ~1e-2).
+and the fused path's reading speed: the picked experts' weights (measured from the routing; with
+--quantization fp8 one byte a weight, and their scales) over the graph's time, as a share of the GPU's datasheet
+bandwidth (benchmarks/roofline.py). The fused output's largest error against the torch loop's, relative to its
+largest magnitude, is printed too (bf16: ~1e-2; the same numbers with FP8 weights, the torch loop then
+multiplying them in float32, models/fp8.py; no every-expert path).
 With --sweep-tiles, the fused graph's time under each tile size of SWEEP_DECODE or SWEEP_PREFILL instead, the
 three fastest printed beside tiles_for's choice (models/fused_moe.py), to tune it from.
 """
@@ -27,8 +30,9 @@ import triton.testing
 
 from benchmarks.roofline import gpu_peak
 from benchmarks.shapes import SHAPES
+from gpu_worker.model_loader import default_dtype
 from gpu_worker.models.fused_moe import Tiles, fused_experts, tiles_for
-from gpu_worker.models.moe import SparseMoE
+from gpu_worker.models.moe import MoEExperts, SparseMoE
 from gpu_worker.models.moe_sort import sort_by_expert
 from gpu_worker.parallel import TensorParallel
 
@@ -36,7 +40,7 @@ from gpu_worker.parallel import TensorParallel
 SWEEP_DECODE = [
     Tiles(block_m, block_n, block_k, num_warps, num_stages)
     for block_m in (16, 32)
-    for block_n, block_k in ((32, 128), (64, 64), (64, 128), (128, 64), (128, 128))
+    for block_n, block_k in ((32, 128), (64, 64), (64, 128), (128, 64), (128, 128), (64, 256))  # 256: FP8 rows
     for num_warps, num_stages in ((4, 3), (8, 3), (4, 4))
 ]
 SWEEP_PREFILL = [
@@ -48,24 +52,53 @@ SWEEP_PREFILL = [
 ]
 
 
-def moe_layer(shape: dict, tp: int, dtype: torch.dtype, device: torch.device) -> SparseMoE:
-    """One MoE layer of `shape` as rank 0 of `tp` holds it, weights ~N(0, 0.02) as an initialised model's."""
+def moe_layer(
+    shape: dict, tp: int, dtype: torch.dtype, device: torch.device, quantization: str | None = None
+) -> SparseMoE:
+    """One MoE layer of `shape` as rank 0 of `tp` holds it, weights ~N(0, 0.02) as an initialised model's, loaded
+    one expert's tensor at a time as a checkpoint's are (FP8 experts quantize them as they load)."""
     qwen = shape["model_type"] == "qwen3_moe"
-    layer = SparseMoE(
-        shape["hidden_size"],
-        shape["moe_intermediate_size"] if qwen else shape["intermediate_size"],
-        shape["num_experts"] if qwen else shape["num_local_experts"],
-        shape["num_experts_per_tok"],
-        TensorParallel(0, tp),
-        shape["hidden_act"],
-        fused=False,
-        renormalize=shape.get("norm_topk_prob", True),
-        weights_in_model_dtype=qwen,
-    )
-    layer.to(device, dtype)
-    for param in layer.parameters():
-        torch.nn.init.normal_(param, std=0.02)
+    with default_dtype(dtype), device:
+        layer = SparseMoE(
+            shape["hidden_size"],
+            shape["moe_intermediate_size"] if qwen else shape["intermediate_size"],
+            shape["num_experts"] if qwen else shape["num_local_experts"],
+            shape["num_experts_per_tok"],
+            TensorParallel(0, tp),
+            shape["hidden_act"],
+            fused=False,
+            renormalize=shape.get("norm_topk_prob", True),
+            weights_in_model_dtype=qwen,
+            quantization=quantization,
+        )
+        torch.nn.init.normal_(layer.gate.weight, std=0.02)
+        e = layer.experts
+        for expert in range(e.num_experts):
+            for which in (0, 1):  # gate, up
+                e.load("gate_up_proj", torch.randn(e.intermediate, e.hidden) * 0.02, (expert, which))
+            e.load("down_proj", torch.randn(e.hidden, e.intermediate) * 0.02, (expert, None))
     return layer
+
+
+def run_fused(experts: MoEExperts, x, ids, weights, tiles: Tiles | None = None) -> torch.Tensor:
+    """The fused path as MoEExperts.forward calls it (with these tiles, if given)."""
+    return fused_experts(
+        x,
+        experts.gate_up_proj,
+        experts.down_proj,
+        ids,
+        weights,
+        experts.activation,
+        tiles,
+        gate_up_scale=experts.gate_up_proj_scale,
+        down_scale=experts.down_proj_scale,
+    )
+
+
+def expert_bytes(experts: MoEExperts) -> int:
+    """One expert's weights (one byte each in FP8) and scales (float32, if any)."""
+    tensors = [experts.gate_up_proj, experts.down_proj, experts.gate_up_proj_scale, experts.down_proj_scale]
+    return sum(t[0].numel() * t.element_size() for t in tensors if t is not None)
 
 
 def every_expert(layer: SparseMoE, x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
@@ -92,15 +125,14 @@ def graph_ms(fn) -> float:
 def measure(layer: SparseMoE, num_tokens: int, every: bool) -> dict:
     experts = layer.experts
     block_m = tiles_for(num_tokens * layer.top_k, experts.num_experts).block_m
-    x = torch.randn(num_tokens, experts.hidden, device=experts.gate_up_proj.device).to(experts.gate_up_proj.dtype)
+    x = torch.randn(num_tokens, experts.hidden, device=experts.gate_up_proj.device).to(experts.dtype)
     ids, weights = layer.route(x)
 
     def fused() -> torch.Tensor:
-        return fused_experts(x, experts.gate_up_proj, experts.down_proj, ids, weights, experts.activation)
+        return run_fused(experts, x, ids, weights)
 
     reference = experts(x, ids, weights)
     error = (fused() - reference).abs().max().item() / reference.abs().max().item()
-    expert_bytes = (experts.gate_up_proj[0].numel() + experts.down_proj[0].numel()) * experts.gate_up_proj.itemsize
     graph = graph_ms(fused)
     return {
         "tokens": num_tokens,
@@ -110,7 +142,7 @@ def measure(layer: SparseMoE, num_tokens: int, every: bool) -> dict:
         "fused_eager_ms": triton.testing.do_bench(fused, return_mode="median"),
         "torch_loop_ms": triton.testing.do_bench(lambda: experts(x, ids, weights), return_mode="median"),
         "every_expert_ms": graph_ms(lambda: every_expert(layer, x, ids, weights)) if every else None,
-        "read_bytes_per_s": ids.unique().numel() * expert_bytes / (graph / 1000),
+        "read_bytes_per_s": ids.unique().numel() * expert_bytes(experts) / (graph / 1000),
         "error": error,
     }
 
@@ -118,12 +150,11 @@ def measure(layer: SparseMoE, num_tokens: int, every: bool) -> dict:
 def sweep(layer: SparseMoE, num_tokens: int) -> tuple[Tiles, float, list[tuple[float, Tiles]]]:
     """tiles_for's choice and its time, and the three fastest of the sweep for its regime (fastest first)."""
     experts = layer.experts
-    x = torch.randn(num_tokens, experts.hidden, device=experts.gate_up_proj.device).to(experts.gate_up_proj.dtype)
+    x = torch.randn(num_tokens, experts.hidden, device=experts.gate_up_proj.device).to(experts.dtype)
     ids, weights = layer.route(x)
 
     def timed(tiles: Tiles) -> float:
-        args = (x, experts.gate_up_proj, experts.down_proj, ids, weights, experts.activation, tiles)
-        return graph_ms(lambda: fused_experts(*args))
+        return graph_ms(lambda: run_fused(experts, x, ids, weights, tiles))
 
     chosen = tiles_for(ids.numel(), experts.num_experts)
     times = []
@@ -141,6 +172,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--tp", type=int, default=1, help="time rank 0's share of each expert (1/--tp of its width)")
     parser.add_argument("--tokens", default="1,8,64,256,1024,4096")
     parser.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"])
+    parser.add_argument(
+        "--quantization", "-q", choices=["fp8"], default=None, help="the experts' weights in FP8 (weight-only)"
+    )
     parser.add_argument("--sweep-tiles", action="store_true", help="time the fused graph under each tile size")
     parser.add_argument(
         "--every-expert-up-to", type=int, default=4096, help="time the every-expert path up to this many tokens"
@@ -150,9 +184,10 @@ def main(argv: list[str] | None = None) -> None:
         parser.error("the kernels are timed on CUDA")
     device, dtype = torch.device("cuda"), getattr(torch, args.dtype)
     peak = gpu_peak(torch.cuda.get_device_name())
-    print(f"{torch.cuda.get_device_name()}, {args.dtype}, TP={args.tp} (rank 0's share); ms per layer")
+    weights = "fp8 experts" if args.quantization else "experts in the dtype"
+    print(f"{torch.cuda.get_device_name()}, {args.dtype}, {weights}, TP={args.tp} (rank 0's share); ms per layer")
     for name in args.shapes.split(","):
-        layer = moe_layer(SHAPES[name], args.tp, dtype, device)
+        layer = moe_layer(SHAPES[name], args.tp, dtype, device, args.quantization)
         e = layer.experts
         print(f"\n{name}: {e.num_experts} experts, top-{layer.top_k}, hidden {e.hidden}, width {e.local} per rank")
         if args.sweep_tiles:
@@ -166,7 +201,8 @@ def main(argv: list[str] | None = None) -> None:
             f"{'every expert':>14}{'fused reads':>13}{'of peak':>9}{'rel err':>9}"
         )
         for num_tokens in (int(t) for t in args.tokens.split(",")):
-            r = measure(layer, num_tokens, num_tokens <= args.every_expert_up_to)
+            every_expert_too = num_tokens <= args.every_expert_up_to and args.quantization is None
+            r = measure(layer, num_tokens, every_expert_too)
             every = f"{r['every_expert_ms']:.3f}" if r["every_expert_ms"] is not None else "-"
             share = f"{100 * r['read_bytes_per_s'] / peak.hbm_bytes_per_s:.0f}%" if peak else "-"
             print(

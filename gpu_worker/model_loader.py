@@ -34,10 +34,13 @@ def load_model(
 ) -> torch.nn.Module:
     """fused_kernels: the model's Triton kernels for elementwise steps (CUDA) instead of torch ops.
     tp: this rank's share of the model (each layer takes its share of the whole tensors it is given).
-    quantization: "fp8" quantizes the projections' loaded (or random) weights, each rank its own shard."""
-    model, hf_config = build_model(folder, dtype, device, fused_kernels, tp)
+    quantization: "fp8" quantizes the projections' loaded (or random) weights, each rank its own shard; the
+    experts' rows as they load (models/moe.py: a mixture of experts is too large to build whole first)."""
+    if quantization is not None:
+        fp8.check_method(quantization, device)
+    model, hf_config = build_model(folder, dtype, device, fused_kernels, tp, quantization)
     if load_format == "dummy":
-        _init_dummy(model, hf_config, seed)
+        _init_dummy(model, hf_config, seed, dtype)
     else:
         read_weights(model, folder, device, progress)
     if quantization is not None:
@@ -46,12 +49,18 @@ def load_model(
 
 
 def build_model(
-    folder: str, dtype: torch.dtype, device: torch.device, fused_kernels: bool = False, tp: TensorParallel = SINGLE
+    folder: str,
+    dtype: torch.dtype,
+    device: torch.device,
+    fused_kernels: bool = False,
+    tp: TensorParallel = SINGLE,
+    quantization: str | None = None,
 ) -> tuple[torch.nn.Module, PretrainedConfig]:
-    """The model's layers on `device` in `dtype`, their weights not yet loaded; and its config."""
+    """The model's layers on `device` in `dtype` (experts in FP8 with quantization "fp8"), their weights not yet
+    loaded; and its config."""
     hf_config = AutoConfig.from_pretrained(folder)
-    with _default_dtype(dtype), device:
-        model = model_class_for(hf_config)(hf_config, fused_kernels=fused_kernels, tp=tp)
+    with default_dtype(dtype), device:
+        model = model_class_for(hf_config)(hf_config, fused_kernels=fused_kernels, tp=tp, quantization=quantization)
     return model, hf_config
 
 
@@ -64,7 +73,8 @@ def read_weights(model: torch.nn.Module, folder: str, device: torch.device, prog
 
 
 @contextlib.contextmanager
-def _default_dtype(dtype: torch.dtype):
+def default_dtype(dtype: torch.dtype):
+    """Layers built inside take `dtype` as the model dtype (their parameters', and what they read back as it)."""
     previous = torch.get_default_dtype()
     torch.set_default_dtype(dtype)
     try:
@@ -73,9 +83,10 @@ def _default_dtype(dtype: torch.dtype):
         torch.set_default_dtype(previous)
 
 
-def _init_dummy(model: torch.nn.Module, hf_config, seed: int) -> None:
+def _init_dummy(model: torch.nn.Module, hf_config, seed: int, dtype: torch.dtype) -> None:
     """Random weights with the checkpoint's scale, so activations stay in a realistic range. A tensor-parallel
-    layer's are drawn whole and split (load_tensor), so every tensor-parallel size gets the same model."""
+    layer's are drawn whole and split (load_tensor), so every tensor-parallel size gets the same model. Each is
+    handed over in the model dtype, as a checkpoint's would be: FP8 experts quantize it as they load."""
     std = getattr(hf_config, "initializer_range", 0.02)
     params = dict(model.named_parameters())
     # Drawn where the model lives: an 8B model's weights take seconds on a GPU, a minute on the CPU's generator.
@@ -91,4 +102,4 @@ def _init_dummy(model: torch.nn.Module, hf_config, seed: int) -> None:
             values = torch.zeros(shape, device=device)
         else:
             values = torch.randn(shape, generator=gen, device=device) * std
-        load_tensor(model, params, name, values.to(param.dtype))
+        load_tensor(model, params, name, values.to(param.dtype if param.dtype != fp8.FP8 else dtype))

@@ -109,7 +109,7 @@ def separate_quantizations(monkeypatch) -> list[int]:
 
 
 # Per layer, the projections whose input no fused kernel quantizes: o_proj; OLMo 2 (post-norm) has no norm before
-# qkv and gate_up; Mixtral's experts stay in the model dtype and its norm before them also feeds the router.
+# qkv and gate_up; Mixtral's experts are FP8 weight-only (their inputs stay in the model dtype: models/moe.py).
 APART_PER_LAYER = {"llama": 1, "gemma2": 1, "olmo2": 3, "mixtral": 1}
 
 

@@ -25,6 +25,12 @@ defines `fuse_fp8_inputs()`, which quantize_weights calls once the projections a
     gate_up_proj    the norm before a dense MLP (with the residual add)  Llama's and Gemma's layers
     down_proj       act(gate) * up                                       every GatedMLP (models/mlp.py)
     o_proj          `linear` (the attention output has no such kernel)   all
+
+The mixture-of-experts experts (models/moe.py) are FP8 too, weight-only: every expert's rows quantized with
+quantize_rows as they load (one scale per expert and output channel; a Mixtral-8x7B is 93 GB in bfloat16, so
+a model built whole before quantizing would not fit the GPU it fits in FP8), their activations left in the
+model dtype. The fused kernel (models/fused_moe.py) converts each weight tile to the activations' dtype and
+multiplies its float32 sums by the channel scales; the torch path computes the same numbers (weight_only_linear).
 """
 
 from __future__ import annotations
@@ -101,17 +107,31 @@ def linear(x: Activation, weight: torch.Tensor, bias: torch.Tensor | None, weigh
     return y if bias is None else y + bias
 
 
-def quantize_weights(model: nn.Module, method: str) -> None:
-    """Quantize in place every layer that declares a `weight_scale` (the decoder layers' projections): its
-    weight becomes float8 rows, its weight_scale their scales as one row [1, N]."""
+def weight_only_linear(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor | None) -> torch.Tensor:
+    """x [M, K] @ weight.T in x's dtype; with an FP8 weight [N, K] and its scales [N] float32, the product of x
+    and the float8 values summed in float32, times each channel's scale, then rounded: the numbers of the fused
+    MoE kernel (models/fused_moe.py), whose weight tiles convert to x's dtype exactly (e4m3 fits in it)."""
+    if weight_scale is None:
+        return F.linear(x, weight)
+    return (F.linear(x.float(), weight.float()) * weight_scale).to(x.dtype)
+
+
+def check_method(method: str, device: torch.device) -> None:
+    """Refuse a method this engine does not have, or FP8 on a GPU without FP8 (before anything is built)."""
     if method not in QUANTIZATION_METHODS:
         raise ValueError(f"quantization {method!r} is not supported (choose from {', '.join(QUANTIZATION_METHODS)})")
-    device = next(model.parameters()).device
     if device.type == "cuda" and torch.cuda.get_device_capability(device) < (8, 9):
         major, minor = torch.cuda.get_device_capability(device)
         raise ValueError(
             f"--quantization fp8 needs FP8 matmuls: a GPU of compute capability 8.9 or more, not {major}.{minor}"
         )
+
+
+def quantize_weights(model: nn.Module, method: str) -> None:
+    """Quantize in place every layer that declares a `weight_scale` (the decoder layers' projections): its
+    weight becomes float8 rows, its weight_scale their scales as one row [1, N]. (The experts quantized as they
+    loaded.)"""
+    check_method(method, next(model.parameters()).device)
     for name, module in model.named_modules():
         if not hasattr(module, "weight_scale") or module.weight_scale is not None:
             continue

@@ -17,6 +17,11 @@ experts some token picked are read.
 Rounding follows the torch path (models/moe.py), which rounds to the model dtype after each projection, after
 the activation, after the product, and after the routing weight: float32 results differ from it only in the
 last bits of sums taken in another order (the matmuls' own, and the k experts' sum).
+
+FP8 weights (--quantization fp8, weight-only: models/fp8.py): each weight tile is loaded as float8 (half the
+bytes of bfloat16: decode steps are bound by reading them) and converted to the activations' dtype, exactly
+(e4m3 values fit in bfloat16, float16 and float32); the float32 sums are multiplied by each expert's channel
+scales before anything else, as fp8.weight_only_linear does on the torch path.
 """
 
 from __future__ import annotations
@@ -57,6 +62,7 @@ def tiles_for(num_pairs: int, num_experts: int) -> Tiles:
 def _expert_matmul_kernel(
     a_ptr,
     w_ptr,
+    w_scale_ptr,
     out_ptr,
     rows_ptr,
     block_experts_ptr,
@@ -66,6 +72,7 @@ def _expert_matmul_kernel(
     stride_a,
     stride_we,
     stride_wn,
+    stride_se,
     stride_o,
     N: tl.constexpr,
     K: tl.constexpr,
@@ -73,6 +80,7 @@ def _expert_matmul_kernel(
     PAIRS_PER_A_ROW: tl.constexpr,
     GATE_UP: tl.constexpr,
     GELU: tl.constexpr,
+    W_FP8: tl.constexpr,
     PRECISION: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
@@ -81,7 +89,7 @@ def _expert_matmul_kernel(
 ):
     """out[p, n] for the pairs p of one block of rows and BLOCK_N columns: GATE_UP, act(a @ w[:N].T) *
     (a @ w[N:].T) with a = x[p // k]; else (a @ w.T) * weights[p] with a = h[p]. w is [E, N or 2N, K], a and w
-    contiguous along K.
+    contiguous along K. W_FP8: w is float8 with float32 scales [E, N or 2N] (w_scale_ptr; unread otherwise).
     GROUP_M 0: programs walk the blocks of rows first, so neighbours share a weight tile while an expert's blocks
     last; else GROUP_M blocks of rows at a time, each across every column block."""
     pid = tl.program_id(0)
@@ -112,10 +120,20 @@ def _expert_matmul_kernel(
         k_mask = ks < K - k0
         a = tl.load(a_ptrs + k0, mask=row_mask[:, None] & k_mask[None, :], other=0.0)
         w_mask = k_mask[:, None] & col_mask[None, :]
-        acc = tl.dot(a, tl.load(w_ptrs + k0, mask=w_mask, other=0.0), acc, input_precision=PRECISION)
+        w = tl.load(w_ptrs + k0, mask=w_mask, other=0.0)
+        if W_FP8:
+            w = w.to(a.dtype)
+        acc = tl.dot(a, w, acc, input_precision=PRECISION)
         if GATE_UP:
             up = tl.load(w_ptrs + N * stride_wn + k0, mask=w_mask, other=0.0)
+            if W_FP8:
+                up = up.to(a.dtype)
             acc_up = tl.dot(a, up, acc_up, input_precision=PRECISION)
+    if W_FP8:
+        scale_ptrs = w_scale_ptr + expert * stride_se + cols
+        acc = acc * tl.load(scale_ptrs, mask=col_mask, other=0.0)[None, :]
+        if GATE_UP:
+            acc_up = acc_up * tl.load(scale_ptrs + N, mask=col_mask, other=0.0)[None, :]
     dtype = out_ptr.dtype.element_ty
     if GATE_UP:  # as models/triton_ops.py's act_and_mul, on the projections rounded to the model dtype
         g = acc.to(dtype).to(tl.float32)
@@ -131,13 +149,14 @@ def _expert_matmul_kernel(
     tl.store(out_ptrs, out.to(dtype), mask=row_mask[:, None] & col_mask[None, :])
 
 
-def _launch(a, w, out, rows, block_experts, weights, pairs_per_a_row, gate_up, activation, tiles):
+def _launch(a, w, w_scale, out, rows, block_experts, weights, pairs_per_a_row, gate_up, activation, tiles):
     num_blocks = block_experts.numel()
     n = out.shape[1]
     grid = (num_blocks * triton.cdiv(n, tiles.block_n),)
     _expert_matmul_kernel[grid](
         a,
         w,
+        w if w_scale is None else w_scale,  # a pointer the kernel never reads without FP8
         out,
         rows,
         block_experts,
@@ -147,6 +166,7 @@ def _launch(a, w, out, rows, block_experts, weights, pairs_per_a_row, gate_up, a
         a.stride(0),
         w.stride(0),
         w.stride(1),
+        0 if w_scale is None else w_scale.stride(0),
         out.stride(0),
         N=n,
         K=w.shape[2],
@@ -154,6 +174,7 @@ def _launch(a, w, out, rows, block_experts, weights, pairs_per_a_row, gate_up, a
         PAIRS_PER_A_ROW=pairs_per_a_row,
         GATE_UP=gate_up,
         GELU=activation == "gelu_tanh",
+        W_FP8=w_scale is not None,
         PRECISION="ieee" if a.dtype == torch.float32 else "tf32",
         BLOCK_M=tiles.block_m,
         BLOCK_N=tiles.block_n,
@@ -173,17 +194,21 @@ def fused_experts(
     weights: torch.Tensor,
     activation: str = "silu",
     tiles: Tiles | None = None,
+    *,
+    gate_up_scale: torch.Tensor | None = None,
+    down_scale: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """x [T, H]; gate_up [E, 2I, H] (gate rows, then up); down [E, H, I]; ids, weights [T, k] -> [T, H] in x's
     dtype: sum_j weights[t, j] * down[e] @ act_and_mul(gate_up[e] @ x[t]), e = ids[t, j]. tiles: tiles_for's
-    unless given (benchmarks/moe_kernel.py --sweep-tiles)."""
+    unless given (benchmarks/moe_kernel.py --sweep-tiles). FP8 weights come with their scales, float32
+    gate_up_scale [E, 2I] and down_scale [E, H], each weight's rows times its scales being the expert's."""
     num_tokens, top_k = ids.shape
     num_pairs = num_tokens * top_k
     tiles = tiles or tiles_for(num_pairs, gate_up.shape[0])
     rows, block_experts = sort_by_expert(ids, gate_up.shape[0], tiles.block_m)
     x, weights = x.contiguous(), weights.flatten()
     h = torch.empty(num_pairs, down.shape[2], dtype=x.dtype, device=x.device)
-    _launch(x, gate_up, h, rows, block_experts, weights, top_k, True, activation, tiles)  # weights unread
+    _launch(x, gate_up, gate_up_scale, h, rows, block_experts, weights, top_k, True, activation, tiles)
     y = torch.empty(num_pairs, down.shape[1], dtype=x.dtype, device=x.device)
-    _launch(h, down, y, rows, block_experts, weights, 1, False, activation, tiles)
+    _launch(h, down, down_scale, y, rows, block_experts, weights, 1, False, activation, tiles)
     return y.view(num_tokens, top_k, -1).sum(dim=1)  # in float32, rounded once

@@ -70,7 +70,10 @@ class GemmaDecoderLayer(nn.Module):
 
 
 class GemmaForCausalLM(CausalLM):
-    def __init__(self, config, fused_kernels: bool = False, tp: TensorParallel = SINGLE):
+    def __init__(
+        self, config, fused_kernels: bool = False, tp: TensorParallel = SINGLE, quantization: str | None = None
+    ):
+        """quantization: unused (no experts, the only layers built quantized; models/fp8.py)."""
         if getattr(config, "use_bidirectional_attention", False):
             raise ValueError("Gemma 3 with use_bidirectional_attention (an embedding model) is not supported")
         if config.model_type == "gemma3_text":  # one RoPE table per layer type, shared by the layers of that type

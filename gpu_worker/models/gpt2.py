@@ -47,8 +47,11 @@ class GPT2Block(nn.Module):
 
 
 class GPT2ForCausalLM(nn.Module):
-    def __init__(self, config, fused_kernels: bool = False, tp: TensorParallel = SINGLE):
-        # fused_kernels changes nothing here: LayerNorm and GELU are already one torch kernel each.
+    def __init__(
+        self, config, fused_kernels: bool = False, tp: TensorParallel = SINGLE, quantization: str | None = None
+    ):
+        # fused_kernels changes nothing here: LayerNorm and GELU are already one torch kernel each; nor does
+        # quantization (only experts are built quantized; projections are quantized after loading: models/fp8.py).
         super().__init__()
         unsupported = [
             name

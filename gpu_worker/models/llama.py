@@ -34,7 +34,7 @@ from gpu_worker.parallel import SINGLE, TensorParallel
 PER_HEAD_QK_NORM = ("qwen3", "qwen3_moe")
 
 
-def llama_mlp(config, layer_index: int, tp: TensorParallel, fused: bool) -> nn.Module:
+def llama_mlp(config, layer_index: int, tp: TensorParallel, fused: bool, quantization: str | None) -> nn.Module:
     h, act = config.hidden_size, config.hidden_act
     if config.model_type == "mixtral":
         return SparseMoE(
@@ -47,6 +47,7 @@ def llama_mlp(config, layer_index: int, tp: TensorParallel, fused: bool) -> nn.M
             fused=fused,
             renormalize=True,
             weights_in_model_dtype=False,
+            quantization=quantization,
         )
     if config.model_type == "qwen3_moe" and _is_sparse_layer(config, layer_index):
         return SparseMoE(
@@ -59,6 +60,7 @@ def llama_mlp(config, layer_index: int, tp: TensorParallel, fused: bool) -> nn.M
             fused=fused,
             renormalize=config.norm_topk_prob,
             weights_in_model_dtype=True,
+            quantization=quantization,
         )
     return GatedMLP(h, config.intermediate_size, tp, act, fused, bias=getattr(config, "mlp_bias", False))
 
@@ -73,7 +75,15 @@ def _is_sparse_layer(config, layer_index: int) -> bool:
 
 
 class LlamaDecoderLayer(nn.Module):
-    def __init__(self, config, layer_index: int, rotary: RotaryEmbedding, fused_kernels: bool, tp: TensorParallel):
+    def __init__(
+        self,
+        config,
+        layer_index: int,
+        rotary: RotaryEmbedding,
+        fused_kernels: bool,
+        tp: TensorParallel,
+        quantization: str | None,
+    ):
         super().__init__()
         h, eps = config.hidden_size, config.rms_norm_eps
         attention_bias = getattr(config, "attention_bias", False)
@@ -91,7 +101,7 @@ class LlamaDecoderLayer(nn.Module):
             k_norm=RMSNorm(head_dim, eps, fused_kernels) if qk_norm else None,
         )
         self.post_attention_layernorm = RMSNorm(h, eps, fused_kernels)
-        self.mlp = llama_mlp(config, layer_index, tp, fused_kernels)
+        self.mlp = llama_mlp(config, layer_index, tp, fused_kernels, quantization)
         # Both row-parallel outputs go straight to a residual norm (this layer's second, the next layer's first
         # or the model's last): the norm sums them, in its own kernel where it can (models/norms.py).
         self.self_attn.o_proj.sum_in_next_norm = True
@@ -119,6 +129,12 @@ class LlamaDecoderLayer(nn.Module):
 
 
 class LlamaForCausalLM(CausalLM):
-    def __init__(self, config, fused_kernels: bool = False, tp: TensorParallel = SINGLE):
+    def __init__(
+        self, config, fused_kernels: bool = False, tp: TensorParallel = SINGLE, quantization: str | None = None
+    ):
+        """quantization: "fp8" builds the experts (Mixtral, Qwen3-MoE) in FP8, quantized as they load; the
+        projections are quantized after loading (models/fp8.py)."""
         rotary = RotaryEmbedding(config, fused_kernels)  # one table, shared by every layer
-        super().__init__(config, tp, fused_kernels, lambda i: LlamaDecoderLayer(config, i, rotary, fused_kernels, tp))
+        super().__init__(
+            config, tp, fused_kernels, lambda i: LlamaDecoderLayer(config, i, rotary, fused_kernels, tp, quantization)
+        )

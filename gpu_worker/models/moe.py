@@ -11,6 +11,11 @@ Tensor parallelism splits every expert's intermediate width (gate|up by rows, do
 dense MLP): the router runs whole on every rank, each rank sums its share of every expert, and one
 all-reduce adds the shares.
 
+With --quantization fp8 the experts are FP8 weight-only (models/fp8.py): each row is quantized as it loads,
+scales [E, 2I] for gate|up and [E, H] for down (per expert and output channel), the activations stay in the
+model dtype. A rank quantizes the rows it holds: gate|up's scales are the whole layer's rows of them; down's
+are over the rank's share of the width, as a row-parallel projection's (its partial sums come scaled).
+
 How the experts run:
 - fused (the Triton path, CUDA; models/fused_moe.py): pairs sorted by expert, two grouped matmuls, only the
   picked experts' weights read; no host reads and fixed shapes, so CUDA graphs capture it;
@@ -21,9 +26,9 @@ How the experts run:
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
+from gpu_worker.models import fp8
 from gpu_worker.models.mlp import act_and_mul, activation_of
 from gpu_worker.models.weights import TensorSource
 from gpu_worker.parallel import TensorParallel
@@ -34,8 +39,17 @@ class MoEExperts(nn.Module):
     store one tensor per expert load into their rows (`load` with part (expert, 0 gate | 1 up | None))."""
 
     def __init__(
-        self, num_experts: int, hidden: int, intermediate: int, tp: TensorParallel, hidden_act: str, fused: bool
+        self,
+        num_experts: int,
+        hidden: int,
+        intermediate: int,
+        tp: TensorParallel,
+        hidden_act: str,
+        fused: bool,
+        quantization: str | None = None,
     ):
+        """quantization "fp8": the stacked weights are float8 from the start (never whole in the model dtype),
+        each row quantized by `load`."""
         super().__init__()
         self.tp = tp
         self.fused = fused
@@ -44,8 +58,16 @@ class MoEExperts(nn.Module):
         self.intermediate = intermediate  # whole, before the split
         self.local = tp.shard(intermediate, "expert MLP features (moe_intermediate_size)")
         self.activation = activation_of(hidden_act)
-        self.gate_up_proj = nn.Parameter(torch.empty(num_experts, 2 * self.local, hidden))
-        self.down_proj = nn.Parameter(torch.empty(num_experts, hidden, self.local))
+        self.dtype = torch.get_default_dtype()  # the model dtype: the loader builds the model under it
+        weight_dtype = fp8.FP8 if quantization == "fp8" else self.dtype
+        gate_up = torch.empty(num_experts, 2 * self.local, hidden, dtype=weight_dtype)
+        down = torch.empty(num_experts, hidden, self.local, dtype=weight_dtype)
+        self.gate_up_proj = nn.Parameter(gate_up, requires_grad=False)
+        self.down_proj = nn.Parameter(down, requires_grad=False)
+        quantized = weight_dtype == fp8.FP8
+        # Per expert and output channel, float32; None: the weights are in the model dtype.
+        self.register_buffer("gate_up_proj_scale", torch.empty(gate_up.shape[:2]) if quantized else None)
+        self.register_buffer("down_proj_scale", torch.empty(down.shape[:2]) if quantized else None)
 
     def full_shape(self, name: str) -> tuple[int, ...]:
         e, h, i = self.num_experts, self.hidden, self.intermediate
@@ -57,24 +79,34 @@ class MoEExperts(nn.Module):
     def load(self, name: str, full: TensorSource, part: tuple[int, int | None] | None = None) -> None:
         """Whole stacked tensors (part None), or one expert's gate (part (e, 0)), up ((e, 1)) or down ((e, None)).
         Reads only this rank's rows of gate and up, its columns of down."""
-        param = getattr(self, name)
         r, n, i = self.tp.rank, self.local, self.intermediate
         if part is None:
             _check(full.shape, self.full_shape(name))
             if name == "gate_up_proj":
                 for which in (0, 1):  # gate rows, then up rows
                     start = which * i + r * n
-                    param.data[:, which * n : (which + 1) * n].copy_(full[:, start : start + n])
+                    self._store(name, (slice(None), slice(which * n, (which + 1) * n)), full[:, start : start + n])
             else:
-                param.data.copy_(full[:, :, r * n : (r + 1) * n])
+                self._store(name, (slice(None),), full[:, :, r * n : (r + 1) * n])
             return
         expert, which = part
         if name == "gate_up_proj":
             _check(full.shape, (i, self.hidden))
-            param.data[expert, which * n : (which + 1) * n].copy_(full[r * n : (r + 1) * n])
+            self._store(name, (expert, slice(which * n, (which + 1) * n)), full[r * n : (r + 1) * n])
         else:
             _check(full.shape, (self.hidden, i))
-            param.data[expert].copy_(full[:, r * n : (r + 1) * n])
+            self._store(name, (expert,), full[:, r * n : (r + 1) * n])
+
+    def _store(self, name: str, at: tuple, rows: torch.Tensor) -> None:
+        """Copy `rows` (output channels along the second-last dimension) into weight `name`[at]; FP8 weights take
+        them rounded to the model dtype first, as the unquantized model holds them, then quantized row by row."""
+        scale = getattr(self, f"{name}_scale")
+        if scale is None:
+            getattr(self, name).data[at].copy_(rows)
+            return
+        q, row_scales = fp8.quantize_rows(rows.to(self.dtype).reshape(-1, rows.shape[-1]))
+        getattr(self, name).data[at].copy_(q.view(rows.shape))
+        scale[at].copy_(row_scales.view(rows.shape[:-1]))
 
     def forward(self, x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
         """x [T, H]; ids, weights [T, k]: each token's experts and their weights. Returns this rank's share of
@@ -82,11 +114,23 @@ class MoEExperts(nn.Module):
         if self.fused:
             from gpu_worker.models.fused_moe import fused_experts
 
-            return fused_experts(x, self.gate_up_proj, self.down_proj, ids, weights, self.activation)
+            return fused_experts(
+                x,
+                self.gate_up_proj,
+                self.down_proj,
+                ids,
+                weights,
+                self.activation,
+                gate_up_scale=self.gate_up_proj_scale,
+                down_scale=self.down_proj_scale,
+            )
         return self._routed_tokens(x, ids, weights)
 
     def _expert(self, e: int, x: torch.Tensor) -> torch.Tensor:
-        return F.linear(act_and_mul(F.linear(x, self.gate_up_proj[e]), self.activation, False), self.down_proj[e])
+        gate_up_scale = None if self.gate_up_proj_scale is None else self.gate_up_proj_scale[e]
+        down_scale = None if self.down_proj_scale is None else self.down_proj_scale[e]
+        h = act_and_mul(fp8.weight_only_linear(x, self.gate_up_proj[e], gate_up_scale), self.activation, False)
+        return fp8.weight_only_linear(h, self.down_proj[e], down_scale)
 
     def _routed_tokens(self, x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
         out = torch.zeros_like(x)
@@ -111,14 +155,15 @@ class SparseMoE(nn.Module):
         fused: bool,
         renormalize: bool,
         weights_in_model_dtype: bool,
+        quantization: str | None = None,
     ):
         super().__init__()
         self.tp = tp
         self.top_k = top_k
         self.renormalize = renormalize
         self.weights_in_model_dtype = weights_in_model_dtype
-        self.gate = nn.Linear(hidden, num_experts, bias=False)  # the router, whole on every rank
-        self.experts = MoEExperts(num_experts, hidden, intermediate, tp, hidden_act, fused)
+        self.gate = nn.Linear(hidden, num_experts, bias=False)  # the router, whole on every rank, never FP8
+        self.experts = MoEExperts(num_experts, hidden, intermediate, tp, hidden_act, fused, quantization)
 
     def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """[T, k] expert ids and weights."""

@@ -80,7 +80,10 @@ class Olmo2DecoderLayer(nn.Module):
 
 
 class Olmo2ForCausalLM(CausalLM):
-    def __init__(self, config, fused_kernels: bool = False, tp: TensorParallel = SINGLE):
+    def __init__(
+        self, config, fused_kernels: bool = False, tp: TensorParallel = SINGLE, quantization: str | None = None
+    ):
+        """quantization: unused (no experts, the only layers built quantized; models/fp8.py)."""
         rotary = RotaryEmbedding(config, fused_kernels)
         super().__init__(
             config,
