@@ -12,6 +12,13 @@ its share, decided here once:
 The share reaches a child as OMP_NUM_THREADS in its environment at spawn (torch reads it as it is imported,
 before any parallel op). An OMP_NUM_THREADS the launcher itself was given wins for every process: the user's
 own choice (the test suite sets 1).
+
+Idle compute threads sleep (OMP_WAIT_POLICY=PASSIVE), where OpenMP's default has them spin after every parallel
+op: a CPU forward's second thread then holds its core through the Python between ops, and the frontend, the
+tokenizer workers and the scheduler, which share those cores, wait for it. On the 2-core CPU with other work
+running (load average 6-7), the tiny Llama's lone prompt took 187-262 ms to its first token through the server
+spinning and 9-16 ms sleeping, 32 prompts at once 950-1,390 ms against 73-132 ms (benchmarks/arrivals.py; the
+offline engine's 31-token prefill 147-199 ms against 8-10). A policy the launcher was given wins, as the count does.
 """
 
 from __future__ import annotations
@@ -22,6 +29,8 @@ from contextlib import contextmanager
 
 THREADS_VARIABLE = "OMP_NUM_THREADS"
 HOST_PROCESS_THREADS = 1
+WAIT_POLICY_VARIABLE = "OMP_WAIT_POLICY"
+IDLE_THREADS_SLEEP = "PASSIVE"
 
 
 def machine_cores() -> int:
@@ -38,13 +47,13 @@ def gpu_worker_threads(total: int, gpu_workers: int) -> int:
 
 @contextmanager
 def spawned_with_threads(threads: int) -> Iterator[None]:
-    """Children spawned inside this block start with `threads` compute threads, unless the launcher was given
-    OMP_NUM_THREADS itself (then that)."""
-    if THREADS_VARIABLE in os.environ:
-        yield
-        return
-    os.environ[THREADS_VARIABLE] = str(threads)
+    """Children spawned inside this block start with `threads` compute threads whose idle ones sleep, unless the
+    launcher was given OMP_NUM_THREADS or OMP_WAIT_POLICY itself (then that one, as given)."""
+    ours = {THREADS_VARIABLE: str(threads), WAIT_POLICY_VARIABLE: IDLE_THREADS_SLEEP}
+    ours = {name: value for name, value in ours.items() if name not in os.environ}
+    os.environ.update(ours)
     try:
         yield
     finally:
-        del os.environ[THREADS_VARIABLE]
+        for name in ours:
+            del os.environ[name]

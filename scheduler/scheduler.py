@@ -16,11 +16,12 @@ One step (schedule), in order:
 All of a step's chunks go to the worker as one plan, computed in one forward.
 
 Prompts that arrive together are prefilled together. A plan made ahead (another is still in flight) is held
-back while the running batch is nothing but the newcomers of the plan in flight (the engine was idle): it
+back while the running batch is nothing but the newcomers of the plan in flight (the engine was idle, or has
+only requests left whose last token is planned already: they leave the batch at the next plan): it
 would only carry their first decodes, and the prompts arriving behind the first one, while its prefill runs,
 would then wait for two plans instead of one. Held, they all join the next plan, made when the result comes
-(the worker waits one turnaround for it, once per start from idle). A batch with older requests in it, or a
-full one, is planned ahead as ever.
+(the worker waits one turnaround for it, once each time the batch starts over). A batch with older requests in
+it, or a full one, is planned ahead as ever.
 
 Results arrive PIPELINE_DEPTH - 1 steps late (the next plan is made while the GPU runs this one), so a
 request that sampled EOS may be scheduled once more; that extra token is discarded here. A request that
@@ -252,10 +253,21 @@ class Scheduler:
         return plan
 
     def _only_newcomers_running(self) -> bool:
-        """The running batch has room and holds only requests the latest plan admitted."""
+        """The running batch has room and holds only requests the latest plan admitted, besides those whose last
+        sample is planned already: they leave the batch at the next plan (_retire_last_sampled), so a plan ahead
+        would carry nothing of theirs either."""
         newcomers = self._newcomers
-        running = self.running
-        return bool(running) and len(running) < self.max_num_seqs and all(r.rid in newcomers for r in running)
+        if not newcomers:
+            return False
+        leaving = {r.rid for r in self._last_sampled} if self._last_sampled else ()
+        staying = 0
+        for request in self.running:  # oldest first: in a busy batch the first one answers
+            if request.rid in leaving:
+                continue
+            if request.rid not in newcomers:
+                return False
+            staying += 1
+        return 0 < staying < self.max_num_seqs
 
     def _retire_last_sampled(self) -> None:
         """Running requests whose last sample is planned (max_tokens or the context reached) only wait

@@ -1,5 +1,5 @@
-"""Each process's compute threads: the GPU workers split the cores, every other process takes 1, and an
-OMP_NUM_THREADS the launcher was given wins."""
+"""Each process's compute threads: the GPU workers split the cores, every other process takes 1, idle threads
+sleep, and an OMP_NUM_THREADS or OMP_WAIT_POLICY the launcher was given wins."""
 
 from __future__ import annotations
 
@@ -18,10 +18,11 @@ def test_gpu_workers_split_the_cores_at_least_one_each(cores, gpu_workers, each)
 
 
 def _child_threads(queue) -> None:
-    queue.put(os.environ.get("OMP_NUM_THREADS"))
+    queue.put((os.environ.get("OMP_NUM_THREADS"), os.environ.get("OMP_WAIT_POLICY")))
 
 
-def spawn_and_read_threads(threads: int) -> str | None:
+def spawn_and_read_threads(threads: int) -> tuple[str | None, str | None]:
+    """The child's OMP_NUM_THREADS and OMP_WAIT_POLICY."""
     ctx = mp.get_context("spawn")
     queue = ctx.Queue()
     process = ctx.Process(target=_child_threads, args=(queue,))
@@ -34,13 +35,21 @@ def spawn_and_read_threads(threads: int) -> str | None:
 
 def test_a_child_spawned_with_a_share_starts_with_it_and_the_launcher_keeps_its_own(monkeypatch):
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
-    assert spawn_and_read_threads(3) == "3"
-    assert "OMP_NUM_THREADS" not in os.environ
+    monkeypatch.delenv("OMP_WAIT_POLICY", raising=False)
+    assert spawn_and_read_threads(3) == ("3", "PASSIVE"), "idle compute threads sleep instead of spinning"
+    assert "OMP_NUM_THREADS" not in os.environ and "OMP_WAIT_POLICY" not in os.environ
 
 
 def test_an_omp_num_threads_given_to_the_launcher_wins(monkeypatch):
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
-    assert spawn_and_read_threads(3) == "1"
+    monkeypatch.delenv("OMP_WAIT_POLICY", raising=False)
+    assert spawn_and_read_threads(3) == ("1", "PASSIVE")
+
+
+def test_an_omp_wait_policy_given_to_the_launcher_wins(monkeypatch):
+    monkeypatch.setenv("OMP_WAIT_POLICY", "ACTIVE")
+    assert spawn_and_read_threads(3)[1] == "ACTIVE"
+    assert os.environ["OMP_WAIT_POLICY"] == "ACTIVE"
 
 
 def test_cpu_threads_must_be_at_least_one(capsys):

@@ -219,6 +219,34 @@ def test_prompts_arriving_while_the_first_prefills_are_all_in_the_next_plan():
     scheduler.check_integrity()
 
 
+def test_prompts_waiting_together_that_fit_the_budget_are_all_in_one_prefill_plan():
+    scheduler = arrivals_scheduler()
+    arrive(scheduler, range(32))
+    plan = scheduler.schedule()
+    assert sorted(s.rid for s in plan.new_requests) == list(range(32))
+    assert all(c.sample for c in plan.chunks), "every prompt is computed whole and samples its first token"
+    assert not scheduler.waiting
+
+
+def test_arrivals_while_the_last_requests_finish_are_in_the_next_plan_not_two_later():
+    # Request 0 (two tokens) samples its last token in the plan that prefills 1-4; 5-8 arrive while that plan is
+    # in flight. Request 0 leaves the batch at the next plan, so a plan made ahead would only decode 1-4, and 5-8
+    # would wait behind it: it is held, and 5-8 are prefilled in the next plan, beside 1-4's first decodes.
+    scheduler = arrivals_scheduler()
+    arrive(scheduler, [0], max_tokens=2)
+    scheduler.process_result(result_of(scheduler.schedule()))
+    arrive(scheduler, range(1, 5))
+    second = scheduler.schedule()
+    assert sorted(c.rid for c in second.chunks) == [0, 1, 2, 3, 4]
+    assert scheduler.schedule(ahead=True) is None, "nothing but 1-4's first decodes would go ahead"
+    arrive(scheduler, range(5, 9))
+    scheduler.process_result(result_of(second))
+    third = scheduler.schedule()
+    assert sorted(s.rid for s in third.new_requests) == [5, 6, 7, 8]
+    assert sorted(c.rid for c in third.chunks) == list(range(1, 9)), "request 0 is done, 1-4 decode beside them"
+    scheduler.check_integrity()
+
+
 def test_a_batch_with_older_requests_is_planned_ahead_with_the_arrivals_in_it():
     # Pipelining is kept once the engine is busy: the plan ahead decodes the older requests and admits
     # whatever has arrived.
