@@ -268,6 +268,7 @@ def sweep_splits(batch: Batch, shape: Shape, failures: list[str]) -> None:
                     span,
                     seqs,
                     starts,
+                    metadata.decode_merge_counts,
                 )
             )
             times.append(f"{slice_len}:{ms * 1e3:.0f}us")

@@ -115,10 +115,21 @@ def ours_decode(batch: PagedBatch, scale: float):
     )
     context_lens = torch.tensor(batch.context_lens, dtype=torch.int32, device=DEVICE)
     out = torch.empty_like(batch.q)
+    merge_counts = kernels.decode_merge_counts(len(batch.context_lens), batch.k_cache.shape[2], DEVICE)
 
     def run() -> torch.Tensor:
         kernels.decode_attention(
-            batch.q, out, batch.k_cache, batch.v_cache, batch.block_tables, context_lens, scale, span, seqs, starts
+            batch.q,
+            out,
+            batch.k_cache,
+            batch.v_cache,
+            batch.block_tables,
+            context_lens,
+            scale,
+            span,
+            seqs,
+            starts,
+            merge_counts,
         )
         return out
 

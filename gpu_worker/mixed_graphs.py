@@ -14,7 +14,7 @@ sized for the most its bucket can hold, and the step's real extent is read on th
 T: the bucket's token count; S: the most sequences a step holds. A step of t tokens fills rows [0, t); rows
 [t, T) are padding tokens in no sequence: their K/V land in a scratch block no request owns, their attention
 outputs are zeros, and no logits are made from them. Padding prefill tiles and decode slices have sequence -1,
-and merge rows past the decode span's count return at once.
+and prefill merge rows past the prefill tokens return at once.
 
 The graph ends by gathering the sampling rows' hidden states (one per sequence at most) into one buffer that
 every bucket shares; the logits are made from it outside the graph, for the rows that sample only, so no

@@ -132,7 +132,14 @@ def triton_fp8(batch: Batch, **options) -> tuple[torch.Tensor, torch.Tensor, tor
     k_cache, v_cache = fp8_caches(batch)
     for cache in (k_cache, v_cache):
         cache.view(torch.uint8).view(-1, *cache.shape[2:])[batch.poisoned] = E4M3_NAN
-    out = attend(TritonAttention(batch.k_cache.shape[1]), batch, k_cache, v_cache, kv_scales=KV_SCALES, **options)
+    out = attend(
+        TritonAttention(batch.k_cache.shape[1], batch.k_cache.shape[2]),
+        batch,
+        k_cache,
+        v_cache,
+        kv_scales=KV_SCALES,
+        **options,
+    )
     return out, k_cache, v_cache
 
 

@@ -8,6 +8,7 @@ runs Triton kernels, so the setting leaking into the rest of the session changes
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -143,7 +144,7 @@ def run_triton(
     batch: Batch, monkeypatch: pytest.MonkeyPatch, **options
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Caches NaN wherever no cached context lives, outputs NaN until written."""
-    backend = TritonAttention(batch.k_cache.shape[1])
+    backend = TritonAttention(batch.k_cache.shape[1], batch.k_cache.shape[2])
     k_cache, v_cache = (_poison_slots(c, batch.poisoned) for c in (batch.k_cache, batch.v_cache))
     q, k, v = batch.qkv_views()
     metadata = build_metadata(backend, batch.layout, batch.slots)
@@ -304,9 +305,102 @@ def test_decode_result_does_not_depend_on_the_slice_length(slice_len, options, m
             on_device([0, 0, 3, slices.slice_len]),
             on_device(slices.seqs),
             on_device(slices.starts),
+            triton_kernels.decode_merge_counts(3, 2, DEVICE),
             **options,
         )
     torch.testing.assert_close(out, run_reference(batch, **options)[0], rtol=1e-5, atol=1e-5)
+
+
+# (cached, new) decodes and, at slices of 64 tokens, how many slices each context is cut into.
+DECODE_CUTS = [
+    pytest.param([(40, 1), (63, 1), (0, 1), (17, 1)], [1, 1, 1, 1], id="none-cut"),
+    pytest.param([(40, 1), (300, 1), (63, 1), (200, 1)], [1, 5, 1, 4], id="some-cut"),
+    pytest.param([(100, 1), (300, 1), (450, 1), (129, 1)], [2, 5, 8, 3], id="all-cut"),
+]
+
+
+def graph_sized_decode_launch(
+    batch: Batch, slice_len: int, padding_tokens: int, monkeypatch: pytest.MonkeyPatch
+) -> tuple[Callable[[], torch.Tensor], torch.Tensor]:
+    """The batch's decodes (every sequence one) in a launch sized for a larger step, as a CUDA graph launches
+    them: 16 slices -1 and stale slice starts past the step's, merge counters for twice its decodes,
+    padding_tokens rows of q after its queries. Returns a launch (a layer's decode; outputs and partials NaN
+    until written) and the merge counters every launch uses."""
+    kv_heads = batch.k_cache.shape[2]
+    backend = TritonAttention(16, kv_heads)
+    metadata = build_metadata(backend, batch.layout, batch.slots)
+    q, k, v = batch.qkv_views()
+    k_cache, v_cache = batch.k_cache.clone(), batch.v_cache.clone()
+    triton_kernels.store_kv(k, v, k_cache, v_cache, metadata.slot_mapping)
+    padding = torch.randn(padding_tokens, *q.shape[1:], generator=torch.Generator().manual_seed(2))
+    q = torch.cat([q, padding.to(DEVICE, q.dtype)])
+    num_decodes = len(batch.layout.context_lens)
+    slices = triton_kernels.decode_slices(batch.layout.context_lens, kv_heads, 132, slice_len=slice_len)
+    stale_starts = np.arange(num_decodes) * 7 + 10**6  # a larger step's, never read
+
+    def on_device(values) -> torch.Tensor:
+        return torch.tensor(np.asarray(values), dtype=torch.int32, device=DEVICE)
+
+    span = on_device([0, 0, num_decodes, slice_len])
+    slice_seqs = on_device(np.concatenate([slices.seqs, np.full(16, -1, np.int32)]))
+    slice_starts = on_device(np.concatenate([slices.starts, stale_starts]))
+    merge_counts = triton_kernels.decode_merge_counts(2 * num_decodes, kv_heads, DEVICE)
+
+    def launch() -> torch.Tensor:
+        with monkeypatch.context() as patch:
+            nan_filled_empty(patch)
+            out = torch.empty_like(q)
+            triton_kernels.decode_attention(
+                q,
+                out,
+                k_cache,
+                v_cache,
+                metadata.block_tables,
+                metadata.context_lens,
+                SCALE,
+                span,
+                slice_seqs,
+                slice_starts,
+                merge_counts,
+            )
+        return out
+
+    return launch, merge_counts
+
+
+@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("heads,kv_heads", [(4, 4), (8, 2)], ids=["mha", "gqa"])
+@pytest.mark.parametrize("seqs,cuts", DECODE_CUTS)
+def test_a_graph_sized_decode_launch_merges_its_cut_contexts_and_leaves_its_counters_zero(
+    seqs, cuts, heads, kv_heads, head_dim, monkeypatch
+):
+    """Two launches with the same counters (two layers of one step) each give the reference's outputs, write
+    no padding row and leave every counter zero."""
+    batch = mixed_batch(seqs, 16, heads, kv_heads, head_dim, seed=14)
+    slices = triton_kernels.decode_slices(batch.layout.context_lens, kv_heads, 132, slice_len=64)
+    assert np.diff(slices.starts).tolist() == cuts
+    launch, merge_counts = graph_sized_decode_launch(batch, 64, 3, monkeypatch)
+    reference = run_reference(batch)[0]
+    for _ in range(2):
+        out = launch()
+        torch.testing.assert_close(out[: len(seqs)], reference, rtol=1e-5, atol=1e-5)
+        assert out[len(seqs) :].isnan().all()
+        assert not merge_counts.any()
+
+
+@pytest.mark.skipif(DEVICE.type != "cuda", reason="the interpreter runs a launch's programs one after another")
+def test_cut_contexts_merge_to_the_same_bits_whichever_of_their_slices_finishes_last(monkeypatch):
+    """On a GPU the slices of a context finish in any order and the last merges them; it reads them in order, so
+    every launch gives the same bits, and none reads a partial before it is written (NaN until then)."""
+    rng = np.random.default_rng(15)
+    seqs = [(int(n), 1) for n in rng.integers(100, 1500, size=48)]
+    batch = mixed_batch(seqs, 16, 16, 4, 128, seed=15)
+    launch, merge_counts = graph_sized_decode_launch(batch, 64, 0, monkeypatch)
+    first = launch()
+    torch.testing.assert_close(first, run_reference(batch)[0], rtol=1e-5, atol=1e-5)
+    for _ in range(50):
+        assert torch.equal(launch(), first)
+    assert not merge_counts.any()
 
 
 def slice_counts(contexts, num_kv_heads: int, capacity: int | None = None) -> np.ndarray:

@@ -7,14 +7,15 @@ moves it to the device in a single copy (the runner's staging ring); every field
     | decode slices' sequences [slices] | decode slices' starts [D+1] | block tables [S, W] |
 
 forward then costs a fixed handful of launches per layer, whatever the batch: store K/V, prefill (the
-first P sequences) and decode (the rest, one program per slice of their contexts, plus a merge of the
-contexts cut in several).
+first P sequences) and decode (the rest, one program per slice of their contexts; the last slice of a context
+cut in several to finish merges them, counting in the backend's merge counters, one launch whether or not
+anything was cut).
 
 Steps are captured in CUDA graphs (gpu_worker/cuda_graphs.py) through static_metadata: the caller's
 static buffers stand in for the packed array, and every launch shape (the prefill split count included)
 follows only the graph's size and the longest context the server allows. A graph is launched for the most
-its steps can hold: padding tiles (sequence -1), decode slices (sequence -1) and merge rows past the
-decode span's count return at once, and the padding tokens' outputs are zero. The decode slices are
+its steps can hold: padding tiles (sequence -1), decode slices (sequence -1) and prefill merge rows past the
+decode span's token row return at once, and the padding tokens' outputs are zero. The decode slices are
 planned per step on the host (fill_decode_slices), which the graphs' fillers call too.
 """
 
@@ -44,8 +45,9 @@ class TritonAttentionMetadata:
     decode_span: torch.Tensor
     decode_slice_seqs: torch.Tensor  # [slices launched]: the decode each slice belongs to, -1 for padding
     decode_slice_starts: torch.Tensor  # [>= decodes + 1]: each decode's first slice
+    decode_merge_counts: torch.Tensor  # kernels.decode_merge_counts, for decode_slice_starts' decodes
     block_tables: torch.Tensor  # [S, W], W a power of two, rows padded with block 0 (never read)
-    decode_programs: int  # decode sequences the merge covers (0: no decode launch)
+    decode_programs: int  # the most decode sequences a step holds (0: no decode launch)
     max_prefill_context: int
     num_sms: int
     zero_padding: bool = False  # whether tokens outside every sequence (a graph's padding) get zeros
@@ -64,6 +66,17 @@ class TritonAttention(AttentionBackend):
         super().__init__(block_size)
         self.num_kv_heads = num_kv_heads
         self.num_sms = _num_sms(device or torch.device("cpu"))
+        self._merge_counts: torch.Tensor | None = None
+
+    def merge_counts(self, max_decodes: int, device: torch.device) -> torch.Tensor:
+        """The decode kernel's merge counters (kernels.decode_merge_counts) for steps of up to max_decodes
+        decodes: one buffer for every step and graph, as the worker runs them on one stream; a larger one when
+        a step needs it (the graphs captured before keep theirs: their metadata holds it)."""
+        need = max_decodes * self.num_kv_heads
+        counts = self._merge_counts
+        if counts is None or counts.numel() < need or counts.device != device:
+            counts = self._merge_counts = kernels.decode_merge_counts(max_decodes, self.num_kv_heads, device)
+        return counts
 
     def decode_slice_capacity(self, decode_programs: int) -> int:
         return kernels.decode_slice_capacity(decode_programs)
@@ -81,6 +94,7 @@ class TritonAttention(AttentionBackend):
             decode_span=buffers.decode_span,
             decode_slice_seqs=buffers.decode_slice_seqs,
             decode_slice_starts=buffers.decode_slice_starts,
+            decode_merge_counts=self.merge_counts(buffers.decode_programs, buffers.decode_span.device),
             block_tables=buffers.block_tables,
             decode_programs=buffers.decode_programs,
             max_prefill_context=max_context,
@@ -126,6 +140,7 @@ class TritonAttention(AttentionBackend):
             decode_span=span_t,
             decode_slice_seqs=slice_seqs,
             decode_slice_starts=slice_starts,
+            decode_merge_counts=self.merge_counts(num_decode, flat.device),
             block_tables=table_t,
             decode_programs=num_decode,
             max_prefill_context=int(context_lens[:num_pre].max(initial=0)),
@@ -183,7 +198,7 @@ class TritonAttention(AttentionBackend):
                 metadata.decode_span,
                 metadata.decode_slice_seqs,
                 metadata.decode_slice_starts,
-                metadata.decode_programs,
+                metadata.decode_merge_counts,
                 sliding_window,
                 softcap,
                 kv_scales,

@@ -4,9 +4,11 @@
     prefill_attention  grid (query tiles, q heads,      BLOCK_M queries of one sequence against (a slice of)
                              splits)                     its context [+ merge: grid (tokens, q heads)]
     decode_attention   grid (slices, kv heads)          one query per q head of a KV head's group, against one
-                       [+ merge: grid (seqs, q heads)]   slice of its sequence's context (decode_slices: every
+                                                         slice of its sequence's context (decode_slices: every
                                                          context cut into slices of one length, so a long one
-                                                         is many programs); the merge combines a split one's
+                                                         is many programs); a context of one slice is written
+                                                         whole, the last slice of a cut one to finish merges
+                                                         them (no second launch: see _decode_kernel)
 
 Every kernel reads context through the block table one token at a time (position // block_size picks
 the block, position % block_size the slot in it), so a K/V tile may span several blocks and any block
@@ -403,48 +405,32 @@ def _merge_slices_kernel(
     part_lse_ptr,
     out_ptr,
     decode_span_ptr,
-    slice_starts_ptr,
     num_splits,
     stride_ot,
     stride_oh,
-    DECODES: tl.constexpr,
     SPLITS_PAD: tl.constexpr,
     HEAD_DIM: tl.constexpr,
     HEAD_DIM_PAD: tl.constexpr,
 ):
-    """One row's head, its slices' partials combined. DECODES: rows are the decode sequences, whose queries
-    start at the decode span's token row, each with its own number of slices (slice_starts; one slice: the
-    decode kernel wrote the output itself); else rows are the prefill tokens, the ones before it, each with
-    num_splits slices. Rows past them (a graph's padding) return at once."""
+    """One prefill token's head, its num_splits slices' partials combined. The prefill tokens are those before
+    the decode span's token row; rows past them (decodes, a graph's padding) return at once."""
     row = tl.program_id(0)
     head = tl.program_id(1)
-    _, first_decode_token, num_decodes = _decode_span(decode_span_ptr)
+    _, first_decode_token, _ = _decode_span(decode_span_ptr)
+    if row >= first_decode_token:
+        return
     splits = tl.arange(0, SPLITS_PAD)
-    if DECODES:
-        if row >= num_decodes:
-            return
-        first = tl.load(slice_starts_ptr + row)
-        count = tl.load(slice_starts_ptr + row + 1) - first
-        if count < 2:
-            return
-        token = first_decode_token + row
-        part = (first + splits).to(tl.int64) * tl.num_programs(1) + head  # partials [slices, Hq, ...]
-    else:
-        if row >= first_decode_token:
-            return
-        count = num_splits
-        token = row
-        part = (row.to(tl.int64) * tl.num_programs(1) + head) * num_splits + splits  # [tokens, Hq, splits, ...]
+    part = (row.to(tl.int64) * tl.num_programs(1) + head) * num_splits + splits  # [tokens, Hq, splits, ...]
     dims = tl.arange(0, HEAD_DIM_PAD)
-    lse = tl.load(part_lse_ptr + part, mask=splits < count, other=float("-inf"))
+    lse = tl.load(part_lse_ptr + part, mask=splits < num_splits, other=float("-inf"))
     # Finite max: the slice holding a query's own position saw a key (it is inside every window).
     weights = tl.exp2(lse - tl.max(lse, 0))
     parts = tl.load(
-        part_out_ptr + part[:, None] * HEAD_DIM_PAD + dims[None, :], mask=(splits < count)[:, None], other=0.0
+        part_out_ptr + part[:, None] * HEAD_DIM_PAD + dims[None, :], mask=(splits < num_splits)[:, None], other=0.0
     )
     out = tl.sum(weights[:, None] * parts, 0) / tl.sum(weights, 0)
     tl.store(
-        out_ptr + token.to(tl.int64) * stride_ot + head * stride_oh + dims,
+        out_ptr + row.to(tl.int64) * stride_ot + head * stride_oh + dims,
         out.to(out_ptr.dtype.element_ty),
         mask=dims < HEAD_DIM,
     )
@@ -465,27 +451,18 @@ def _slice_partials(
 
 
 def _merge_slices(
-    part_out: torch.Tensor,
-    part_lse: torch.Tensor,
-    out: torch.Tensor,
-    decode_span: torch.Tensor,
-    num_rows: int,
-    slice_starts: torch.Tensor | None = None,
+    part_out: torch.Tensor, part_lse: torch.Tensor, out: torch.Tensor, decode_span: torch.Tensor, num_rows: int
 ) -> None:
-    """Combine the partials of num_rows rows into `out`: the prefill tokens' (partials [tokens, Hq, splits,
-    D]), or with slice_starts the decodes' (partials [slices, Hq, D])."""
-    decodes = slice_starts is not None
+    """Combine the prefill tokens' partials [tokens, Hq, splits, D] into `out`; num_rows: the tokens launched for."""
     _merge_slices_kernel[(num_rows, out.shape[1])](
         part_out,
         part_lse,
         out,
         decode_span,
-        slice_starts if decodes else decode_span,
-        1 if decodes else part_lse.shape[2],
+        part_lse.shape[2],
         out.stride(0),
         out.stride(1),
-        DECODES=decodes,
-        SPLITS_PAD=_pow2(MAX_SPLITS if decodes else MAX_PREFILL_SPLITS, floor=2),
+        SPLITS_PAD=_pow2(MAX_PREFILL_SPLITS, floor=2),
         HEAD_DIM=out.shape[2],
         HEAD_DIM_PAD=part_out.shape[-1],
     )
@@ -587,6 +564,7 @@ def _decode_kernel(
     decode_span_ptr,
     slice_seqs_ptr,
     slice_starts_ptr,
+    merge_counts_ptr,
     qk_scale,
     window,
     softcap,
@@ -661,15 +639,70 @@ def _decode_kernel(
         s = tl.where(k_pos[None, :] < hi, _scores(q, k, qk_scale, softcap, SOFTCAP), float("-inf"))
         acc, m_i, l_i = _online_softmax_step(acc, m_i, l_i, s, v)
 
-    if num_slices > 1:  # partials [slices, Hq, HEAD_DIM_PAD]
-        part = item.to(tl.int64) * tl.num_programs(1) * GROUP + heads
-        _store_slice(part_out_ptr, part_lse_ptr, part, acc, m_i, l_i, dims, members < GROUP, HEAD_DIM_PAD)
+    out_ptrs = out_ptr + token * stride_ot + heads[:, None] * stride_oh + dims[None, :]
+    if num_slices == 1:
+        tl.store(out_ptrs, (acc / l_i[:, None]).to(out_ptr.dtype.element_ty), mask=io_mask)
     else:
-        tl.store(
-            out_ptr + token * stride_ot + heads[:, None] * stride_oh + dims[None, :],
-            (acc / l_i[:, None]).to(out_ptr.dtype.element_ty),
-            mask=io_mask,
+        # A cut context: each slice stores its partials [slices, Hq, HEAD_DIM_PAD] and counts itself done in
+        # its (decode, KV head)'s counter; the last to count merges the group's slices. A merge launch would run
+        # (decodes x q heads) programs every step, cut or not (~6 us a layer on the 8B shape with nothing cut).
+        #   every thread's partial stored --barrier--> one acq_rel atomic_add (release: the stores before it;
+        #   acquire, for the last: every other slice's) --> the last zeroes the counter (next layer's launch)
+        num_q_heads = tl.num_programs(1) * GROUP
+        part = item.to(tl.int64) * num_q_heads + heads
+        _store_slice(part_out_ptr, part_lse_ptr, part, acc, m_i, l_i, dims, members < GROUP, HEAD_DIM_PAD)
+        tl.debug_barrier()
+        counter = merge_counts_ptr + seq * tl.num_programs(1) + kv_head
+        if tl.atomic_add(counter, 1, sem="acq_rel", scope="gpu") == num_slices - 1:
+            tl.store(counter, 0)
+            out = _merged_slices(
+                part_out_ptr,
+                part_lse_ptr,
+                first_slice,
+                num_slices,
+                num_q_heads,
+                heads,
+                members < GROUP,
+                GROUP_PAD,
+                HEAD_DIM_PAD,
+            )
+            tl.store(out_ptrs, out.to(out_ptr.dtype.element_ty), mask=io_mask)
+
+
+@triton.jit
+def _merged_slices(
+    part_out_ptr,
+    part_lse_ptr,
+    first_slice,
+    num_slices,
+    num_q_heads,
+    heads,
+    rows,
+    ROWS_PAD: tl.constexpr,
+    HEAD_DIM_PAD: tl.constexpr,
+):
+    """[rows, HEAD_DIM_PAD]: the partials of slices first_slice.. first_slice + num_slices - 1 of `heads`,
+    weighted by their sums (exp2 of the log2-sum-exps against their max: finite, as the slice holding the
+    query's own position saw a key). Loaded past the L1 cache (.cg): other SMs wrote them during this launch."""
+    lse_max = tl.full([ROWS_PAD], float("-inf"), dtype=tl.float32)
+    for j in range(num_slices):
+        part = (first_slice + j).to(tl.int64) * num_q_heads + heads
+        lse_max = tl.maximum(lse_max, tl.load(part_lse_ptr + part, mask=rows, other=0.0, cache_modifier=".cg"))
+    dims = tl.arange(0, HEAD_DIM_PAD)
+    acc = tl.zeros([ROWS_PAD, HEAD_DIM_PAD], dtype=tl.float32)
+    weight_sum = tl.zeros([ROWS_PAD], dtype=tl.float32)
+    for j in range(num_slices):
+        part = (first_slice + j).to(tl.int64) * num_q_heads + heads
+        weight = tl.exp2(tl.load(part_lse_ptr + part, mask=rows, other=0.0, cache_modifier=".cg") - lse_max)
+        partial = tl.load(
+            part_out_ptr + part[:, None] * HEAD_DIM_PAD + dims[None, :],
+            mask=rows[:, None],
+            other=0.0,
+            cache_modifier=".cg",
         )
+        acc += weight[:, None] * partial
+        weight_sum += weight
+    return acc / weight_sum[:, None]
 
 
 @dataclass(frozen=True, slots=True)
@@ -718,6 +751,13 @@ def decode_slice_capacity(decode_programs: int) -> int:
     return 2 * decode_programs + EXTRA_DECODE_SLICES
 
 
+def decode_merge_counts(max_decodes: int, num_kv_heads: int, device: torch.device) -> torch.Tensor:
+    """The counters decode_attention's cut contexts count their finished slices in, one per (decode, KV head),
+    for steps of up to max_decodes decodes: zero, and every launch leaves them zero, so one buffer serves
+    every layer and step that runs after it on its stream (never two launches at once)."""
+    return torch.zeros(max_decodes * num_kv_heads, dtype=torch.int32, device=device)
+
+
 def decode_attention(
     q: torch.Tensor,
     out: torch.Tensor,
@@ -729,7 +769,7 @@ def decode_attention(
     decode_span: torch.Tensor,
     slice_seqs: torch.Tensor,
     slice_starts: torch.Tensor,
-    num_programs: int | None = None,
+    merge_counts: torch.Tensor,
     sliding_window: int | None = None,
     softcap: float | None = None,
     kv_scales: tuple[float, float] = (1.0, 1.0),
@@ -738,15 +778,15 @@ def decode_attention(
     decode_span, int32 on the device, holds (first decode sequence, the token row of its query in q and
     out [T, Hq, D], number of decode sequences, slice length), the following ones' queries in the following
     rows. slice_seqs [slices launched] and slice_starts [>= decodes + 1], int32 on the device: a
-    DecodeSlices' seqs (-1 past the step's own: programs that return at once) and starts. num_programs: how
-    many decodes the merge covers (at least the number of decodes; default every sequence): a CUDA graph's
-    launches are sized for its largest step. sliding_window, softcap: the layer's (None: none); a slice that
-    lies wholly before the window sees nothing and weighs nothing in the merge. kv_scales: a float8 store's.
+    DecodeSlices' seqs (-1 past the step's own: programs that return at once) and starts. merge_counts:
+    decode_merge_counts for at least slice_starts' decodes. sliding_window, softcap: the layer's (None: none);
+    a slice that lies wholly before the window sees nothing and weighs nothing in the merge. kv_scales: a
+    float8 store's.
 
-    Offsets on the device rather than sliced tensors: Triton compiles a variant per pointer alignment, a
-    slice's start moves with the prefill sequences and tokens in front of it, and a graph's replay can change
-    only what the device reads."""
-    num_rows = context_lens.shape[0] if num_programs is None else num_programs
+    One launch, merge included, whatever is cut: a CUDA graph launches it for its largest step, and the
+    step's own slices (which contexts are cut) are read on the device. Offsets on the device rather than
+    sliced tensors: Triton compiles a variant per pointer alignment, a slice's start moves with the prefill
+    sequences and tokens in front of it, and a graph's replay can change only what the device reads."""
     num_heads, head_dim = q.shape[1], q.shape[2]
     num_kv_heads = k_cache.shape[2]
     group = num_heads // num_kv_heads
@@ -754,6 +794,10 @@ def decode_attention(
     num_slices = slice_seqs.shape[0]
     if num_slices == 0:
         return
+    if merge_counts.numel() < (slice_starts.shape[0] - 1) * num_kv_heads:
+        raise ValueError(
+            f"{merge_counts.numel()} merge counters for {slice_starts.shape[0] - 1} decodes' {num_kv_heads} KV heads"
+        )
     part_out = torch.empty(num_slices, num_heads, head_dim_pad, dtype=torch.float32, device=q.device)
     part_lse = torch.empty(num_slices, num_heads, dtype=torch.float32, device=q.device)
     _decode_kernel[(num_slices, num_kv_heads)](
@@ -768,6 +812,7 @@ def decode_attention(
         decode_span,
         slice_seqs,
         slice_starts,
+        merge_counts,
         scale * LOG2_E,
         sliding_window or 0,
         (softcap or 0.0) * LOG2_E,
@@ -791,5 +836,3 @@ def decode_attention(
         num_warps=4,
         num_stages=2,
     )
-    if num_slices > num_rows:  # else every decode is one slice, written whole (never so in a graph: more launched)
-        _merge_slices(part_out, part_lse, out, decode_span, num_rows, slice_starts)
