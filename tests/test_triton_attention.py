@@ -29,9 +29,12 @@ from gpu_worker.attention.triton_backend import TritonAttention  # noqa: E402
 from gpu_worker.graph_capture import field_views, flat_size  # noqa: E402
 from gpu_worker.host_copy import StagingRing  # noqa: E402
 from gpu_worker.mixed_graphs import MixedStepLayout  # noqa: E402
+from tests.test_host_copy import cpu_staged_ring  # noqa: E402
 
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-STAGING = StagingRing(DEVICE, 1 << 24)
+# On a CPU too, the device path: each step's uploads are views of one buffer that the next step's rewrite, so a
+# test that keeps a step's metadata past the next build_metadata fails here as it would on a GPU.
+STAGING = StagingRing(DEVICE, 1 << 24) if DEVICE.type == "cuda" else cpu_staged_ring(1 << 24)
 
 
 def build_metadata(backend, layout, slots: torch.Tensor):
@@ -325,10 +328,13 @@ def graph_sized_decode_launch(
     """The batch's decodes (every sequence one) in a launch sized for a larger step, as a CUDA graph launches
     them: 16 slices -1 and stale slice starts past the step's, merge counters for twice its decodes,
     padding_tokens rows of q after its queries. Returns a launch (a layer's decode; outputs and partials NaN
-    until written) and the merge counters every launch uses."""
+    until written) and the merge counters every launch uses. Its block tables and context lengths are copies, as
+    a graph's static inputs are its own: build_metadata's are views of the staging buffer, which the next step's
+    (the reference's) rewrites."""
     kv_heads = batch.k_cache.shape[2]
     backend = TritonAttention(16, kv_heads)
     metadata = build_metadata(backend, batch.layout, batch.slots)
+    block_tables, context_lens = metadata.block_tables.clone(), metadata.context_lens.clone()
     q, k, v = batch.qkv_views()
     k_cache, v_cache = batch.k_cache.clone(), batch.v_cache.clone()
     triton_kernels.store_kv(k, v, k_cache, v_cache, metadata.slot_mapping)
@@ -355,8 +361,8 @@ def graph_sized_decode_launch(
                 out,
                 k_cache,
                 v_cache,
-                metadata.block_tables,
-                metadata.context_lens,
+                block_tables,
+                context_lens,
                 SCALE,
                 span,
                 slice_seqs,

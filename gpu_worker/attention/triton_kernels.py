@@ -648,6 +648,9 @@ def _decode_kernel(
         # (decodes x q heads) programs every step, cut or not (~6 us a layer on the 8B shape with nothing cut).
         #   every thread's partial stored --barrier--> one acq_rel atomic_add (release: the stores before it;
         #   acquire, for the last: every other slice's) --> the last zeroes the counter (next layer's launch)
+        # On sm_90 Triton emits st.global (partials), bar.sync, then thread 0 alone: atom.global.gpu.acq_rel.add,
+        # its result through shared memory, bar.sync, and every thread's ld.global.cg of the partials after it:
+        # the pattern of CUDA's grid sync (barrier, one thread's gpu-scope release/acquire, barrier).
         num_q_heads = tl.num_programs(1) * GROUP
         part = item.to(tl.int64) * num_q_heads + heads
         _store_slice(part_out_ptr, part_lse_ptr, part, acc, m_i, l_i, dims, members < GROUP, HEAD_DIM_PAD)
