@@ -196,6 +196,11 @@ class CompileWorker:
         """The grammar being compiled now."""
         return self._jobs.under_way
 
+    @property
+    def native_id(self) -> int | None:
+        """The compile thread's id for the OS (None before it starts): its scheduling policy is the compiles'."""
+        return self._thread.native_id
+
     def close(self) -> None:
         self._closing = True
         self._jobs.close()

@@ -246,8 +246,8 @@ def test_compiles_run_only_on_cycles_that_serving_leaves_idle(tiny_llama, monkey
         # The priority is set before the worker is spawned: no need to wait for its vocabulary (which, on idle
         # cycles of a machine the suite keeps busy, can take minutes).
         pid = wait_until(lambda: worker.pid, WAIT_S, "the compile worker's spawn")
-        thread = worker._thread  # this scheduler's (another test's scheduler in this process has its own)
-        assert thread.native_id is not None and os.sched_getscheduler(thread.native_id) == os.SCHED_IDLE, "its thread"
+        thread = worker.native_id  # this scheduler's (another test's scheduler in this process has its own)
+        assert thread is not None and os.sched_getscheduler(thread) == os.SCHED_IDLE, "its thread"
         assert os.sched_getscheduler(pid) == os.SCHED_IDLE, "the compile worker"
         assert os.sched_getscheduler(threading.get_native_id()) != os.SCHED_IDLE, "not the scheduler's loop"
     finally:
