@@ -251,7 +251,8 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
         default=d.grammar_compile_timeout,
         help="structured output: seconds of CPU one grammar may take to compile (in the scheduler's compile worker, "
         "off its loop, on cycles serving leaves idle); past it the request gets a 400 naming the field and the worker "
-        "is replaced; a compile starved of CPU for 10x as long in wall time gets a 503",
+        "is replaced; a request whose grammar is not ready 10x as long after its arrival (queued behind other "
+        "grammars, or starved of CPU) gets a 503",
     )
     parallel.add_argument(
         "--tensor-parallel-size",

@@ -48,6 +48,12 @@ class SchedulerStats:
         "clearserve_grammar_vocabulary_ready",
         "Engine replicas whose grammar compile worker has prepared the vocabulary (until then grammars wait)",
     )
+    grammar_wait_refusals: int = _metric(
+        "counter",
+        "clearserve_grammar_wait_refusals",
+        "Structured-output requests refused (503) because their grammar was not ready within 10x "
+        "--grammar-compile-timeout of their arrival (the server busy compiling, or preparing the vocabulary)",
+    )
     # The last step's sizes and the cumulative counters, kept up to date by the scheduler as it plans.
     last_step_prefill_tokens: int = _metric(
         "gauge", "clearserve_last_step_prefill_tokens", "Prompt tokens computed by the last step"

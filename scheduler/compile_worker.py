@@ -7,7 +7,9 @@ compile past its timeout can be killed, then again, known to finish in time, on 
                                   xgrammar compile (the one kept, GIL released)
     loop ◀─doorbell─ outcomes ◀──────────────────────┘
 
-One grammar at a time, in submission order (a job nobody waits for any more is skipped). The worker prepares
+One grammar at a time, in submission order (compile_queue.py: a grammar nobody waits for any more is dropped from
+the queue; one under way that nobody waits for is given up, its worker replaced, once another is wanted). The
+worker prepares
 the tokenizer's vocabulary (xgrammar's TokenizerInfo) when it starts, with the scheduler, and hands it over as
 JSON: the scheduler compiles with it, and a restarted worker starts from it.
 
@@ -15,11 +17,13 @@ A compile is timed by its CPU time, not wall time, and runs only on cycles that 
 compile_budget.py says why. One past --grammar-compile-timeout of CPU is killed with its worker (SIGKILL: a compile
 cannot be interrupted) and another worker is started at once; the request is refused (400, naming its field) and the
 jobs behind it wait for the new worker's start (a process importing xgrammar, and torch with it; the vocabulary is
-given, not prepared again). One that gets no CPU for WALL_BOUND_FACTOR times the timeout is killed the same way, its
-request refused with a 503 (the server was too busy). A worker that dies on a grammar is replaced the same way.
+given, not prepared again). A worker that dies on a grammar, or whose compile is given up, is replaced the same way.
+A compile that gets no CPU is not this thread's to end: its requests are refused at their wait bound (grammars.py),
+and then it is given up for the next grammar.
 
 The server does not wait for the vocabulary: until the first worker has prepared it, grammars wait in the queue
-(their requests in WAITING_FOR_GRAMMAR), and a grammar's clocks start when it is handed to a worker.
+(their requests in WAITING_FOR_GRAMMAR, their wait bound counting), and a grammar's CPU clock starts when it is
+handed to a worker.
 
 Why a process rather than a thread (measured on this 2-core CPU, GPT-2's vocabulary, xgrammar 0.2.8):
 - xgrammar's compile does release the GIL: a Python thread ticking every millisecond kept ticking through an
@@ -49,7 +53,6 @@ import ctypes
 import logging
 import multiprocessing as mp
 import os
-import queue
 import threading
 import time
 from collections.abc import Callable
@@ -62,6 +65,7 @@ from common.process import exit_child, init_child_process
 from common.sampling_params import STRUCTURED_KIND_NAMES
 from common.wire import decode, encode
 from scheduler.compile_budget import CompileDeadline, yield_to_serving
+from scheduler.compile_queue import CompileQueue
 from scheduler.grammar_cache import GrammarKey
 from scheduler.structured_output import compile_error_message, compile_spec
 
@@ -149,7 +153,8 @@ def serve(
 
 class CompileWorker:
     """The scheduler's handle on its compile worker: a thread that starts the process, hands it one job at a time,
-    reads each compiled grammar back, and reports every outcome through `on_outcome` (called in that thread)."""
+    reads each compiled grammar back, and reports every outcome through `on_outcome` (called in that thread). A
+    compile given up is reported to nobody (nobody waits for it)."""
 
     def __init__(
         self,
@@ -157,16 +162,14 @@ class CompileWorker:
         vocab_size: int,
         eos_token_ids: list[int],
         timeout_s: float,
-        still_wanted: Callable[[GrammarKey], bool],
         on_outcome: Callable[[GrammarKey, Outcome], None],
     ):
         self.model_folder = model_folder
         self.vocab_size = vocab_size
         self.eos_token_ids = eos_token_ids
         self.timeout_s = timeout_s
-        self._still_wanted = still_wanted
         self._on_outcome = on_outcome
-        self._jobs: queue.SimpleQueue[GrammarKey | None] = queue.SimpleQueue()
+        self._jobs = CompileQueue()
         self._process: Any = None  # multiprocessing's SpawnProcess
         self._conn: Connection | None = None
         self._tokenizer_info_json = ""  # from the first worker
@@ -174,18 +177,33 @@ class CompileWorker:
         self._closing = False
         self.ready = threading.Event()  # set once the first worker has prepared the vocabulary
         self.compiles = 0  # grammars handed to a worker
-        self.restarts = 0  # workers killed (timeout) or lost (died on a grammar) and started again
+        self.restarts = 0  # workers killed (timeout, compile given up) or lost (died on a grammar) and started again
         self._thread = threading.Thread(target=self._run, name="grammar-compiles", daemon=True)
 
     def start(self) -> None:
         self._thread.start()
 
     def submit(self, key: GrammarKey) -> None:
-        self._jobs.put(key)
+        self._jobs.submit(key)
+
+    def withdraw(self, key: GrammarKey) -> None:
+        """Nobody waits for this grammar any more: not compiled if still queued, given up if under way and another
+        grammar is wanted."""
+        self._jobs.withdraw(key)
+
+    @property
+    def under_way(self) -> GrammarKey | None:
+        """The grammar being compiled now."""
+        return self._jobs.under_way
+
+    @property
+    def native_id(self) -> int | None:
+        """The compile thread's id for the OS (None before it starts): its scheduling policy is the compiles'."""
+        return self._thread.native_id
 
     def close(self) -> None:
         self._closing = True
-        self._jobs.put(None)
+        self._jobs.close()
         process = self._process
         if process is not None:
             process.kill()  # the thread, waiting on a compile, sees the pipe close and leaves
@@ -204,11 +222,9 @@ class CompileWorker:
             while True:
                 if self._conn is None and not self._closing:
                     self._start_process()  # the first worker, or the replacement of one killed or lost
-                key = self._jobs.get()
+                key = self._jobs.take()
                 if key is None or self._closing:
                     return
-                if not self._still_wanted(key):
-                    continue  # every request that asked for it was aborted before its turn
                 try:
                     outcome = self._compile(key)
                 except Exception:  # this thread must outlive any one grammar: requests wait on it
@@ -217,11 +233,15 @@ class CompileWorker:
                     outcome = GrammarRefused("the grammar compiler failed", 500)
                 if self._closing:
                     return
+                if outcome is None:
+                    continue  # given up: nobody waits for it
+                self._jobs.done()
                 self._on_outcome(key, outcome)
         finally:
             self._stop_process()
 
-    def _compile(self, key: GrammarKey) -> Outcome:
+    def _compile(self, key: GrammarKey) -> Outcome | None:
+        """The grammar compiled (the trial in the worker, then the one kept), or why not; None: given up."""
         if self._conn is None:
             self._start_process()
             if self._conn is None:
@@ -231,11 +251,25 @@ class CompileWorker:
         self._conn.send_bytes(encode(CompileGrammar(*key)))
         self.compiles += 1
         while not self._conn.poll(CLOCK_READ_S):
-            overrun = deadline.overrun()
-            if overrun is not None:
-                cpu_s, wall_s = deadline.cpu_s, deadline.wall_s  # (read while the worker is there to be read)
+            if deadline.past_timeout:
+                log.warning(
+                    "a %s took over %g CPU s to compile: its worker is killed and replaced", kind, self.timeout_s
+                )
                 self._replace()
-                return self._refusal(kind, overrun, cpu_s, wall_s)
+                return GrammarRefused(
+                    f"the {kind} did not compile within {self.timeout_s:g} s of CPU (--grammar-compile-timeout); "
+                    f"a simpler or smaller one may"
+                )
+            if self._jobs.abandon():
+                log.info(
+                    "a %s nobody waits for any more (%.1f CPU s in %.0f s) is given up for the next grammar: its "
+                    "worker is killed and replaced",
+                    kind,
+                    deadline.cpu_s,
+                    deadline.wall_s,
+                )
+                self._replace()
+                return None
         try:
             reply: GrammarCompiled = decode(self._conn.recv_bytes())
         except (EOFError, OSError):
@@ -263,21 +297,6 @@ class CompileWorker:
         if compiled.memory_size_bytes >= TRIM_AFTER_BYTES:
             _return_freed_heap()
         return compiled
-
-    def _refusal(self, kind: str, overrun: str, cpu_s: float, wall_s: float) -> GrammarRefused:
-        if overrun == "cpu":
-            log.warning("a %s took over %g CPU s to compile: its worker is killed and replaced", kind, self.timeout_s)
-            return GrammarRefused(
-                f"the {kind} did not compile within {self.timeout_s:g} s of CPU (--grammar-compile-timeout); "
-                f"a simpler or smaller one may"
-            )
-        log.warning(
-            "a %s had %.1f s of CPU in %.0f s (the server was busy): its worker is killed and replaced",
-            kind,
-            cpu_s,
-            wall_s,
-        )
-        return GrammarRefused(f"the server was too busy to compile the {kind} within {wall_s:.0f} s; retry later", 503)
 
     def _replace(self) -> None:
         """Kill the worker; _run starts the next one once this job's refusal is out (its start takes seconds)."""

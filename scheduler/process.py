@@ -61,7 +61,8 @@ def main(
     init_child_process(replica.scheduler_role, log_level, parent_pid)
     scheduler = Scheduler(config, info, limits)
     # The compile worker prepares the vocabulary now, not for the first grammar, and while the server serves: a
-    # structured request that comes first waits for it (its compile timeout not yet counting), nobody else does.
+    # structured request that comes first waits for it (its compile timeout not yet counting, its wait bound counting),
+    # nobody else does.
     scheduler.grammars.start()
     loop = SchedulerLoop(scheduler, Endpoints(run_dir), num_tokenizers, profile, num_frontends, replica)
     freeze_startup_objects()
@@ -123,7 +124,7 @@ class SchedulerLoop:
                 outputs = self._drain_results() if self.results in ready else []
                 if self.requests in ready:
                     self._drain_requests()
-                if doorbell in ready:
+                if doorbell in ready or self.scheduler.grammars.overdue():
                     for verdict in self.scheduler.take_grammar_verdicts():
                         send(self._tokenizer_of(verdict.rid), verdict, self.activity.sockets)
                 # The next plan before the tokens stream out: the worker may be about to run out of plans,

@@ -24,7 +24,8 @@ class RequestStatus(Enum):
         WAITING_FOR_GRAMMAR ──compiled──▶ WAITING ──admit──▶ RUNNING ──last sample planned──▶ FINISHING ──▶ FINISHED
                                              ▲                  │                           (last token back)
                                              └────preempt───────┘
-        (EOS, a stop or an abort: from any state to FINISHED; a grammar that does not compile: refused, FINISHED)
+        (EOS, a stop or an abort: from any state to FINISHED; a grammar that does not compile, or is not ready
+        within its wait bound from the request's arrival: refused, FINISHED)
 
     A request waiting for its grammar (structured output not in the cache: grammars.py) is in no queue and has
     had no verdict yet. A FINISHING request has no seat and no blocks: it only waits for its last token.

@@ -152,8 +152,8 @@ class Scheduler:
 
     def take_grammar_verdicts(self, timeout_s: float = 0.0) -> list[RequestAccepted | RequestRejected]:
         """The verdicts of requests whose grammar came since the last call: queued, or refused (a 400 naming the
-        field). timeout_s: wait that long for one if none has come (offline.LLM; the server's loop polls
-        grammars.doorbell instead)."""
+        field); and of those that waited past their bound (a 503: grammars.py). timeout_s: wait that long for a
+        grammar if none has come (offline.LLM; the server's loop polls grammars.doorbell and grammars.overdue())."""
         verdicts: list[RequestAccepted | RequestRejected] = []
         for rid, grammar in self.grammars.take_ready(timeout_s):
             request = self.requests[rid]
@@ -234,6 +234,7 @@ class Scheduler:
             prefill_budget=self.prefill_budget.tokens,
             num_waiting_for_grammar=self.grammars.num_waiting,
             grammar_vocabulary_ready=int(self.grammars.vocabulary_ready),
+            grammar_wait_refusals=self.grammars.wait_refusals,
         )
 
     def schedule(self, ahead: bool = False) -> StepPlan | None:
