@@ -29,6 +29,7 @@ from common.process import announce_ready, exit_child, init_child_process
 from common.profiling import ProcessProfiler, ProfileConfig
 from common.transport import Endpoints
 from frontend.engine_client import EngineClient, EngineLimits
+from frontend.heap import keep_freed_heap
 from frontend.http_protocol import MAX_HEADER_BYTES, ConnectionCap, protocol_class
 from frontend.limits import HttpLimits
 from frontend.replicas import EngineReplicas
@@ -76,6 +77,7 @@ def event_loop_runner(choice: str):
 def main(spec: FrontendSpec, sock: socket.socket, run_dir: str, parent_pid: int, profile: ProfileConfig) -> None:
     role = frontend_role(spec.index)
     init_child_process(role, spec.log_level, parent_pid)
+    keep_freed_heap()  # large request bodies' buffers
     try:
         event_loop_runner(spec.event_loop)(serve(spec, sock, run_dir, profile))
     except SystemExit:  # SIGTERM from the launcher

@@ -14,7 +14,8 @@ from fastapi.testclient import TestClient
 from pydantic import ValidationError
 
 from frontend.app import build_app
-from frontend.body_parse import INLINE_PARSE_BYTES, field_past_value_limit
+from frontend.body_parse import INLINE_PARSE_BYTES
+from frontend.json_values import _ValueCount, field_past_value_limit
 from frontend.limits import HttpLimits
 from frontend.protocol import MAX_TOOLS, ChatCompletionRequest, ChatMessage, CompletionRequest
 from tests.fake_engine import FakeEngineClient
@@ -65,6 +66,39 @@ def test_the_scan_counts_exactly_the_values_of_any_json_whatever_its_strings_hol
     assert field_past_value_limit(body, count - 1) is not None
 
 
+@pytest.fixture
+def small_windows(monkeypatch):
+    """Windows of a few bytes, and two passes of pairing at most: the count's skimmed and walked windows, and its
+    fall back to walking what is nested deeper, meet everywhere in a small body."""
+    monkeypatch.setattr("frontend.json_values.FIRST_WINDOW", 3)
+    monkeypatch.setattr("frontend.json_values.SKIM_WINDOW", 24)
+    monkeypatch.setattr("frontend.json_values.PAIR_PASSES", 2)
+
+
+@pytest.mark.parametrize("seed", range(200))
+def test_the_count_is_the_same_whichever_windows_it_skims_or_walks(small_windows, seed):
+    rng = random.Random(seed)
+    document = {"field": [random_json(rng) for _ in range(3)], "other": random_json(rng), "last": [[1, [2]]] * 3}
+    body = json.dumps(document, ensure_ascii=rng.random() < 0.5).encode()
+    count = counted_values(document)
+    assert field_past_value_limit(body, count) is None
+    assert field_past_value_limit(body, count - 1) == "last"
+    past_field = counted_values({"field": document["field"]})
+    assert field_past_value_limit(body, past_field - 1) == "field"
+
+
+def test_a_body_past_the_limit_deep_in_one_field_is_counted_without_reading_its_strings_one_by_one(monkeypatch):
+    """Where a window of the body stays two levels deep or more, no top-level key can be in it: its values are
+    counted in a few C calls, not string by string (16 MiB of chat messages took the parsing thread ~0.1 s
+    string by string, and the event loop waited on it)."""
+    walked = []
+    walk = _ValueCount.walk
+    monkeypatch.setattr(_ValueCount, "walk", lambda self, pos, end: walked.append(end - pos) or walk(self, pos, end))
+    body = json.dumps({"model": "m", "messages": [{"role": "user", "content": "a"}] * 100_000, "n": 1}).encode()
+    assert field_past_value_limit(body, 32_768) == "messages"
+    assert sum(walked) < 1024  # bytes read string by string: the top level before `messages` only
+
+
 def test_the_scan_names_the_top_level_field_the_limit_is_passed_in():
     body = json.dumps({"model": "m", "tools": [{"a": {"b": 1}}], "messages": [{"x": [1, 2]}] * 50, "n": 1}).encode()
     assert field_past_value_limit(body, 20) == "messages"
@@ -72,7 +106,7 @@ def test_the_scan_names_the_top_level_field_the_limit_is_passed_in():
 
 
 def test_escaped_quotes_and_backslashes_across_a_scan_window_are_read_as_the_parser_reads_them(monkeypatch):
-    monkeypatch.setattr("frontend.body_parse.SCAN_WINDOW", 7)
+    monkeypatch.setattr("frontend.json_values.SCAN_WINDOW", 7)
     text = 'x\\\\"y' + "\\" * 13 + '"z,[{' + '\\"' * 9
     body = json.dumps({"prompt": text, "n": [1, 2, 3]}).encode()
     assert field_past_value_limit(body, 5) is None
