@@ -182,12 +182,9 @@ class Grammars:
             self._doorbell = None
 
     def _refuse_overdue(self) -> list[tuple[int, GrammarRefused]]:
-        now = time.monotonic()
         refused = []
-        while self._waits:
+        while self.overdue():
             rid, wait = next(iter(self._waits.items()))
-            if wait.deadline > now:
-                break
             refused.append((rid, GrammarRefused(self._not_ready_message(wait.key), 503)))
             self.cancel(rid)
             self.wait_refusals += 1
