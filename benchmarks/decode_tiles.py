@@ -19,10 +19,9 @@ import random
 
 import numpy as np
 import torch
-
-from benchmarks.attention_check import Shape
 import triton.testing
 
+from benchmarks.attention_check import Shape
 from benchmarks.attention_libraries import DEVICE, PagedBatch, make_decode_batch, reference_decode
 from benchmarks.roofline import gpu_peak
 from gpu_worker.attention import triton_kernels as kernels
