@@ -12,6 +12,7 @@ Every output is checked against the float32 reference first (a float8 store's ag
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import itertools
 import json
 import math
@@ -77,18 +78,33 @@ def time_graph_ms(run) -> float:
     return triton.testing.do_bench_cudagraph(run, rep=60, return_mode="median")
 
 
+def ints(text: str) -> tuple[int, ...]:
+    return tuple(int(x) for x in text.split(","))
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--json", help="write every timing here")
+    parser.add_argument("--head-dims", type=ints, default=(128, 64), help="of the shapes above")
+    parser.add_argument("--stores", default="bf16,fp8")
+    parser.add_argument("--block-n", type=ints, default=BLOCK_N)
+    parser.add_argument("--warps", type=ints, default=WARPS)
+    parser.add_argument("--stages", type=ints, default=STAGES)
     args = parser.parse_args(argv)
     peak = gpu_peak(torch.cuda.get_device_name())
     peak_bw = peak.hbm_bytes_per_s if peak else float("nan")
     rows: list[dict] = []
     rng = random.Random(0)
     best: dict[str, dict] = {}
-    for shape, fp8 in itertools.product(SHAPES, (False, True)):
-        store = "fp8" if fp8 else "bf16"
-        times: dict[tuple[int, int, int], list[float]] = {}
+    shapes = [shape for shape in SHAPES if shape.head_dim in args.head_dims]
+    for shape, store in itertools.product(shapes, args.stores.split(",")):
+        fp8 = store == "fp8"
+        launches = [
+            kernels.DecodeTiles(block_n, warps, stages, in_f16)
+            for block_n, warps, stages in itertools.product(args.block_n, args.warps, args.stages)
+            for in_f16 in ((False, True) if fp8 else (True,))
+        ]
+        times: dict[kernels.DecodeTiles, list[float]] = {}
         for num_seqs, contexts in CASES:
             batch = make_decode_batch(shape, num_seqs, contexts, rng)
             if fp8:
@@ -97,16 +113,11 @@ def main(argv: list[str] | None = None) -> None:
             small = num_seqs * contexts[1] <= 600_000
             ref = reference_decode(dequantized(batch) if fp8 else batch, scale) if small else None
             kv_bytes = batch.kv_bytes
-            for block_n, warps, stages in itertools.product(BLOCK_N, WARPS, STAGES):
-                row = {
-                    "shape": shape.name,
-                    "store": store,
-                    "seqs": num_seqs,
-                    "contexts": f"{contexts[0]}-{contexts[1]}",
-                }
-                row |= {"block_n": block_n, "num_warps": warps, "num_stages": stages}
+            for tiles in launches:
+                row = {"shape": shape.name, "store": store, "seqs": num_seqs, "contexts": "-".join(map(str, contexts))}
+                row |= dataclasses.asdict(tiles)
                 try:
-                    run = launcher(batch, scale, kernels.DecodeTiles(block_n, warps, stages))
+                    run = launcher(batch, scale, tiles)
                     out = run()
                     if ref is not None:
                         row["rel_err"] = ((out.float() - ref).norm() / ref.norm()).item()
@@ -114,32 +125,32 @@ def main(argv: list[str] | None = None) -> None:
                             raise AssertionError(f"relative error {row['rel_err']:.3g}")
                     ms = time_graph_ms(run)
                     row |= {"us": 1000 * ms, "hbm_share": kv_bytes / (ms / 1000) / peak_bw}
-                    times.setdefault((block_n, warps, stages), []).append(ms)
+                    times.setdefault(tiles, []).append(ms)
                 except Exception as error:  # a shape that does not compile or fit (shared memory): skipped
                     row["error"] = (str(error).splitlines() or [repr(error)])[0][:200]
-                    print(f"{shape.name} {store} {num_seqs}x{contexts} {block_n}/{warps}/{stages}: {row['error']}")
+                    print(f"{shape.name} {store} {num_seqs}x{contexts} {tiles}: {row['error']}")
                 rows.append(row)
             del batch
             torch.cuda.empty_cache()
         complete = {k: v for k, v in times.items() if len(v) == len(CASES)}
         score = {k: math.exp(np.mean(np.log(v))) for k, v in complete.items()}
-        default = kernels.DecodeTiles()
-        default_key = (default.block_n, default.num_warps, default.num_stages)
-        winner = min(score, key=score.get)
+        default = kernels.decode_tiles(shape.head_dim, fp8)
+        winner = min(score, key=score.__getitem__)
         best[f"{shape.name} {store}"] = {
-            "best": winner,
+            "best": dataclasses.asdict(winner),
             "best_us": [round(1000 * t, 1) for t in complete[winner]],
-            "default_us": [round(1000 * t, 1) for t in complete.get(default_key, [])],
-            "gain": score.get(default_key, float("nan")) / score[winner],
+            "current": dataclasses.asdict(default),
+            "current_us": [round(1000 * t, 1) for t in complete.get(default, [])],
+            "gain": score.get(default, float("nan")) / score[winner],
         }
         if args.json:  # after each (shape, store): a run cut short keeps what it measured
             with open(args.json, "w") as f:
                 json.dump({"device": torch.cuda.get_device_name(), "cases": CASES, "rows": rows, "best": best}, f)
     print(f"cases (seqs x context): {CASES}")
-    print("| shape, store | best (block_n, warps, stages) | best us per case | default us per case | gain |")
+    print("| shape, store | best | its us per case | current (DECODE_TILES) us per case | gain |")
     print("|---|---|---|---|---|")
     for name, b in best.items():
-        print(f"| {name} | {b['best']} | {b['best_us']} | {b['default_us']} | {b['gain']:.3f}x |")
+        print(f"| {name} | {tuple(b['best'].values())} | {b['best_us']} | {b['current_us']} | {b['gain']:.3f}x |")
 
 
 if __name__ == "__main__":

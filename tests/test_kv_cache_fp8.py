@@ -185,6 +185,18 @@ def test_the_triton_kernels_over_an_e4m3_store_give_the_bits_of_a_full_precision
     assert torch.equal(out, want)
 
 
+@pytest.mark.skipif(
+    not torch.cuda.is_available(),
+    reason="bfloat16 queries over a float8 store take float16 products on a GPU (the interpreter's bfloat16 is not "
+    "the GPU's)",
+)
+@needs_fp8_triton
+def test_bfloat16_queries_over_an_e4m3_store_stay_within_its_precision_of_full_precision():
+    batch = mixed_batch(MIXED, 16, 8, 2, head_dim=32, dtype=torch.bfloat16, seed=9)
+    out, _, _ = triton_fp8(batch)
+    assert 0 < relative_error(out, full_precision(batch)) < FP8_ATTENTION_RELATIVE_ERROR
+
+
 # ---------------------------------------------------------------------------------- engine and server
 
 PROMPTS = random_prompts(8, [5, 13, 17, 35], vocab=512, seed=3)
