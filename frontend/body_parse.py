@@ -26,8 +26,8 @@ does around every wait for I/O), the thread takes it, and the loop's next callba
 made to drop it, a switch interval later (CPython's default: 5 ms). A /health answer takes several callbacks
 (its request, the task's steps, the replies of the processes it pings), and the bodies the thread had finished
 waited too, alive, for the loop to take them on. Eight bodies of 10,920 chat
-messages, parsed back to back (~60 ms each), held /health up to 100-260 ms on a 2-core machine; with the
-frontend's switch interval at GIL_SWITCH_INTERVAL_S, 24-40 ms (docs/benchmarks.md, "Large request bodies").
+messages, parsed back to back (~60 ms each), held /health 80-258 ms on a lightly loaded 2-core machine; with
+the frontend's switch interval at GIL_SWITCH_INTERVAL_S, 30-61 ms (docs/benchmarks.md, "Large request bodies").
 """
 
 from __future__ import annotations

@@ -9,11 +9,11 @@ loop's CPU for them 170-330 ms on a 2-core machine (docs/benchmarks.md, "Large r
 top kept (up to KEPT_FREE_BYTES), a burst after the first faulted almost none, and the loop's CPU for it was
 113-210 ms. The price: after a burst, up to that much freed memory stays resident in the frontend.
 
-The first burst after start still faulted its memory in (40,000-48,000 pages for eight 16 MiB bodies): so the
+The first burst after start still faulted its memory in (40,000-49,000 pages for eight 16 MiB bodies): so the
 frontend faults in, at start, the heap that BODIES_IN_FLIGHT bodies at the size limit take, and frees it to the
-kept top (pre_fault_heap). That burst then faulted ~100 pages and the loop's CPU for it fell from 213-222 ms
-to 147-158 ms; the price is that memory resident from the start (~190 MiB at the default limit), where
-before the first large burst left it resident.
+kept top (pre_fault_heap, ~90 ms). That burst then faulted under 100 pages and the loop's CPU for it fell from
+204-245 ms to 142-163 ms. The price: that memory is resident from the start (the frontend's RSS ~250 MiB
+instead of ~60 at the default limit), where before the first large burst left it resident.
 """
 
 from __future__ import annotations
