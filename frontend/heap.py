@@ -25,7 +25,7 @@ M_MMAP_THRESHOLD = -3
 MMAP_THRESHOLD_BYTES = 32 * 2**20  # glibc's largest: blocks up to this size come from the heap
 KEPT_FREE_BYTES = 256 * 2**20  # free memory at the heap's top kept: ~eight bodies of 16 MiB in flight
 BODIES_IN_FLIGHT = 8  # bodies at the size limit whose heap is faulted in at start
-HEAP_PER_BODY = 1.5  # heap per byte of body in flight: its buffers on the loop overlap (eight at once: ~1.4)
+HEAP_PER_BODY = 1.5  # heap per byte of body in flight, its buffers on the loop overlapping (eight at once: 1.3-1.5)
 PRE_FAULT_BLOCK_BYTES = 8 * 2**20  # under MMAP_THRESHOLD_BYTES: from the heap, not a mapping of its own
 
 
@@ -39,7 +39,8 @@ def keep_freed_heap() -> bool:
 
 
 def heap_for_bodies(max_body_bytes: int) -> int:
-    """The heap that BODIES_IN_FLIGHT bodies of `max_body_bytes` take at once, within what the heap keeps."""
+    """The heap that BODIES_IN_FLIGHT bodies of `max_body_bytes` take at once, within what the heap keeps (with a
+    margin for what else lies free at its top: past KEPT_FREE_BYTES, glibc would hand it all back)."""
     return min(int(BODIES_IN_FLIGHT * HEAP_PER_BODY * max_body_bytes), KEPT_FREE_BYTES * 3 // 4)
 
 
