@@ -16,7 +16,8 @@ Shapes (the first four just under 16 MiB, the default --max-request-body-bytes):
 
 /health is polled on its own connection every --poll-ms from just before the bodies are sent until every one
 is answered; the reported stall is the slowest /health in that window. RSS is the frontend process's VmRSS
-(its pid from /stats), sampled as often.
+(its pid from /stats), sampled as often; over the window, its minor page faults and its event loop's CPU time
+(its main thread's), which a shared machine's load does not inflate as it does the stall.
 
 Each shape's body is also read in this process as the frontend's parsing thread reads it (body_parse.validated,
 at the default --max-request-json-values): `parse_ms`, and `longest_gil_hold_ms`, its longest stretch without
@@ -91,6 +92,18 @@ def rss_mib(pid: int) -> float:
     return 0.0
 
 
+def minor_faults(pid: int) -> int:
+    """The process's minor page faults so far, every thread's (/proc/PID/stat's tenth field)."""
+    with open(f"/proc/{pid}/stat") as f:
+        return int(f.read().rsplit(")", 1)[1].split()[7])
+
+
+def loop_cpu_s(pid: int) -> float:
+    """CPU time so far of the process's main thread, the frontend's event loop (its schedstat's first field)."""
+    with open(f"/proc/{pid}/task/{pid}/schedstat") as f:
+        return int(f.read().split()[0]) / 1e9
+
+
 def small_request_latency_ms(client: httpx.Client, count: int) -> dict:
     for _ in range(20):  # warm the connection and the server's paths
         client.post("/v1/completions", json=SMALL_BODY)
@@ -110,6 +123,8 @@ def stall(url: str, shape: str, bodies: int, poll_s: float) -> dict:
     with httpx.Client(base_url=url, timeout=120) as client:
         pid = frontend_pid(client)
         rss_before = rss_mib(pid) if pid else None
+        faults_before = minor_faults(pid) if pid else None
+        loop_cpu_before = loop_cpu_s(pid) if pid else None
         done = threading.Event()
         health: list[float] = []
         rss: list[float] = []
@@ -155,6 +170,8 @@ def stall(url: str, shape: str, bodies: int, poll_s: float) -> dict:
             results = list(pool.map(post, range(bodies)))
         done.set()
         poller.join()
+        faults = minor_faults(pid) - faults_before if pid and faults_before is not None else None
+        loop_cpu = loop_cpu_s(pid) - loop_cpu_before if pid and loop_cpu_before is not None else None
     return {
         "shape": shape,
         "body_mib": round(len(payload) / 2**20, 2),
@@ -167,6 +184,8 @@ def stall(url: str, shape: str, bodies: int, poll_s: float) -> dict:
         "health_polls": len(health),
         "frontend_rss_mib_before": rss_before and round(rss_before, 1),
         "frontend_rss_mib_peak": rss and round(max(rss), 1),
+        "frontend_minor_faults": faults,
+        "frontend_loop_cpu_ms": loop_cpu and round(loop_cpu * 1000, 1),
     }
 
 

@@ -20,6 +20,14 @@ asked; a list stops at its first bad element and a model's unknown fields are on
 What runs longest without a switch is the JSON parse and a run of values outside any model (a list of token
 ids, a logit_bias object, unknown members), a fraction of a microsecond each. Work proportional to a chat
 body's messages (their template form) is done in the same pass, on the thread, not on the loop.
+
+Short holds are not enough where the thread keeps asking for the GIL: each time the loop lets it go (uvloop
+does around every wait for I/O), the thread takes it, and the loop's next callback waits until the thread is
+made to drop it, a switch interval later (CPython's default: 5 ms). A /health answer takes several callbacks
+(its request, the task's steps, the replies of the processes it pings), and the bodies the thread had finished
+waited too, alive, for the loop to take them on. Eight bodies of 10,920 chat
+messages, parsed back to back (~60 ms each), held /health 80-258 ms on a lightly loaded 2-core machine; with
+the frontend's switch interval at GIL_SWITCH_INTERVAL_S, 30-61 ms (docs/benchmarks.md, "Large request bodies").
 """
 
 from __future__ import annotations
@@ -49,6 +57,9 @@ INLINE_PARSE_BYTES = 32 * 1024
 OBJECT_ERRORS = ("model_type", "model_attributes_type", "dict_type", "dataclass_type")
 _JSON_NAME = re.compile(r"(?!(?:str|int|float|bool|none)$)[a-z_][a-z0-9_]*")  # a field, not a union member
 
+# How long a thread keeps the GIL once another asks for it, in a frontend (sys.setswitchinterval): the loop
+# waits that long for each callback it runs while a body is parsed. 0.5 ms did no better here; 2 ms, worse.
+GIL_SWITCH_INTERVAL_S = 0.001
 # One thread: large bodies wait for each other rather than share the GIL with the loop several at once.
 _large_bodies = ThreadPoolExecutor(max_workers=1, thread_name_prefix="body-parse")
 

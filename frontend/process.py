@@ -18,6 +18,7 @@ import logging
 import resource
 import signal
 import socket
+import sys
 import threading
 from dataclasses import dataclass, field
 
@@ -28,8 +29,9 @@ from common.garbage import freeze_startup_objects
 from common.process import announce_ready, exit_child, init_child_process
 from common.profiling import ProcessProfiler, ProfileConfig
 from common.transport import Endpoints
+from frontend.body_parse import GIL_SWITCH_INTERVAL_S
 from frontend.engine_client import EngineClient, EngineLimits
-from frontend.heap import keep_freed_heap
+from frontend.heap import heap_for_bodies, keep_freed_heap, pre_fault_heap
 from frontend.http_protocol import MAX_HEADER_BYTES, ConnectionCap, protocol_class
 from frontend.limits import HttpLimits
 from frontend.replicas import EngineReplicas
@@ -77,12 +79,21 @@ def event_loop_runner(choice: str):
 def main(spec: FrontendSpec, sock: socket.socket, run_dir: str, parent_pid: int, profile: ProfileConfig) -> None:
     role = frontend_role(spec.index)
     init_child_process(role, spec.log_level, parent_pid)
-    keep_freed_heap()  # large request bodies' buffers
+    prepare_for_large_bodies(spec.http)
     try:
         event_loop_runner(spec.event_loop)(serve(spec, sock, run_dir, profile))
     except SystemExit:  # SIGTERM from the launcher
         pass
     exit_child()
+
+
+def prepare_for_large_bodies(limits: HttpLimits) -> None:
+    """From the first burst of large request bodies on: the heap their buffers take faulted in at start and kept
+    (frontend/heap.py), and the event loop's turn at the GIL soon while the parsing thread reads them
+    (frontend/body_parse.py). Call it on the main thread, before the loop runs."""
+    if keep_freed_heap():
+        pre_fault_heap(heap_for_bodies(limits.max_request_body_bytes))
+    sys.setswitchinterval(GIL_SWITCH_INTERVAL_S)
 
 
 async def serve(spec: FrontendSpec, sock: socket.socket, run_dir: str, profile: ProfileConfig) -> None:
