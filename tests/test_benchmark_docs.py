@@ -1,7 +1,7 @@
 """docs/benchmarks.md and its notebook, docs/notes/benchmark-history.md, stay consistent with what points at them:
 a section that code, tests or docs cite by name (`docs/benchmarks.md, "Batch limits"`) is a heading of that page,
 benchmarks/report.py finds the one table per machine that it rewrites, and every results file a figure names is
-in docs/results/."""
+in docs/results/, and every module in benchmarks/ is named there."""
 
 from __future__ import annotations
 
@@ -71,3 +71,15 @@ def test_every_results_file_the_reference_names_is_in_docs_results():
         if not (RESULTS / name).exists() and not (ROOT / name).exists() and "<" not in name  # <commit>: a slot
     }
     assert unknown == set()
+
+
+def test_the_reference_names_every_benchmark_module():
+    text = REFERENCE.read_text()
+    modules = [path for path in (ROOT / "benchmarks").iterdir() if path.suffix in {".py", ".sh"}]
+    unnamed = [
+        path.name
+        for path in modules
+        if path.stem != "__init__"
+        and not re.search(rf"`{path.stem}`|benchmarks\.{path.stem}\b|\b{path.stem}\.(py|sh)\b", text)
+    ]
+    assert unnamed == []
