@@ -1,7 +1,7 @@
 """docs/benchmarks.md and its notebook, docs/notes/benchmark-history.md, stay consistent with what points at them:
 a section that code, tests or docs cite by name (`docs/benchmarks.md, "Batch limits"`) is a heading of that page,
-benchmarks/report.py finds the one table per machine that it rewrites, and every results file a figure names is
-in docs/results/, and every module in benchmarks/ is named there."""
+benchmarks/report.py finds the one table per machine that it rewrites, every results file a figure names is in
+docs/results/, and the reference names every module in benchmarks/."""
 
 from __future__ import annotations
 
