@@ -168,6 +168,23 @@ def test_the_triton_kernels_store_torchs_bits_and_attend_as_the_torch_backend_do
     assert relative_error(out, full_precision(batch, **options)) < FP8_ATTENTION_RELATIVE_ERROR
 
 
+@needs_fp8_triton
+@pytest.mark.parametrize("options", [{}, {"sliding_window": 24, "softcap": 5.0}], ids=["plain", "window-softcap"])
+def test_the_triton_kernels_over_an_e4m3_store_give_the_bits_of_a_full_precision_store_of_its_values(options):
+    """The kernels apply the power-of-two scales outside their tile loops (K's in the score scale, V's on the
+    output): exactly what scaling each entry gives, so a store of e4m3 values attends bit for bit as a
+    full-precision store holding the same values."""
+    batch = mixed_batch(MIXED, 16, 8, 2, head_dim=32, seed=7)
+    _, k, v = batch.qkv_views()
+    for x, cache, scale in ((k, batch.k_cache, KV_SCALES[0]), (v, batch.v_cache, KV_SCALES[1])):
+        for t in (x, cache):  # every entry, new and cached, on the e4m3 grid: quantizing it loses nothing
+            t.copy_(dequantize(quantize(t, scale), scale, t.dtype))
+    out, _, _ = triton_fp8(batch, **options)
+    backend = TritonAttention(batch.k_cache.shape[1], batch.k_cache.shape[2])
+    want = attend(backend, batch, batch.k_cache.clone(), batch.v_cache.clone(), **options)
+    assert torch.equal(out, want)
+
+
 # ---------------------------------------------------------------------------------- engine and server
 
 PROMPTS = random_prompts(8, [5, 13, 17, 35], vocab=512, seed=3)

@@ -21,8 +21,10 @@ never loaded, so blocks every layer has slid past could be freed without harm) a
 scores (Gemma 2: cap * tanh(score / cap), taken before the mask, as the reference does).
 
 A float8 store (--kv-cache-dtype fp8, constexpr FP8) holds K and V in units of the layer's two scales
-(gpu_worker/kv_cache.py): store_kv quantizes (times 1 / scale, clamped to +-448, rounded to nearest even), the
-attention kernels dequantize each tile as they load it (times scale, into q's dtype), so the rest is unchanged.
+(gpu_worker/kv_cache.py): store_kv quantizes (times 1 / scale, clamped to +-448, rounded to nearest even). The
+attention kernels convert each tile as they load it into q's dtype (exact: every e4m3 value is a bfloat16) and
+apply the scales outside the tile loop: K's folded into the score scale, V's on the output (with power-of-two
+scales, kv_scales.py, the same bits as scaling every element, at none of its per-element work).
 
 Head dims that are not a power of two (and group sizes, head counts) are padded to one with masked
 loads; tl.dot wants every side at least 16, hence the floors of 16 below.
@@ -174,8 +176,6 @@ def _load_kv_tile(
     stride_cb,
     stride_cs,
     stride_ch,
-    k_scale,
-    v_scale,
     q,
     BLOCK_SIZE: tl.constexpr,
     HEAD_DIM: tl.constexpr,
@@ -184,7 +184,7 @@ def _load_kv_tile(
     FP8: tl.constexpr,
 ):
     """K and V [BLOCK_N, HEAD_DIM_PAD] of context positions start.., zero outside [begin, end) (never read).
-    FP8: dequantized by the scales into q's dtype (exactly: an e4m3 value times a power of two is a bfloat16)."""
+    FP8: converted to q's dtype, still in units of the layer's scales (the caller applies them)."""
     pos = start + tl.arange(0, BLOCK_N)
     in_context = (pos >= begin) & (pos < end)
     block = tl.load(table_ptr + pos // BLOCK_SIZE, mask=in_context, other=0).to(tl.int64)
@@ -195,8 +195,8 @@ def _load_kv_tile(
     k = tl.load(k_cache_ptr + offsets, mask=mask, other=0.0)
     v = tl.load(v_cache_ptr + offsets, mask=mask, other=0.0)
     if FP8:
-        k = (k.to(tl.float32) * k_scale).to(q.dtype)
-        v = (v.to(tl.float32) * v_scale).to(q.dtype)
+        k = k.to(q.dtype)
+        v = v.to(q.dtype)
     return pos, k, v
 
 
@@ -270,7 +270,6 @@ def _prefill_kernel(
     qk_scale,
     window,
     softcap,
-    k_scale,
     v_scale,
     stride_qt,
     stride_qh,
@@ -345,8 +344,6 @@ def _prefill_kernel(
             stride_cb,
             stride_cs,
             stride_ch,
-            k_scale,
-            v_scale,
             q,
             BLOCK_SIZE,
             HEAD_DIM,
@@ -370,8 +367,6 @@ def _prefill_kernel(
             stride_cb,
             stride_cs,
             stride_ch,
-            k_scale,
-            v_scale,
             q,
             BLOCK_SIZE,
             HEAD_DIM,
@@ -384,6 +379,8 @@ def _prefill_kernel(
             visible = visible & _in_window(k_pos, q_pos, window)
         s = tl.where(visible, _scores(q, k, qk_scale, softcap, SOFTCAP), float("-inf"))
         acc, m_i, l_i = _online_softmax_step(acc, m_i, l_i, s, v)
+    if FP8:
+        acc = acc * v_scale  # V's scale, applied once (K's is in qk_scale)
 
     if SPLIT:  # partials [tokens, Hq, splits, HEAD_DIM_PAD]
         part = (tokens * tl.num_programs(1) + head) * num_splits + split
@@ -518,10 +515,9 @@ def prefill_attention(
         query_starts,
         tiles,
         tiles.stride(0),
-        scale * LOG2_E,
+        scale * LOG2_E * kv_scales[0],  # K's scale folded into the scores'
         sliding_window or 0,
         (softcap or 0.0) * LOG2_E,
-        kv_scales[0],
         kv_scales[1],
         q.stride(0),
         q.stride(1),
@@ -568,7 +564,6 @@ def _decode_kernel(
     qk_scale,
     window,
     softcap,
-    k_scale,
     v_scale,
     stride_qt,
     stride_qh,
@@ -627,8 +622,6 @@ def _decode_kernel(
             stride_cb,
             stride_cs,
             stride_ch,
-            k_scale,
-            v_scale,
             q,
             BLOCK_SIZE,
             HEAD_DIM,
@@ -638,6 +631,8 @@ def _decode_kernel(
         )
         s = tl.where(k_pos[None, :] < hi, _scores(q, k, qk_scale, softcap, SOFTCAP), float("-inf"))
         acc, m_i, l_i = _online_softmax_step(acc, m_i, l_i, s, v)
+    if FP8:
+        acc = acc * v_scale  # V's scale, applied once (K's is in qk_scale)
 
     out_ptrs = out_ptr + token * stride_ot + heads[:, None] * stride_oh + dims[None, :]
     if num_slices == 1:
@@ -754,6 +749,24 @@ def decode_slice_capacity(decode_programs: int) -> int:
     return 2 * decode_programs + EXTRA_DECODE_SLICES
 
 
+@dataclass(frozen=True, slots=True)
+class DecodeTiles:
+    """How a decode program walks its slice: keys per tile, warps, and software-pipeline stages (loads in flight)."""
+
+    block_n: int = DECODE_BLOCK_N
+    num_warps: int = 4
+    num_stages: int = 2
+
+
+# Launch shapes measured faster than the default on Hopper for a (padded head dim, float8 store), W1's short
+# contexts through 32k ones (`python -m benchmarks.decode_tiles`, docs/benchmarks.md).
+DECODE_TILES: dict[tuple[int, bool], DecodeTiles] = {}
+
+
+def decode_tiles(head_dim: int, fp8: bool) -> DecodeTiles:
+    return DECODE_TILES.get((_pow2(head_dim), fp8), DecodeTiles())
+
+
 def decode_merge_counts(max_decodes: int, num_kv_heads: int, device: torch.device) -> torch.Tensor:
     """The counters decode_attention's cut contexts count their finished slices in, one per (decode, KV head),
     for steps of up to max_decodes decodes: zero, and every launch leaves them zero, so one buffer serves
@@ -776,6 +789,7 @@ def decode_attention(
     sliding_window: int | None = None,
     softcap: float | None = None,
     kv_scales: tuple[float, float] = (1.0, 1.0),
+    tiles: DecodeTiles | None = None,
 ) -> None:
     """One query per sequence, for the decode sequences of block_tables [S, W] and context_lens [S]:
     decode_span, int32 on the device, holds (first decode sequence, the token row of its query in q and
@@ -784,7 +798,7 @@ def decode_attention(
     DecodeSlices' seqs (-1 past the step's own: programs that return at once) and starts. merge_counts:
     decode_merge_counts for at least slice_starts' decodes. sliding_window, softcap: the layer's (None: none);
     a slice that lies wholly before the window sees nothing and weighs nothing in the merge. kv_scales: a
-    float8 store's.
+    float8 store's. tiles: the launch shape (None: decode_tiles' for the head dim and store).
 
     One launch, merge included, whatever is cut: a CUDA graph launches it for its largest step, and the
     step's own slices (which contexts are cut) are read on the device. Offsets on the device rather than
@@ -801,6 +815,8 @@ def decode_attention(
         raise ValueError(
             f"{merge_counts.numel()} merge counters for {slice_starts.shape[0] - 1} decodes' {num_kv_heads} KV heads"
         )
+    fp8 = _is_fp8(k_cache)
+    tiles = tiles or decode_tiles(head_dim, fp8)
     part_out = torch.empty(num_slices, num_heads, head_dim_pad, dtype=torch.float32, device=q.device)
     part_lse = torch.empty(num_slices, num_heads, dtype=torch.float32, device=q.device)
     _decode_kernel[(num_slices, num_kv_heads)](
@@ -816,10 +832,9 @@ def decode_attention(
         slice_seqs,
         slice_starts,
         merge_counts,
-        scale * LOG2_E,
+        scale * LOG2_E * kv_scales[0],  # K's scale folded into the scores'
         sliding_window or 0,
         (softcap or 0.0) * LOG2_E,
-        kv_scales[0],
         kv_scales[1],
         q.stride(0),
         q.stride(1),
@@ -832,10 +847,10 @@ def decode_attention(
         BLOCK_SIZE=k_cache.shape[1],
         HEAD_DIM=head_dim,
         HEAD_DIM_PAD=head_dim_pad,
-        BLOCK_N=DECODE_BLOCK_N,
+        BLOCK_N=tiles.block_n,
         SLIDING=bool(sliding_window),
         SOFTCAP=bool(softcap),
-        FP8=_is_fp8(k_cache),
-        num_warps=4,
-        num_stages=2,
+        FP8=fp8,
+        num_warps=tiles.num_warps,
+        num_stages=tiles.num_stages,
     )
