@@ -15,14 +15,14 @@
                 gets no CPU (a machine busy throughout) thus keeps nobody waiting past it; one that nobody waits for
                 any more is given up for the next grammar wanted (compile_queue.py)
 
-Why SCHED_IDLE (measured beside a running stream on two cores, CPU engine; docs/benchmarks.md, "Grammars beside a
-running stream"): the CPU engine's forward runs two torch threads that wait on each other at every parallel op, so
-a compile holding a core for one time slice stalls the step, however low its nice value: a nice-10 compile left
-one ~700 ms gap (29x the median) during the 8,000-choice compile. A SCHED_IDLE thread runs only where no normal
-thread wants the core (bar a 0.3 % share), and is preempted on that thread's wake-up, not at the end of its
-slice. (Its own figure is for a quiet host: on a shared one, other processes' load hides a compile's stall.)
-Nice 19 is not that: a smaller share (1.5 % of a nice-0 thread's weight), but still taken in slices while the
-torch threads want the core.
+Why SCHED_IDLE (measured beside a running stream on two cores, CPU engine; docs/notes/benchmark-history.md,
+"Grammars beside a running stream"): the CPU engine's forward runs two torch threads that wait on each other at
+every parallel op, so a compile holding a core for one time slice stalls the step, however low its nice value: a
+nice-10 compile left one ~700 ms gap (29x the median) during the 8,000-choice compile. A SCHED_IDLE thread runs only
+where no normal thread wants the core (bar a 0.3 % share), and is preempted on that thread's wake-up, not at the end
+of its slice. (Its own figure is for a quiet host: on a shared one, other processes' load hides a compile's stall.)
+Nice 19 is not that: a smaller share (1.5 % of a nice-0 thread's weight), but still taken in slices while the torch
+threads want the core.
 The price: on a machine busy throughout, a compile waits, as its request does; hence the timeout in CPU time.
 
 Priority inversion: a lock that the loop also takes, held by the compile thread when a serving thread preempts it,

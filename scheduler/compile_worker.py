@@ -37,8 +37,8 @@ Why compile twice rather than hand the worker's grammar over: xgrammar's only wa
 costs more than the compile it carries. For 8,000 choices (36 MB of token masks), on a quiet CPU: compile 2.4 s,
 serialize 4.1 s, read back 1.8 s, with 37 MB through the pipe and a 350 MB parse tree in the scheduler: 70 % of
 the work to the verdict (34 s at nice 10 beside a running stream), and the stream's longest gaps but the first
-fell in it (docs/benchmarks.md, "Grammars beside a running stream"). For ordinary grammars it is milliseconds
-either way (a 10-field schema: compile 12.6 ms, serialize 13.3 ms, read back 6.3 ms).
+fell in it (docs/notes/benchmark-history.md, "Grammars beside a running stream"). For ordinary grammars it is
+milliseconds either way (a 10-field schema: compile 12.6 ms, serialize 13.3 ms, read back 6.3 ms).
 The second compile is not timed: it cannot be stopped, and needs none. It is the trial's work again (the same
 grammar, compiler and threads), so the trial bounds its CPU time; like the trial it takes idle cycles only, so its
 cost is the request's wait, not the other streams' time. Neither alternative is cheaper: a trial skipped for grammars
