@@ -5,9 +5,9 @@ and its bytes copy, Starlette's join). glibc's malloc serves them from the heap 
 (its mmap threshold follows the largest block freed, up to 32 MiB), but hands the heap's top back to the kernel
 whenever more than twice that lies free there, so every burst of large bodies faulted its memory in again, page
 by page, on the loop's thread: eight 16 MiB bodies posted at once were up to 60,000 minor faults, and the
-loop's CPU for them 170-330 ms on a 2-core machine (docs/notes/benchmark-history.md, "Large request bodies"). With the heap's
-top kept (up to KEPT_FREE_BYTES), a burst after the first faulted almost none, and the loop's CPU for it was
-113-210 ms. The price: after a burst, up to that much freed memory stays resident in the frontend.
+loop's CPU for them 170-330 ms on a 2-core machine (docs/notes/benchmark-history.md, "Large request bodies").
+With the heap's top kept (up to KEPT_FREE_BYTES), a burst after the first faulted almost none, and the loop's
+CPU for it was 113-210 ms. The price: after a burst, up to that much freed memory stays resident in the frontend.
 
 The first burst after start still faulted its memory in (40,000-49,000 pages for eight 16 MiB bodies): so the
 frontend faults in, at start, the heap that BODIES_IN_FLIGHT bodies at the size limit take, and frees it to the
