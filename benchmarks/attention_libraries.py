@@ -105,8 +105,9 @@ def reference_decode(batch: PagedBatch, scale: float) -> torch.Tensor:
     return torch.stack(outs)
 
 
-def ours_decode(batch: PagedBatch, scale: float):
-    """Our decode launch, planned as the engine plans it (decode_slices on the host), ready to replay."""
+def ours_decode(batch: PagedBatch, scale: float, tiles: kernels.DecodeTiles | None = None):
+    """Our decode launch, planned as the engine plans it (decode_slices on the host), ready to replay. tiles: a
+    launch shape (None: the engine's, DECODE_TILES)."""
     num_sms = torch.cuda.get_device_properties(DEVICE).multi_processor_count
     slices = kernels.decode_slices(batch.context_lens, batch.k_cache.shape[2], num_sms)
     span, seqs, starts = (
@@ -130,6 +131,7 @@ def ours_decode(batch: PagedBatch, scale: float):
             seqs,
             starts,
             merge_counts,
+            tiles=tiles,
         )
         return out
 
