@@ -27,7 +27,8 @@ made to drop it, a switch interval later (CPython's default: 5 ms). A /health an
 (its request, the task's steps, the replies of the processes it pings), and the bodies the thread had finished
 waited too, alive, for the loop to take them on. Eight bodies of 10,920 chat
 messages, parsed back to back (~60 ms each), held /health 80-258 ms on a lightly loaded 2-core machine; with
-the frontend's switch interval at GIL_SWITCH_INTERVAL_S, 30-61 ms (docs/benchmarks.md, "Large request bodies").
+the frontend's switch interval at GIL_SWITCH_INTERVAL_S, 30-61 ms (0a0da3f against 1111b31:
+docs/notes/benchmark-history.md, "Large request bodies").
 """
 
 from __future__ import annotations
