@@ -761,7 +761,9 @@ class DecodeTiles:
     num_stages: int = 2
     # A float8 store under bfloat16 queries: the products in float16 (q converted once; e4m3 -> float16 is one
     # instruction for two entries, -> bfloat16 three), which keeps the kernel from being bound by conversions.
-    fp8_in_f16: bool = False  # not yet measured on a GPU: benchmarks.decode_tiles sweeps it
+    # Off: 1.04x the kernel alone on one H100 (9ec22c4, docs/benchmarks.md), too little to switch untried in the
+    # engine; benchmarks.decode_tiles sweeps it.
+    fp8_in_f16: bool = False
 
 
 # Launch shapes measured faster than the default on Hopper for a (padded head dim, float8 store), W1's short
