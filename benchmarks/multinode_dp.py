@@ -4,6 +4,9 @@ against one launcher with one replica on one GPU. The arms alternate, `--repeats
 
     python -m benchmarks.multinode_dp --model .device-cache/gpt2 --out /tmp/mndp --client-processes 12
 
+Every node starts with launch.py's default flags (`--api-server-count`, `--server-flags` to change them), so the
+ratio is what a user gets without tuning.
+
 Each arm starts its launcher(s) with CUDA_VISIBLE_DEVICES naming one GPU each, waits until /health says every
 replica serves ({"status": "ok"}: the headless node has joined), runs `benchmarks.serve --url` with the burst
 (1,024 requests, 64-512 random prompt ids, 256 new tokens, EOS ignored), then stops them. Prints completion
@@ -16,6 +19,7 @@ import argparse
 import json
 import os
 import secrets
+import shlex
 import signal
 import subprocess
 import sys
@@ -71,8 +75,10 @@ def arm(label: str, dp: int, args: argparse.Namespace, out: Path, log: Path) -> 
     port, rpc_port = 8100, 29550
     url = f"http://127.0.0.1:{port}"
     env = {**os.environ, "CLEARSERVE_CLUSTER_SECRET": secrets.token_hex(32)}
-    common = ["--model", args.model, "--load-format", "dummy", "--max-num-seqs", "256"]
-    head = [*common, "--port", str(port), "--api-server-count", str(args.api_server_count), "--tokenizer-workers", "4"]
+    common = ["--model", args.model, "--load-format", "dummy", *shlex.split(args.server_flags)]
+    head = [*common, "--port", str(port)]
+    if args.api_server_count is not None:
+        head += ["--api-server-count", str(args.api_server_count)]
     processes = []
     try:
         if dp == 1:
@@ -97,7 +103,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--model", required=True, help="a model folder (random weights are used)")
     parser.add_argument("--out", required=True)
     parser.add_argument("--repeats", type=int, default=2, help="rounds of the two arms, alternated")
-    parser.add_argument("--api-server-count", type=int, default=6, help="the frontend node's HTTP processes")
+    parser.add_argument(
+        "--api-server-count", type=int, default=None, help="the frontend node's HTTP processes (default: launch.py's)"
+    )
+    parser.add_argument("--server-flags", default="", help="more launch.py flags for every node (default: none)")
     parser.add_argument("--client-processes", type=int, default=default_client_processes())
     args = parser.parse_args(argv)
     args.model = str(Path(args.model).resolve())
