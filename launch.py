@@ -218,7 +218,7 @@ def parse_args(argv: list[str] | None = None, prog: str | None = None) -> argpar
         parser.error("--tensor-parallel-size must be at least 1")
     check_node_flags(parser, args)
     if args.api_server_count is None:
-        args.api_server_count = default_api_server_count(args.data_parallel_size_local)
+        args.api_server_count = default_api_server_count(args.data_parallel_size)
     if args.api_key is None:
         args.api_key = os.environ.get("CLEARSERVE_API_KEY")
     if args.tokenizer_workers < 1:
@@ -269,14 +269,16 @@ def model_sampling_defaults(choice: str, model_folder) -> dict[str, float]:
     return defaults
 
 
-def default_api_server_count(local_replicas: int = 1) -> int:
-    """A quarter of the cores, 1 to 4, and at least one per engine replica on this node (as vLLM: each replica's
-    stream of tokens wants its own HTTP process). Why 4 on a 16-core host: the frontends cost 17-25 µs of CPU per
-    token they stream (2 to 4 of them), the scheduler ~6, each other process less (the null engine on the 2-core
-    CPU, docs/benchmarks.md "The serving path's CPU per token"). Two frontends were the serving path's limit (1.22x
-    one H100 engine's W1); four hold about as much as the scheduler, past 2x. A quarter of the cores leaves the
-    rest to the scheduler, the tokenizer workers and the GPU worker's host loop."""
-    return max(1, local_replicas, min(4, (os.cpu_count() or 1) // 4))
+def default_api_server_count(replicas: int = 1) -> int:
+    """A quarter of the cores, up to 4 per engine replica and at least one per replica, counting every replica of
+    the data-parallel group: the headless nodes' replicas stream their tokens through this node's frontends too
+    (as vLLM, one HTTP process per replica at least). Why 4 per replica: the frontends cost 17-25 µs of CPU per token
+    they stream (2 to 4 of them), the scheduler ~6, each other process less (the null engine on the 2-core CPU,
+    docs/benchmarks.md "The serving path's CPU per token"). Two frontends were the serving path's limit (1.22x one
+    H100 engine's W1); four hold about as much as the scheduler, past 2x. With -dp 2 as two nodes, four frontends
+    were ~92 % busy for 1.6-1.7x one replica's burst (2x H100, 32 cores, bd61033): the second replica needs its four.
+    A quarter of the cores leaves the rest to the schedulers, the tokenizer workers and the GPU workers' host loops."""
+    return max(1, replicas, min(4 * replicas, (os.cpu_count() or 1) // 4))
 
 
 def profile_config(args: argparse.Namespace) -> ProfileConfig:

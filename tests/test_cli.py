@@ -98,10 +98,17 @@ def test_the_api_server_count_default_is_a_quarter_of_the_cores_from_1_to_4(monk
     assert parse_args(["--api-server-count", "3"]).api_server_count == 3
 
 
-def test_the_api_server_count_default_is_at_least_one_per_local_replica(monkeypatch):
+def test_the_api_server_count_default_grows_to_4_per_replica_where_the_cores_allow(monkeypatch):
+    for cores, frontends in ((16, 4), (32, 8), (128, 8)):
+        monkeypatch.setattr("os.cpu_count", lambda cores=cores: cores)
+        assert parse_args(["-dp", "2", "-dpl", "1"]).api_server_count == frontends, f"{cores} cores"
+
+
+def test_the_api_server_count_default_is_at_least_one_per_replica_of_the_group(monkeypatch):
     monkeypatch.setattr("os.cpu_count", lambda: 8)
     assert parse_args(["-dp", "4"]).api_server_count == 4
-    assert parse_args(["-dp", "4", "--data-parallel-size-local", "1"]).api_server_count == 2
+    # Remote replicas stream through this node's frontends too.
+    assert parse_args(["-dp", "4", "--data-parallel-size-local", "1"]).api_server_count == 4
     assert parse_args(["-dp", "4", "--api-server-count", "1"]).api_server_count == 1
 
 
