@@ -1,12 +1,13 @@
 """Which architectures the engine runs, and the parts of the families that the token-exact tests
 (test_correctness.py, test_tensor_parallel.py) do not isolate: a mixture-of-experts layer sums each token's
 picked experts, experts load from either checkpoint layout, longrope's two tables, and
-a Gemma and an MoE model served over HTTP give the in-process engine's text."""
+every family served over HTTP: transformers' greedy tokens, the in-process engine's text."""
 
 from __future__ import annotations
 
 import json
 import signal
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 import torch
@@ -127,9 +128,9 @@ def test_longrope_turns_positions_past_the_original_length_by_the_long_factors(t
 PROMPTS = ["def main():", "import json\n", "The quick", "class Foo"]
 
 
-@pytest.fixture(scope="module", params=["gemma3_text", "qwen3_moe"])
+@pytest.fixture(scope="module", params=FAMILIES)
 def family_server(request, tmp_path_factory):
-    """One server per family: a Gemma (sliding windows, q/k norms, two RoPE tables) and an MoE model."""
+    """One server per family (tests/tiny_models.py FAMILY_CONFIGS: sliding windows, soft-caps, norms, experts)."""
     folder = build_model(request.param, tmp_path_factory.mktemp(request.param))
     log = tmp_path_factory.mktemp("log") / "server.log"
     server = ServerProcess(
@@ -152,3 +153,20 @@ def test_a_served_family_answers_what_the_engine_computes_in_process(family_serv
             assert response.status_code == 200, response.text
             got.append(response.json()["choices"][0]["text"])
     assert got == expected and all(got)
+
+
+def test_a_served_family_gives_transformers_greedy_tokens(family_server):
+    """Token ids in, token ids out (POST /generate), the prompts sent at once so that they share steps; the
+    longer prompts and their new tokens go past the sliding windows (tests/tiny_models.py: TINY_WINDOW)."""
+    folder, server = family_server
+    prompts = random_prompts(4, [5, 17, 35, 50], vocab=512, seed=6)
+    sampling = {"max_tokens": 24, "temperature": 0, "ignore_eos": True}
+    with server.client() as client, ThreadPoolExecutor(len(prompts)) as pool:
+
+        def generate(prompt: list[int]) -> list[int]:
+            response = client.post("/generate", json={"input_ids": prompt, "sampling_params": sampling})
+            assert response.status_code == 200, response.text
+            return response.json()["token_ids"]
+
+        served = list(pool.map(generate, prompts))
+    assert served == hf_greedy(folder, prompts, 24)
