@@ -1,7 +1,8 @@
 """Which architectures the engine runs, and the parts of the families that the token-exact tests
 (test_correctness.py, test_tensor_parallel.py) do not isolate: a mixture-of-experts layer sums each token's
-picked experts, experts load from either checkpoint layout, longrope's two tables, and
-every family served over HTTP: transformers' greedy tokens, the in-process engine's text."""
+picked experts, experts load from either checkpoint layout, GGUF files of the families transformers' reader
+converts, longrope's two tables, and every family served over HTTP: transformers' greedy tokens, the in-process
+engine's text."""
 
 from __future__ import annotations
 
@@ -89,16 +90,39 @@ def test_experts_load_from_one_tensor_each_or_stacked(family, tmp_path):
     assert all(torch.equal(ours[0][name], ours[1][name]) for name in ours[0])
 
 
-def test_a_gguf_file_of_a_new_family_runs_token_for_token_as_its_safetensors(tmp_path, monkeypatch):
-    """Qwen3 as llama.cpp writes it, converted once by transformers' GGUF reader (common/model_source.py).
-    head_dim 128 and no q/k/v bias: what transformers 5.24 reads from a qwen3 GGUF file (its metadata mapping
-    has no key_length, and the architecture no bias)."""
+# Each family llama.cpp writes and transformers 5.24's GGUF reader converts, with what the reader keeps of its config.
+# A field the reader does not map (docs/architecture.md lists them) takes transformers' config default, so the tiny
+# model sets it to that default: Gemma's soft-caps and query_pre_attn_scalar, Gemma 3's layer pattern (5 sliding,
+# 1 global) and unscaled RoPE, Phi-3's window, longrope and full rotary. Qwen3: head_dim 128 and no q/k/v bias
+# (the reader's qwen3 has no key_length, the architecture no bias).
+GGUF_CASES: dict[str, dict] = {
+    "llama": dict(),
+    "qwen2": dict(),
+    "qwen3": dict(head_dim=128, attention_bias=False),
+    "phi3": dict(sliding_window=None, rope_parameters={"rope_type": "default", "rope_theta": 10_000.0}),
+    "gemma2": dict(query_pre_attn_scalar=256, attn_logit_softcapping=50.0, final_logit_softcapping=30.0),
+    "gemma3_text": dict(
+        query_pre_attn_scalar=256,
+        num_hidden_layers=6,
+        layer_types=None,
+        rope_parameters={
+            "sliding_attention": {"rope_type": "default", "rope_theta": 10_000.0},
+            "full_attention": {"rope_type": "default", "rope_theta": 1_000_000.0},
+        },
+    ),
+}
+
+
+@pytest.mark.parametrize("family", GGUF_CASES)
+def test_a_gguf_file_runs_token_for_token_as_its_safetensors(family, tmp_path, monkeypatch):
+    """The family as llama.cpp writes it, converted once by transformers' GGUF reader (common/model_source.py): our
+    tokens from the converted folder are transformers' from the original one."""
     from common.model_source import resolve_model
 
     monkeypatch.setenv("CLEARSERVE_CACHE", str(tmp_path / "cache"))
-    source = build_model("qwen3", tmp_path / "qwen3", head_dim=128, attention_bias=False)
-    converted = resolve_model(str(build_gguf(source, tmp_path / "qwen3.gguf")))
-    assert json.loads((converted / "config.json").read_text())["model_type"] == "qwen3"
+    source = build_model(family, tmp_path / family, **GGUF_CASES[family])
+    converted = resolve_model(str(build_gguf(source, tmp_path / f"{family}.gguf")))
+    assert json.loads((converted / "config.json").read_text())["model_type"] == family
     prompts = random_prompts(3, [5, 20, 40], vocab=512, seed=4)
     params = SamplingParams(max_tokens=16, temperature=0.0, ignore_eos=True)
     with LLM(str(converted), device="cpu", dtype="float32", num_kv_blocks=64) as llm:

@@ -277,6 +277,7 @@ def random_prompts(count: int, lengths: list[int], vocab: int, seed: int = 0) ->
 
 __all__ = [
     "FAMILY_CONFIGS",
+    "GGUF_ARCHITECTURES",
     "build_gguf",
     "build_model",
     "build_tokenizer",
@@ -286,10 +287,23 @@ __all__ = [
 ]
 
 
+# The families llama.cpp writes and transformers' GGUF reader reads back (Mixtral and OLMo 2: not read; Mistral: as
+# llama; Qwen3-MoE's does not convert in transformers 5.24: docs/architecture.md), by model_type: llama.cpp's name.
+GGUF_ARCHITECTURES = {
+    "llama": "llama",
+    "qwen2": "qwen2",
+    "qwen3": "qwen3",
+    "qwen3_moe": "qwen3moe",
+    "phi3": "phi3",
+    "gemma2": "gemma2",
+    "gemma3_text": "gemma3",
+}
+
+
 def build_gguf(folder: Path, path: Path) -> Path:
-    """Write `folder`'s model (a tiny qwen3 or qwen3_moe from build_model) as a float32 GGUF file the way
-    llama.cpp lays one out: its metadata keys, its tensor names (experts stacked per layer), the byte-level
-    BPE as a "gpt2" tokenizer."""
+    """Write `folder`'s model (a tiny GGUF_ARCHITECTURES model from build_model) as a float32 GGUF file the way
+    llama.cpp lays one out: its metadata keys, its tensor names (experts stacked per layer), Llama's q and k rows
+    in its rotary order, Gemma's norms stored as 1 + w, the byte-level BPE as a "gpt2" tokenizer."""
     import re
 
     import gguf
@@ -297,7 +311,8 @@ def build_gguf(folder: Path, path: Path) -> Path:
 
     config = json.loads((folder / "config.json").read_text())
     tokenizer = json.loads((folder / "tokenizer.json").read_text())
-    arch = {"qwen3": "qwen3", "qwen3_moe": "qwen3moe"}[config["model_type"]]
+    arch = GGUF_ARCHITECTURES[config["model_type"]]
+    rope = config["rope_parameters"]
     writer = gguf.GGUFWriter(str(path), arch)
     writer.add_context_length(config["max_position_embeddings"])
     writer.add_embedding_length(config["hidden_size"])
@@ -307,8 +322,11 @@ def build_gguf(folder: Path, path: Path) -> Path:
     writer.add_head_count_kv(config["num_key_value_heads"])
     writer.add_key_length(config["head_dim"])
     writer.add_value_length(config["head_dim"])
-    writer.add_rope_freq_base(config["rope_parameters"]["rope_theta"])
+    writer.add_rope_dimension_count(config["head_dim"])
+    writer.add_rope_freq_base((rope.get("full_attention") or rope)["rope_theta"])
     writer.add_layer_norm_rms_eps(config["rms_norm_eps"])
+    if config.get("sliding_window"):
+        writer.add_sliding_window(config["sliding_window"])
     if arch == "qwen3moe":
         writer.add_expert_count(config.get("num_experts") or config["num_local_experts"])
         writer.add_expert_used_count(config["num_experts_per_tok"])
@@ -322,6 +340,7 @@ def build_gguf(folder: Path, path: Path) -> Path:
     writer.add_token_merges([m if isinstance(m, str) else " ".join(m) for m in tokenizer["model"]["merges"]])
     writer.add_bos_token_id(0)
     writer.add_eos_token_id(0)
+    writer.add_pad_token_id(0)  # else Phi-3's config default (32000) lands outside the tiny vocabulary
     tensors = load_file(folder / "model.safetensors")
     experts: dict[str, dict[int, torch.Tensor]] = {}
     for name in list(tensors):
@@ -329,9 +348,18 @@ def build_gguf(folder: Path, path: Path) -> Path:
             experts.setdefault(f"{match[1]}.{match[3]}", {})[int(match[2])] = tensors.pop(name)
     for name, by_index in experts.items():
         tensors[name] = torch.stack([by_index[i] for i in sorted(by_index)])
-    names = gguf.get_tensor_name_map(gguf.MODEL_ARCH.QWEN3 if arch == "qwen3" else gguf.MODEL_ARCH.QWEN3MOE, 99)
+    heads = {"q_proj": config["num_attention_heads"], "k_proj": config["num_key_value_heads"]}
     for name, tensor in tensors.items():
-        writer.add_tensor(names.get_name(name, try_suffixes=(".weight", ".bias")), tensor.numpy())
+        projection = name.split(".")[-2]
+        if arch == "llama" and projection in heads:  # each head's rows as (pairs, 2), stored as (2, pairs)
+            n = heads[projection]
+            tensor = tensor.reshape(n, 2, -1, tensor.shape[-1]).transpose(1, 2).reshape(tensor.shape)
+        if arch.startswith("gemma") and name.endswith("norm.weight"):
+            tensor = tensor + 1
+        tensors[name] = tensor
+    names = gguf.get_tensor_name_map(gguf.MODEL_ARCH[arch.upper()], config["num_hidden_layers"])
+    for name, tensor in tensors.items():
+        writer.add_tensor(names.get_name(name, try_suffixes=(".weight", ".bias")), tensor.contiguous().numpy())
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
