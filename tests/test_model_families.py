@@ -13,7 +13,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 import torch
 
-from common.model_info import SUPPORTED_MODEL_TYPES, UnsupportedModel, check_folder_supported
+from common.model_info import GGUF_ARCHITECTURES, SUPPORTED_MODEL_TYPES, UnsupportedModel, check_folder_supported
 from common.sampling_params import SamplingParams
 from gpu_worker.model_loader import load_model
 from gpu_worker.models import MODEL_CLASSES
@@ -90,12 +90,13 @@ def test_experts_load_from_one_tensor_each_or_stacked(family, tmp_path):
     assert all(torch.equal(ours[0][name], ours[1][name]) for name in ours[0])
 
 
-# Each family llama.cpp writes and transformers 5.24's GGUF reader converts, with what the reader keeps of its config.
-# A field the reader does not map (docs/architecture.md lists them) takes transformers' config default, so the tiny
-# model sets it to that default: Gemma's soft-caps and query_pre_attn_scalar, Gemma 3's layer pattern (5 sliding,
-# 1 global) and unscaled RoPE, Phi-3's window, longrope and full rotary. Qwen3: head_dim 128 and no q/k/v bias
-# (the reader's qwen3 has no key_length, the architecture no bias).
+# Each family llama.cpp writes and transformers 5.24's GGUF reader converts, with what the reader keeps of its
+# config. A field the reader does not map (the README's "Supported models" lists them) takes transformers' config
+# default, so the tiny model sets it to that default: Gemma's soft-caps and query_pre_attn_scalar, Gemma 3's layer
+# pattern (5 sliding, 1 global) and unscaled RoPE, Phi-3's window, longrope and full rotary. Qwen3: head_dim 128
+# and no q/k/v bias (the reader's qwen3 has no key_length, the architecture no bias).
 GGUF_CASES: dict[str, dict] = {
+    "gpt2": dict(n_positions=1024),  # the reader sets n_ctx from the file, n_positions stays 1024
     "llama": dict(),
     "qwen2": dict(),
     "qwen3": dict(head_dim=128, attention_bias=False),
@@ -111,6 +112,10 @@ GGUF_CASES: dict[str, dict] = {
         },
     ),
 }
+
+
+def test_every_gguf_architecture_is_tested():
+    assert set(GGUF_ARCHITECTURES.values()) == set(GGUF_CASES)
 
 
 @pytest.mark.parametrize("family", GGUF_CASES)

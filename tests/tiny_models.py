@@ -148,7 +148,7 @@ def build_model(kind: str, folder: Path, seed: int = 0, **overrides) -> Path:
     torch.manual_seed(seed)
     # A larger init than usual keeps logits well apart, so float32 rounding cannot flip an argmax.
     if kind == "gpt2":
-        config = GPT2Config(
+        gpt2 = dict(
             vocab_size=vocab,
             n_positions=512,
             n_embd=64,
@@ -157,8 +157,8 @@ def build_model(kind: str, folder: Path, seed: int = 0, **overrides) -> Path:
             initializer_range=0.2,
             eos_token_id=0,
             bos_token_id=0,
-            **overrides,
         )
+        config = GPT2Config(**{**gpt2, **overrides})
         model = GPT2LMHeadModel(config)
     elif kind == "llama":
         llama = dict(
@@ -277,7 +277,6 @@ def random_prompts(count: int, lengths: list[int], vocab: int, seed: int = 0) ->
 
 __all__ = [
     "FAMILY_CONFIGS",
-    "GGUF_ARCHITECTURES",
     "build_gguf",
     "build_model",
     "build_tokenizer",
@@ -287,32 +286,33 @@ __all__ = [
 ]
 
 
-# The families llama.cpp writes and transformers' GGUF reader reads back (Mixtral and OLMo 2: not read; Mistral: as
-# llama; Qwen3-MoE's does not convert in transformers 5.24: docs/architecture.md), by model_type: llama.cpp's name.
-GGUF_ARCHITECTURES = {
-    "llama": "llama",
-    "qwen2": "qwen2",
-    "qwen3": "qwen3",
-    "qwen3_moe": "qwen3moe",
-    "phi3": "phi3",
-    "gemma2": "gemma2",
-    "gemma3_text": "gemma3",
-}
-
-
 def build_gguf(folder: Path, path: Path) -> Path:
-    """Write `folder`'s model (a tiny GGUF_ARCHITECTURES model from build_model) as a float32 GGUF file the way
-    llama.cpp lays one out: its metadata keys, its tensor names (experts stacked per layer), Llama's q and k rows
-    in its rotary order, Gemma's norms stored as 1 + w, the byte-level BPE as a "gpt2" tokenizer."""
+    """Write `folder`'s model (build_model's, of a family in common/model_info.py GGUF_ARCHITECTURES, or Qwen3-MoE,
+    whose file transformers does not convert) as a float32 GGUF file the way llama.cpp lays one out: its metadata
+    keys, its tensor names (experts stacked per layer), Llama's q and k rows in its rotary order, Gemma's norms
+    stored as 1 + w, GPT-2's Conv1D weights transposed, the byte-level BPE as a "gpt2" tokenizer."""
     import re
 
     import gguf
     from safetensors.torch import load_file
 
+    from common.model_info import GGUF_ARCHITECTURES
+
     config = json.loads((folder / "config.json").read_text())
+    if config["model_type"] == "gpt2":  # its own names for the shared sizes
+        width = config["n_embd"]
+        config |= dict(
+            max_position_embeddings=config["n_positions"],
+            hidden_size=width,
+            num_hidden_layers=config["n_layer"],
+            intermediate_size=config["n_inner"] or 4 * width,
+            num_attention_heads=config["n_head"],
+            num_key_value_heads=config["n_head"],
+            head_dim=width // config["n_head"],
+        )
     tokenizer = json.loads((folder / "tokenizer.json").read_text())
-    arch = GGUF_ARCHITECTURES[config["model_type"]]
-    rope = config["rope_parameters"]
+    llama_cpp_names = {model_type: arch for arch, model_type in GGUF_ARCHITECTURES.items()} | {"qwen3_moe": "qwen3moe"}
+    arch = llama_cpp_names[config["model_type"]]
     writer = gguf.GGUFWriter(str(path), arch)
     writer.add_context_length(config["max_position_embeddings"])
     writer.add_embedding_length(config["hidden_size"])
@@ -322,9 +322,13 @@ def build_gguf(folder: Path, path: Path) -> Path:
     writer.add_head_count_kv(config["num_key_value_heads"])
     writer.add_key_length(config["head_dim"])
     writer.add_value_length(config["head_dim"])
-    writer.add_rope_dimension_count(config["head_dim"])
-    writer.add_rope_freq_base((rope.get("full_attention") or rope)["rope_theta"])
-    writer.add_layer_norm_rms_eps(config["rms_norm_eps"])
+    if rope := config.get("rope_parameters"):
+        writer.add_rope_dimension_count(config["head_dim"])
+        writer.add_rope_freq_base((rope.get("full_attention") or rope)["rope_theta"])
+    if arch == "gpt2":
+        writer.add_layer_norm_eps(config["layer_norm_epsilon"])
+    else:
+        writer.add_layer_norm_rms_eps(config["rms_norm_eps"])
     if config.get("sliding_window"):
         writer.add_sliding_window(config["sliding_window"])
     if arch == "qwen3moe":
@@ -356,6 +360,8 @@ def build_gguf(folder: Path, path: Path) -> Path:
             tensor = tensor.reshape(n, 2, -1, tensor.shape[-1]).transpose(1, 2).reshape(tensor.shape)
         if arch.startswith("gemma") and name.endswith("norm.weight"):
             tensor = tensor + 1
+        if arch == "gpt2" and projection in ("c_attn", "c_proj", "c_fc") and name.endswith(".weight"):
+            tensor = tensor.T  # Conv1D's [in, out], stored as a linear layer's [out, in]
         tensors[name] = tensor
     names = gguf.get_tensor_name_map(gguf.MODEL_ARCH[arch.upper()], config["num_hidden_layers"])
     for name, tensor in tensors.items():
