@@ -36,6 +36,51 @@ def check_supported(model_type: str, architectures: list[str] | None = None) -> 
         )
 
 
+# A GGUF file's architecture (llama.cpp's name, its general.architecture) for each family whose GGUF files transformers'
+# reader converts into a folder we run (common/model_source.py), and the model_type it becomes; each tested
+# (tests/test_model_families.py). Mistral's files are llama ones.
+GGUF_ARCHITECTURES = {
+    "gemma2": "gemma2",
+    "gemma3": "gemma3_text",
+    "gpt2": "gpt2",
+    "llama": "llama",
+    "phi3": "phi3",
+    "qwen2": "qwen2",
+    "qwen3": "qwen3",
+}
+# Families we run whose GGUF files do not convert, and why (a safetensors folder of each runs).
+GGUF_NOT_CONVERTED = {
+    "olmo2": "transformers' GGUF reader has no olmo2",
+    "qwen3moe": "transformers' GGUF reader does not convert its stacked experts (tried with transformers 5.24)",
+}
+
+
+def check_gguf_supported(path: str | Path) -> None:
+    """UnsupportedModel, in one line, unless the GGUF file at `path` converts into a model the engine runs: read
+    from its metadata before anything is converted."""
+    import gguf
+
+    reader = gguf.GGUFReader(str(path))
+
+    def field(name: str):
+        value = reader.fields.get(name)
+        return None if value is None else value.parts[value.data[0]]
+
+    raw = field("general.architecture")
+    arch = bytes(raw).decode() if raw is not None else "?"
+    experts = field(f"{arch}.expert_count")
+    why = GGUF_NOT_CONVERTED.get(arch)
+    if arch == "llama" and experts is not None and int(experts[0]) > 0:
+        why = "a llama file with experts (Mixtral): transformers' GGUF reader reads no experts for llama"
+    elif why is None and arch not in GGUF_ARCHITECTURES:
+        why = "the engine does not run it"
+    if why is not None:
+        raise UnsupportedModel(
+            f"GGUF architecture {arch!r} ({Path(path).name}) is not supported: {why}; supported as GGUF: "
+            f"{', '.join(GGUF_ARCHITECTURES)}; as safetensors folders: {', '.join(SUPPORTED_MODEL_TYPES)}"
+        )
+
+
 def check_folder_supported(folder: str | Path) -> None:
     """UnsupportedModel unless the engine runs the architecture of the model in `folder` (its config.json)."""
     config = json.loads((Path(folder) / "config.json").read_text())

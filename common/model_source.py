@@ -115,7 +115,10 @@ def _from_hub(repo_id: str) -> Path:
 
 def gguf_to_folder(gguf_path: Path) -> Path:
     """Dequantize a GGUF checkpoint into a cached folder (float32 safetensors, config, tokenizer)."""
+    from common.model_info import check_gguf_supported
+
     gguf_path = gguf_path.resolve()
+    check_gguf_supported(gguf_path)  # an architecture that would not convert, or not run, fails here in one line
     stat = gguf_path.stat()
     target = cache_dir() / "gguf" / f"{gguf_path.stem}-{stat.st_size}-{int(stat.st_mtime)}"
     if (target / "config.json").is_file():

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 
 import pytest
 
@@ -188,6 +189,53 @@ def test_an_architecture_the_engine_does_not_run_fails_in_one_line_before_any_pr
     assert len(errors) == 1 and "model_type 'falcon' (Falcon) is not supported" in errors[0]
     assert "supported: " + ", ".join(SUPPORTED_MODEL_TYPES) in errors[0]
     assert "Traceback" not in done.stderr and "starting" not in done.stderr
+
+
+@pytest.mark.parametrize(
+    ("arch", "experts", "why"),
+    [
+        ("falcon", 0, "the engine does not run it"),
+        ("olmo2", 0, "transformers' GGUF reader has no olmo2"),
+        ("llama", 8, "a llama file with experts (Mixtral)"),
+        ("qwen3moe", 0, "transformers' GGUF reader does not convert its stacked experts"),
+    ],
+)
+def test_a_gguf_file_that_would_not_convert_or_run_fails_in_one_line_before_any_process_starts(
+    tmp_path, arch, experts, why
+):
+    """Read from the file's metadata before transformers converts anything (common/model_info.py)."""
+    import subprocess
+    import sys
+
+    import gguf
+    import numpy as np
+
+    from common.model_info import GGUF_ARCHITECTURES, SUPPORTED_MODEL_TYPES
+    from tests.server_process import ROOT, free_port
+
+    path = tmp_path / f"{arch}.gguf"
+    writer = gguf.GGUFWriter(str(path), arch)
+    writer.add_block_count(1)
+    if experts:
+        writer.add_expert_count(experts)
+    writer.add_tensor("token_embd.weight", np.zeros((4, 8), dtype=np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "launch.py"), str(path), "--port", str(free_port())],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "CLEARSERVE_CACHE": str(tmp_path / "cache")},
+    )
+    assert done.returncode == 2
+    errors = [line for line in done.stderr.splitlines() if "ERROR" in line]
+    assert len(errors) == 1 and f"GGUF architecture {arch!r} ({arch}.gguf) is not supported: {why}" in errors[0]
+    assert ", ".join(GGUF_ARCHITECTURES) in errors[0] and ", ".join(SUPPORTED_MODEL_TYPES) in errors[0]
+    assert "Traceback" not in done.stderr and "converting" not in done.stderr and "starting" not in done.stderr
 
 
 def test_requests_without_max_tokens_default_to_a_bounded_length(capsys):

@@ -1,17 +1,19 @@
 """Which architectures the engine runs, and the parts of the families that the token-exact tests
 (test_correctness.py, test_tensor_parallel.py) do not isolate: a mixture-of-experts layer sums each token's
-picked experts, experts load from either checkpoint layout, longrope's two tables, and
-a Gemma and an MoE model served over HTTP give the in-process engine's text."""
+picked experts, experts load from either checkpoint layout, GGUF files of the families transformers' reader
+converts, longrope's two tables, and every family served over HTTP: transformers' greedy tokens, the in-process
+engine's text."""
 
 from __future__ import annotations
 
 import json
 import signal
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 import torch
 
-from common.model_info import SUPPORTED_MODEL_TYPES, UnsupportedModel, check_folder_supported
+from common.model_info import GGUF_ARCHITECTURES, SUPPORTED_MODEL_TYPES, UnsupportedModel, check_folder_supported
 from common.sampling_params import SamplingParams
 from gpu_worker.model_loader import load_model
 from gpu_worker.models import MODEL_CLASSES
@@ -88,16 +90,44 @@ def test_experts_load_from_one_tensor_each_or_stacked(family, tmp_path):
     assert all(torch.equal(ours[0][name], ours[1][name]) for name in ours[0])
 
 
-def test_a_gguf_file_of_a_new_family_runs_token_for_token_as_its_safetensors(tmp_path, monkeypatch):
-    """Qwen3 as llama.cpp writes it, converted once by transformers' GGUF reader (common/model_source.py).
-    head_dim 128 and no q/k/v bias: what transformers 5.24 reads from a qwen3 GGUF file (its metadata mapping
-    has no key_length, and the architecture no bias)."""
+# Each family llama.cpp writes and transformers 5.24's GGUF reader converts, with what the reader keeps of its
+# config. A field the reader does not map (the README's "Supported models" lists them) takes transformers' config
+# default, so the tiny model sets it to that default: Gemma's soft-caps and query_pre_attn_scalar, Gemma 3's layer
+# pattern (5 sliding, 1 global) and unscaled RoPE, Phi-3's window, longrope and full rotary. Qwen3: head_dim 128
+# and no q/k/v bias (the reader's qwen3 has no key_length, the architecture no bias).
+GGUF_CASES: dict[str, dict] = {
+    "gpt2": dict(n_positions=1024),  # the reader sets n_ctx from the file, n_positions stays 1024
+    "llama": dict(),
+    "qwen2": dict(),
+    "qwen3": dict(head_dim=128, attention_bias=False),
+    "phi3": dict(sliding_window=None, rope_parameters={"rope_type": "default", "rope_theta": 10_000.0}),
+    "gemma2": dict(query_pre_attn_scalar=256, attn_logit_softcapping=50.0, final_logit_softcapping=30.0),
+    "gemma3_text": dict(
+        query_pre_attn_scalar=256,
+        num_hidden_layers=6,
+        layer_types=None,
+        rope_parameters={
+            "sliding_attention": {"rope_type": "default", "rope_theta": 10_000.0},
+            "full_attention": {"rope_type": "default", "rope_theta": 1_000_000.0},
+        },
+    ),
+}
+
+
+def test_every_gguf_architecture_is_tested():
+    assert set(GGUF_ARCHITECTURES.values()) == set(GGUF_CASES)
+
+
+@pytest.mark.parametrize("family", GGUF_CASES)
+def test_a_gguf_file_runs_token_for_token_as_its_safetensors(family, tmp_path, monkeypatch):
+    """The family as llama.cpp writes it, converted once by transformers' GGUF reader (common/model_source.py): our
+    tokens from the converted folder are transformers' from the original one."""
     from common.model_source import resolve_model
 
     monkeypatch.setenv("CLEARSERVE_CACHE", str(tmp_path / "cache"))
-    source = build_model("qwen3", tmp_path / "qwen3", head_dim=128, attention_bias=False)
-    converted = resolve_model(str(build_gguf(source, tmp_path / "qwen3.gguf")))
-    assert json.loads((converted / "config.json").read_text())["model_type"] == "qwen3"
+    source = build_model(family, tmp_path / family, **GGUF_CASES[family])
+    converted = resolve_model(str(build_gguf(source, tmp_path / f"{family}.gguf")))
+    assert json.loads((converted / "config.json").read_text())["model_type"] == family
     prompts = random_prompts(3, [5, 20, 40], vocab=512, seed=4)
     params = SamplingParams(max_tokens=16, temperature=0.0, ignore_eos=True)
     with LLM(str(converted), device="cpu", dtype="float32", num_kv_blocks=64) as llm:
@@ -127,9 +157,9 @@ def test_longrope_turns_positions_past_the_original_length_by_the_long_factors(t
 PROMPTS = ["def main():", "import json\n", "The quick", "class Foo"]
 
 
-@pytest.fixture(scope="module", params=["gemma3_text", "qwen3_moe"])
+@pytest.fixture(scope="module", params=FAMILIES)
 def family_server(request, tmp_path_factory):
-    """One server per family: a Gemma (sliding windows, q/k norms, two RoPE tables) and an MoE model."""
+    """One server per family (tests/tiny_models.py FAMILY_CONFIGS: sliding windows, soft-caps, norms, experts)."""
     folder = build_model(request.param, tmp_path_factory.mktemp(request.param))
     log = tmp_path_factory.mktemp("log") / "server.log"
     server = ServerProcess(
@@ -152,3 +182,20 @@ def test_a_served_family_answers_what_the_engine_computes_in_process(family_serv
             assert response.status_code == 200, response.text
             got.append(response.json()["choices"][0]["text"])
     assert got == expected and all(got)
+
+
+def test_a_served_family_gives_transformers_greedy_tokens(family_server):
+    """Token ids in, token ids out (POST /generate), the prompts sent at once so that they share steps; the
+    longer prompts and their new tokens go past the sliding windows (tests/tiny_models.py: TINY_WINDOW)."""
+    folder, server = family_server
+    prompts = random_prompts(4, [5, 17, 35, 50], vocab=512, seed=6)
+    sampling = {"max_tokens": 24, "temperature": 0, "ignore_eos": True}
+    with server.client() as client, ThreadPoolExecutor(len(prompts)) as pool:
+
+        def generate(prompt: list[int]) -> list[int]:
+            response = client.post("/generate", json={"input_ids": prompt, "sampling_params": sampling})
+            assert response.status_code == 200, response.text
+            return response.json()["token_ids"]
+
+        served = list(pool.map(generate, prompts))
+    assert served == hf_greedy(folder, prompts, 24)

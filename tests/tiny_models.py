@@ -148,7 +148,7 @@ def build_model(kind: str, folder: Path, seed: int = 0, **overrides) -> Path:
     torch.manual_seed(seed)
     # A larger init than usual keeps logits well apart, so float32 rounding cannot flip an argmax.
     if kind == "gpt2":
-        config = GPT2Config(
+        gpt2 = dict(
             vocab_size=vocab,
             n_positions=512,
             n_embd=64,
@@ -157,8 +157,8 @@ def build_model(kind: str, folder: Path, seed: int = 0, **overrides) -> Path:
             initializer_range=0.2,
             eos_token_id=0,
             bos_token_id=0,
-            **overrides,
         )
+        config = GPT2Config(**{**gpt2, **overrides})
         model = GPT2LMHeadModel(config)
     elif kind == "llama":
         llama = dict(
@@ -287,17 +287,32 @@ __all__ = [
 
 
 def build_gguf(folder: Path, path: Path) -> Path:
-    """Write `folder`'s model (a tiny qwen3 or qwen3_moe from build_model) as a float32 GGUF file the way
-    llama.cpp lays one out: its metadata keys, its tensor names (experts stacked per layer), the byte-level
-    BPE as a "gpt2" tokenizer."""
+    """Write `folder`'s model (build_model's, of a family in common/model_info.py GGUF_ARCHITECTURES, or Qwen3-MoE,
+    whose file transformers does not convert) as a float32 GGUF file the way llama.cpp lays one out: its metadata
+    keys, its tensor names (experts stacked per layer), Llama's q and k rows in its rotary order, Gemma's norms
+    stored as 1 + w, GPT-2's Conv1D weights transposed, the byte-level BPE as a "gpt2" tokenizer."""
     import re
 
     import gguf
     from safetensors.torch import load_file
 
+    from common.model_info import GGUF_ARCHITECTURES
+
     config = json.loads((folder / "config.json").read_text())
+    if config["model_type"] == "gpt2":  # its own names for the shared sizes
+        width = config["n_embd"]
+        config |= dict(
+            max_position_embeddings=config["n_positions"],
+            hidden_size=width,
+            num_hidden_layers=config["n_layer"],
+            intermediate_size=config["n_inner"] or 4 * width,
+            num_attention_heads=config["n_head"],
+            num_key_value_heads=config["n_head"],
+            head_dim=width // config["n_head"],
+        )
     tokenizer = json.loads((folder / "tokenizer.json").read_text())
-    arch = {"qwen3": "qwen3", "qwen3_moe": "qwen3moe"}[config["model_type"]]
+    llama_cpp_names = {model_type: arch for arch, model_type in GGUF_ARCHITECTURES.items()} | {"qwen3_moe": "qwen3moe"}
+    arch = llama_cpp_names[config["model_type"]]
     writer = gguf.GGUFWriter(str(path), arch)
     writer.add_context_length(config["max_position_embeddings"])
     writer.add_embedding_length(config["hidden_size"])
@@ -307,8 +322,15 @@ def build_gguf(folder: Path, path: Path) -> Path:
     writer.add_head_count_kv(config["num_key_value_heads"])
     writer.add_key_length(config["head_dim"])
     writer.add_value_length(config["head_dim"])
-    writer.add_rope_freq_base(config["rope_parameters"]["rope_theta"])
-    writer.add_layer_norm_rms_eps(config["rms_norm_eps"])
+    if rope := config.get("rope_parameters"):
+        writer.add_rope_dimension_count(config["head_dim"])
+        writer.add_rope_freq_base((rope.get("full_attention") or rope)["rope_theta"])
+    if arch == "gpt2":
+        writer.add_layer_norm_eps(config["layer_norm_epsilon"])
+    else:
+        writer.add_layer_norm_rms_eps(config["rms_norm_eps"])
+    if config.get("sliding_window"):
+        writer.add_sliding_window(config["sliding_window"])
     if arch == "qwen3moe":
         writer.add_expert_count(config.get("num_experts") or config["num_local_experts"])
         writer.add_expert_used_count(config["num_experts_per_tok"])
@@ -322,6 +344,7 @@ def build_gguf(folder: Path, path: Path) -> Path:
     writer.add_token_merges([m if isinstance(m, str) else " ".join(m) for m in tokenizer["model"]["merges"]])
     writer.add_bos_token_id(0)
     writer.add_eos_token_id(0)
+    writer.add_pad_token_id(0)  # else Phi-3's config default (32000) lands outside the tiny vocabulary
     tensors = load_file(folder / "model.safetensors")
     experts: dict[str, dict[int, torch.Tensor]] = {}
     for name in list(tensors):
@@ -329,9 +352,20 @@ def build_gguf(folder: Path, path: Path) -> Path:
             experts.setdefault(f"{match[1]}.{match[3]}", {})[int(match[2])] = tensors.pop(name)
     for name, by_index in experts.items():
         tensors[name] = torch.stack([by_index[i] for i in sorted(by_index)])
-    names = gguf.get_tensor_name_map(gguf.MODEL_ARCH.QWEN3 if arch == "qwen3" else gguf.MODEL_ARCH.QWEN3MOE, 99)
+    heads = {"q_proj": config["num_attention_heads"], "k_proj": config["num_key_value_heads"]}
     for name, tensor in tensors.items():
-        writer.add_tensor(names.get_name(name, try_suffixes=(".weight", ".bias")), tensor.numpy())
+        projection = name.split(".")[-2]
+        if arch == "llama" and projection in heads:  # each head's rows as (pairs, 2), stored as (2, pairs)
+            n = heads[projection]
+            tensor = tensor.reshape(n, 2, -1, tensor.shape[-1]).transpose(1, 2).reshape(tensor.shape)
+        if arch.startswith("gemma") and name.endswith("norm.weight"):
+            tensor = tensor + 1
+        if arch == "gpt2" and projection in ("c_attn", "c_proj", "c_fc") and name.endswith(".weight"):
+            tensor = tensor.T  # Conv1D's [in, out], stored as a linear layer's [out, in]
+        tensors[name] = tensor
+    names = gguf.get_tensor_name_map(gguf.MODEL_ARCH[arch.upper()], config["num_hidden_layers"])
+    for name, tensor in tensors.items():
+        writer.add_tensor(names.get_name(name, try_suffixes=(".weight", ".bias")), tensor.contiguous().numpy())
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
