@@ -367,6 +367,7 @@ BAD_CHATS = [
     ({"messages": USER, "top_k": -5}, "top_k"),
     ({"messages": USER, "n": -1}, "n"),
     ({"messages": USER, "cache_salt": ""}, "cache_salt"),
+    ({"messages": USER, "cache_salt": 7}, "cache_salt"),
     ({"messages": USER, "top_logprobs": 3}, "top_logprobs"),
     ({"messages": USER, "logprobs": True, "top_logprobs": 21}, "top_logprobs"),
     # "auto", the default with tools, needs a --tool-call-parser (tests/test_tool_calls.py has the rest)
