@@ -415,6 +415,19 @@ def test_bad_input_is_a_400_naming_the_field(http, engine, path, body, param):
     assert engine.submitted == []
 
 
+@pytest.mark.parametrize(
+    ("fields", "says", "param"),
+    [
+        ({"structured_outputs": {"choice": []}}, "structured_outputs.choice must be", "structured_outputs"),
+        ({"guided_choice": [""]}, "guided_choice must be", "guided_choice"),
+    ],
+)
+def test_an_empty_choice_is_named_where_it_was_sent(http, fields, says, param):
+    response = http.post("/v1/completions", json={"prompt": "x", **fields})
+    assert_error(response, 400, param)
+    assert response.json()["error"]["message"].startswith(says)
+
+
 @pytest.mark.parametrize("path", ["/v1/completions", "/v1/chat/completions", "/generate"])
 @pytest.mark.parametrize("raw", [b"{not json", b"", b"[1, 2]", b'"prompt"'])
 def test_a_body_that_is_not_a_json_object_is_a_400(http, path, raw):
