@@ -236,6 +236,9 @@ def parse_args(argv: list[str] | None = None, prog: str | None = None) -> argpar
         parser.error("--api-server-count must be at least 1")
     if args.watchdog_timeout < 0 or args.engine_iteration_timeout < 0:
         parser.error("--watchdog-timeout and --engine-iteration-timeout must be 0 (off) or more")
+    if args.max_grammar_bytes < 1 or not args.grammar_compile_timeout > 0:
+        # (0 or less would refuse every grammar, as if structured output were broken, not off)
+        parser.error("--max-grammar-bytes must be at least 1 and --grammar-compile-timeout above 0")
     if args.cpu_threads is not None and args.cpu_threads < 1:
         parser.error("--cpu-threads must be at least 1")
     if args.profile_steps is not None and (args.profile_steps < 1 or args.profile_dir is None):

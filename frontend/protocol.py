@@ -202,7 +202,8 @@ def _structured(
         asked.append(StructuredOutput("regex", regex, named("regex")))
     if choice is not None:
         if not choice or not all(choice):
-            raise ApiError(400, f"{named('choice')} must be a list of non-empty strings", param=named("choice"))
+            where = named("choice") if field.endswith("_") else f"{field}.choice"
+            raise ApiError(400, f"{where} must be a list of non-empty strings", param=named("choice"))
         asked.append(StructuredOutput("choice", json.dumps(choice), named("choice")))
     if grammar is not None:
         asked.append(StructuredOutput("grammar", grammar, named("grammar")))

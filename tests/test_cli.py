@@ -56,6 +56,21 @@ def test_no_engine_replicas_is_refused(capsys):
     assert "--data-parallel-size must be at least 1" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize(
+    "flags",
+    [["--max-grammar-bytes", "0"], ["--grammar-compile-timeout", "0"], ["--grammar-compile-timeout", "-1"]],
+)
+def test_a_grammar_bound_that_would_refuse_every_grammar_is_refused(capsys, flags):
+    with pytest.raises(SystemExit):
+        parse_args(flags)
+    assert "--max-grammar-bytes must be at least 1 and --grammar-compile-timeout above 0" in capsys.readouterr().err
+
+
+def test_the_grammar_bounds_defaults():
+    args = parse_args([])
+    assert (args.max_grammar_bytes, args.grammar_compile_timeout) == (256 * 1024, 10.0)
+
+
 def test_the_liveness_flags_defaults_and_a_negative_timeout_is_refused(capsys):
     args = parse_args([])
     assert (args.watchdog_timeout, args.engine_iteration_timeout, args.exit_on_replica_failure) == (10, 60, False)

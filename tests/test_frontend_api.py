@@ -367,6 +367,7 @@ BAD_CHATS = [
     ({"messages": USER, "top_k": -5}, "top_k"),
     ({"messages": USER, "n": -1}, "n"),
     ({"messages": USER, "cache_salt": ""}, "cache_salt"),
+    ({"messages": USER, "cache_salt": 7}, "cache_salt"),
     ({"messages": USER, "top_logprobs": 3}, "top_logprobs"),
     ({"messages": USER, "logprobs": True, "top_logprobs": 21}, "top_logprobs"),
     # "auto", the default with tools, needs a --tool-call-parser (tests/test_tool_calls.py has the rest)
@@ -412,6 +413,19 @@ BAD_GENERATES = [
 def test_bad_input_is_a_400_naming_the_field(http, engine, path, body, param):
     assert_error(http.post(path, json=body), 400, param)
     assert engine.submitted == []
+
+
+@pytest.mark.parametrize(
+    ("fields", "says", "param"),
+    [
+        ({"structured_outputs": {"choice": []}}, "structured_outputs.choice must be", "structured_outputs"),
+        ({"guided_choice": [""]}, "guided_choice must be", "guided_choice"),
+    ],
+)
+def test_an_empty_choice_is_named_where_it_was_sent(http, fields, says, param):
+    response = http.post("/v1/completions", json={"prompt": "x", **fields})
+    assert_error(response, 400, param)
+    assert response.json()["error"]["message"].startswith(says)
 
 
 @pytest.mark.parametrize("path", ["/v1/completions", "/v1/chat/completions", "/generate"])

@@ -597,8 +597,17 @@ BIG_SCHEMA = {"type": "object", "title": BIG_REGEX}
             },
             "response_format",
         ),
+        (
+            "/v1/chat/completions",
+            {
+                "messages": [{"role": "user", "content": "x"}],
+                "tools": [{"type": "function", "function": {"name": "f", "parameters": BIG_SCHEMA}}],
+                "tool_choice": "required",
+            },
+            "tools",
+        ),
     ],
-    ids=["structured_outputs", "guided_choice", "response_format"],
+    ids=["structured_outputs", "guided_choice", "response_format", "forced_tool_call"],
 )
 def test_a_grammar_past_max_grammar_bytes_is_refused_by_the_frontend_naming_its_field(path, fields, param):
     limits = EngineLimits("fake-model", 128, 64, 16, 32, max_grammar_bytes=256)
