@@ -14,6 +14,29 @@ from common.flags import GROUPS
 from launch import build_parser, parse_args
 
 
+def launch_refused(argv: list[str], env: dict[str, str] | None = None) -> tuple[str, str]:
+    """launch.py run with argv (and a free port) must stop before any process starts: exit 2, one ERROR line, no
+    traceback. Returns that line and the whole stderr."""
+    import subprocess
+    import sys
+
+    from tests.server_process import ROOT, free_port
+
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "launch.py"), *argv, "--port", str(free_port())],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=env,
+    )
+    assert done.returncode == 2, done.stderr
+    errors = [line for line in done.stderr.splitlines() if "ERROR" in line]
+    assert len(errors) == 1, done.stderr
+    assert "Traceback" not in done.stderr
+    return errors[0], done.stderr
+
+
 def test_the_model_can_be_given_as_a_positional_or_with_model():
     assert parse_args(["some/folder"]).model == "some/folder"
     assert parse_args(["--model", "some/folder"]).model == "some/folder"
@@ -159,51 +182,26 @@ def test_the_api_key_comes_from_the_environment_and_help_never_prints_it(monkeyp
 
 
 def test_a_model_folder_without_weights_fails_in_one_line_before_any_process_starts(tmp_path):
-    import subprocess
-    import sys
-
-    from tests.server_process import ROOT, free_port
     from tests.tiny_models import build_model
 
     folder = build_model("gpt2", tmp_path / "model")
     for weights in folder.glob("*.safetensors"):
         weights.unlink()
-    done = subprocess.run(
-        [sys.executable, str(ROOT / "launch.py"), str(folder), "--port", str(free_port())],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    assert done.returncode == 2
-    errors = [line for line in done.stderr.splitlines() if "ERROR" in line]
-    assert len(errors) == 1 and "no *.safetensors" in errors[0] and "--load-format dummy" in errors[0]
-    assert "Traceback" not in done.stderr and "gpu_worker" not in done.stderr
+    error, _ = launch_refused([str(folder)])
+    assert "no *.safetensors" in error and "--load-format dummy" in error
 
 
 def test_an_architecture_the_engine_does_not_run_fails_in_one_line_before_any_process_starts(tmp_path):
-    import subprocess
-    import sys
-
     from common.model_info import SUPPORTED_MODEL_TYPES
-    from tests.server_process import ROOT, free_port
     from tests.tiny_models import build_model
 
     folder = build_model("gpt2", tmp_path / "model")
     config = json.loads((folder / "config.json").read_text())
     (folder / "config.json").write_text(json.dumps({**config, "model_type": "falcon", "architectures": ["Falcon"]}))
-    done = subprocess.run(
-        [sys.executable, str(ROOT / "launch.py"), str(folder), "--port", str(free_port())],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    assert done.returncode == 2
-    errors = [line for line in done.stderr.splitlines() if "ERROR" in line]
-    assert len(errors) == 1 and "model_type 'falcon' (Falcon) is not supported" in errors[0]
-    assert "supported: " + ", ".join(SUPPORTED_MODEL_TYPES) in errors[0]
-    assert "Traceback" not in done.stderr and "starting" not in done.stderr
+    error, stderr = launch_refused([str(folder)])
+    assert "model_type 'falcon' (Falcon) is not supported" in error
+    assert "supported: " + ", ".join(SUPPORTED_MODEL_TYPES) in error
+    assert "starting" not in stderr
 
 
 @pytest.mark.parametrize(
@@ -219,14 +217,10 @@ def test_a_gguf_file_that_would_not_convert_or_run_fails_in_one_line_before_any_
     tmp_path, arch, experts, why
 ):
     """Read from the file's metadata before transformers converts anything (common/model_info.py)."""
-    import subprocess
-    import sys
-
     import gguf
     import numpy as np
 
     from common.model_info import GGUF_ARCHITECTURES, SUPPORTED_MODEL_TYPES
-    from tests.server_process import ROOT, free_port
 
     path = tmp_path / f"{arch}.gguf"
     writer = gguf.GGUFWriter(str(path), arch)
@@ -238,19 +232,10 @@ def test_a_gguf_file_that_would_not_convert_or_run_fails_in_one_line_before_any_
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
     writer.close()
-    done = subprocess.run(
-        [sys.executable, str(ROOT / "launch.py"), str(path), "--port", str(free_port())],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        env={**os.environ, "CLEARSERVE_CACHE": str(tmp_path / "cache")},
-    )
-    assert done.returncode == 2
-    errors = [line for line in done.stderr.splitlines() if "ERROR" in line]
-    assert len(errors) == 1 and f"GGUF architecture {arch!r} ({arch}.gguf) is not supported: {why}" in errors[0]
-    assert ", ".join(GGUF_ARCHITECTURES) in errors[0] and ", ".join(SUPPORTED_MODEL_TYPES) in errors[0]
-    assert "Traceback" not in done.stderr and "converting" not in done.stderr and "starting" not in done.stderr
+    error, stderr = launch_refused([str(path)], env={**os.environ, "CLEARSERVE_CACHE": str(tmp_path / "cache")})
+    assert f"GGUF architecture {arch!r} ({arch}.gguf) is not supported: {why}" in error
+    assert ", ".join(GGUF_ARCHITECTURES) in error and ", ".join(SUPPORTED_MODEL_TYPES) in error
+    assert "converting" not in stderr and "starting" not in stderr
 
 
 def test_requests_without_max_tokens_default_to_a_bounded_length(capsys):
@@ -262,23 +247,9 @@ def test_requests_without_max_tokens_default_to_a_bounded_length(capsys):
 
 
 def test_a_chat_template_that_cannot_be_read_fails_in_one_line_before_any_process_starts(tmp_path):
-    import subprocess
-    import sys
-
-    from tests.server_process import ROOT, free_port
-
-    done = subprocess.run(
-        [sys.executable, str(ROOT / "launch.py"), "--chat-template", str(tmp_path / "missing.jinja")]
-        + ["--port", str(free_port()), "--load-format", "dummy", str(tmp_path)],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    assert done.returncode == 2
-    errors = [line for line in done.stderr.splitlines() if "ERROR" in line]
-    assert len(errors) == 1 and "missing.jinja" in errors[0] and "no such file" in errors[0]
-    assert "Traceback" not in done.stderr
+    template = str(tmp_path / "missing.jinja")
+    error, _ = launch_refused(["--chat-template", template, "--load-format", "dummy", str(tmp_path)])
+    assert "missing.jinja" in error and "no such file" in error
 
 
 def test_a_hub_id_the_hub_cannot_serve_names_the_local_ways_to_run():
