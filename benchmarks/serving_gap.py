@@ -10,7 +10,8 @@ Parts (each a list of `benchmarks.offline` / `benchmarks.serve` commands, printe
   server of another checkout: the "before"). 256 requests, prompts of 64-512 random ids, 256 new tokens.
 - burst: 1,024 such requests at once, engine and server (TTFT against the engine's).
 - sweep: Poisson arrivals at increasing rates against one server, until it saturates: throughput against
-  TTFT p99 and ITL p99 (sweep.json, sweep.png).
+  TTFT p99 and ITL p99 (sweep.json, sweep.png); with --base-root, then the same against that checkout's server
+  (base_sweep.json, base_sweep.png), to tell a change from a host.
 - parallel (more than one GPU): W1 through the server with each --tensor-parallel-sizes, and the burst with
   each --data-parallel-sizes at 256 seats per replica (one replica is then saturated four waves over, two
   replicas two waves each: the load that can scale), the sizes interleaved --repeats times. The step period
@@ -171,44 +172,53 @@ def sweep(
     out: Path,
     log: Path,
     rows: list[dict],
+    base_root: Path | None = None,
+    client: list[dict] | None = None,
 ) -> dict:
     """Poisson arrivals at each rate, `seconds` of them, against one server and (the client's ceiling) against
     benchmarks.mock_server, interleaved; then the burst on the same server. Stops after two rates in a row miss
-    the SLOs (the server is past saturation). Writes sweep.json and sweep.png."""
-    from benchmarks.serve import LaunchedServer
+    the SLOs (the server is past saturation). Writes sweep.json and sweep.png. base_root: the server is that
+    checkout's launch.py, its files and labels named base_; client: the client's points taken already (no
+    mock-server runs)."""
+    from benchmarks.serve import ROOT, LaunchedServer
 
+    tag = "base_" if base_root is not None else ""
     points: list[dict] = []
-    client: list[dict] = []
+    measure_client = client is None
+    client = [] if client is None else client
     burst_tok_s = None
-    with LaunchedServer(launch, str(out / "sweep_server.log")) as srv:
+    with LaunchedServer(launch, str(out / f"{tag}sweep_server.log"), root=base_root or ROOT) as srv:
         for rate in rates:
             n = max(256, int(rate * seconds))
             flags = (
                 f"--model {model} --num-requests {n} --input-len-range 64-512 --output-len-range 16-256 "
                 f"--request-rate {rate} --seed {int(rate)} --client-processes {clients}"
             )
-            mocked = serve(f"sweep_client_{rate:g}", f"--mock-server {mock} {flags}", out, log, rows)
-            if mocked is not None:
-                client.append(sweep_point(rate, mocked))
-            result = serve(f"sweep_{rate:g}", f"--url {srv.url} {flags}", out, log, rows)
+            if measure_client:
+                mocked = serve(f"sweep_client_{rate:g}", f"--mock-server {mock} {flags}", out, log, rows)
+                if mocked is not None:
+                    client.append(sweep_point(rate, mocked))
+            result = serve(f"{tag}sweep_{rate:g}", f"--url {srv.url} {flags}", out, log, rows)
             if result is not None:
                 points.append(sweep_point(rate, result))
             if len(points) >= 2 and not slo.met(points[-1]) and not slo.met(points[-2]):
                 break
-        burst = serve(
-            "sweep_burst", f"--url {srv.url} --model {model} {BURST} --client-processes {clients}", out, log, rows
-        )
+        burst_flags = f"--url {srv.url} --model {model} {BURST} --client-processes {clients}"
+        burst = serve(f"{tag}sweep_burst", burst_flags, out, log, rows)
         if burst is not None:
             burst_tok_s = burst["summary"]["completion_throughput"]
     verdict = goodput(points, client, burst_tok_s, slo)
     verdict["server"] = launch
-    (out / "sweep.json").write_text(json.dumps(verdict, indent=1))
+    if base_root is not None:
+        verdict["root"] = str(base_root)
+    (out / f"{tag}sweep.json").write_text(json.dumps(verdict, indent=1))
     from benchmarks.plots import write_sweep_plot
 
-    write_sweep_plot(verdict, out / "sweep.png", f"Poisson sweep: python launch.py {launch}")
+    write_sweep_plot(verdict, out / f"{tag}sweep.png", f"Poisson sweep: python launch.py {launch}")
     g = verdict["goodput_point"]
     print(
-        f"goodput: {verdict['goodput_req_s']:g} req/s (TTFT p99 <= {slo.ttft_ms:g} ms, ITL p99 <= {slo.itl_ms:g} ms)"
+        f"{tag}goodput: {verdict['goodput_req_s']:g} req/s "
+        f"(TTFT p99 <= {slo.ttft_ms:g} ms, ITL p99 <= {slo.itl_ms:g} ms)"
         + (f", {g['tok_s']:,.0f} tok/s there" if g else "")
         + ("; the client may be the limit (see client_points)" if verdict["client_limited"] else "; not client-limited")
         + f"; saturation {verdict['saturation_tok_s']:,.0f} tok/s = "
@@ -303,7 +313,10 @@ def main(argv: list[str] | None = None) -> None:
         rates = [float(r) for r in args.sweep_rates.split(",")]
         launch = f"{dummy} --api-server-count {max(counts)}"
         slo = Slo(args.slo_ttft_ms, args.slo_itl_ms)
-        sweep(m, launch, p, args.mock_processes, rates, args.sweep_seconds, slo, out, log, rows)
+        ours = sweep(m, launch, p, args.mock_processes, rates, args.sweep_seconds, slo, out, log, rows)
+        if args.base_root:  # the same rates against the 'before' checkout, the client's points reused
+            base = Path(args.base_root).resolve()
+            sweep(m, launch, p, 0, rates, args.sweep_seconds, slo, out, log, rows, base, ours["client_points"])
     if "parallel" in parts:
         k = max(counts)
         for rep in range(1, args.repeats + 1):

@@ -90,7 +90,7 @@ def test_the_sweep_runs_the_client_alone_before_the_server_at_each_rate_and_stop
     class NoServer:
         url = "http://127.0.0.1:1"
 
-        def __init__(self, *args):
+        def __init__(self, *args, **kwargs):
             pass
 
         def __enter__(self):
@@ -113,3 +113,42 @@ def test_the_sweep_runs_the_client_alone_before_the_server_at_each_rate_and_stop
     assert verdict["goodput_req_s"] == 100 and not verdict["client_limited"]
     assert verdict["burst_tok_s"] == 100_000.0
     assert (out / "sweep.png").exists()
+
+
+def test_with_a_base_root_the_same_rates_run_against_that_checkouts_server_after_ours(monkeypatch, tmp_path):
+    import benchmarks.serve
+
+    labels: list[str] = []
+    roots: list[object] = []
+
+    def fake_serve(label, flags, out, log, rows):
+        labels.append(label)
+        latencies = {"ttft": {"p99": 10.0}, "itl": {"p99": 5.0}}
+        summary = {"request_throughput": 1.0, "completion_throughput": 1000.0, "failed": 0}
+        return {"summary": {**summary, "latencies_ms": latencies}, "client": {"peak_cpu_pct": [20.0]}}
+
+    class NoServer:
+        url = "http://127.0.0.1:1"
+
+        def __init__(self, launch, log, root):
+            roots.append(root)
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            pass
+
+    monkeypatch.setattr(serving_gap, "serve", fake_serve)
+    monkeypatch.setattr(benchmarks.serve, "LaunchedServer", NoServer)
+    out, before = tmp_path / "out", tmp_path / "before"
+    argv = ["--model", str(tmp_path), "--out", str(out), "--parts", "sweep", "--sweep-rates", "100,200"]
+    serving_gap.main([*argv, "--base-root", str(before)])
+    assert labels == [
+        *("sweep_client_100", "sweep_100", "sweep_client_200", "sweep_200", "sweep_burst"),
+        *("base_sweep_100", "base_sweep_200", "base_sweep_burst"),
+    ], "the base server reuses the client's points: no second mock-server run"
+    assert roots == [benchmarks.serve.ROOT, before.resolve()]
+    base = json.loads((out / "base_sweep.json").read_text())
+    assert base["root"] == str(before.resolve()) and [p["rate"] for p in base["client_points"]] == [100.0, 200.0]
+    assert (out / "sweep.json").exists() and (out / "base_sweep.png").exists()
