@@ -118,11 +118,11 @@ def gguf_to_folder(gguf_path: Path) -> Path:
     from common.model_info import check_gguf_supported
 
     gguf_path = gguf_path.resolve()
-    check_gguf_supported(gguf_path)  # an architecture that would not convert, or not run, fails here in one line
     stat = gguf_path.stat()
     target = cache_dir() / "gguf" / f"{gguf_path.stem}-{stat.st_size}-{int(stat.st_mtime)}"
     if (target / "config.json").is_file():
-        return target
+        return target  # converted before, so it passed the check below (the launcher checks the folder again)
+    check_gguf_supported(gguf_path)  # an architecture that would not convert, or not run, fails here in one line
     log.info(
         "converting %s to float32 safetensors, once: into %s (later starts load it from there)", gguf_path.name, target
     )
