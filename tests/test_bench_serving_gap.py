@@ -6,6 +6,8 @@ from __future__ import annotations
 import json
 import shlex
 
+import pytest
+
 import benchmarks.serving_gap as serving_gap
 
 
@@ -70,28 +72,25 @@ def test_a_client_that_misses_the_slos_where_the_server_did_makes_the_verdict_th
     assert serving_gap.goodput(points, client, None, SLO)["client_limited"]
 
 
-def test_the_sweep_runs_the_client_alone_before_the_server_at_each_rate_and_stops_past_saturation(
-    monkeypatch, tmp_path
-):
+def serve_result(rate: float | None, ttft_p99_ms: float) -> dict:
+    """What serving_gap.serve returns for one run of `rate` requests/s (None: the burst)."""
+    latencies = {"ttft": {"p99": ttft_p99_ms}, "itl": {"p99": 5.0}}
+    summary = {"request_throughput": rate or 0, "completion_throughput": 100.0 * (rate or 1000), "failed": 0}
+    return {"summary": {**summary, "latencies_ms": latencies}, "client": {"peak_cpu_pct": [20.0]}}
+
+
+@pytest.fixture
+def server_roots(monkeypatch) -> list[object]:
+    """benchmarks.serve.LaunchedServer replaced by a stand-in that starts nothing; the list gets each one's root."""
     import benchmarks.serve
 
-    ttft_by_rate = {100.0: 50.0, 200.0: 300.0, 400.0: 900.0, 800.0: 50.0}
-    labels: list[str] = []
-
-    def fake_serve(label, flags, out, log, rows):
-        labels.append(label)
-        args = shlex.split(flags)
-        rate = float(args[args.index("--request-rate") + 1]) if "--request-rate" in args else None
-        ttft = 10.0 if "--mock-server" in args or rate is None else ttft_by_rate[rate]
-        latencies = {"ttft": {"p99": ttft}, "itl": {"p99": 5.0}}
-        summary = {"request_throughput": rate or 0, "completion_throughput": 100.0 * (rate or 1000), "failed": 0}
-        return {"summary": {**summary, "latencies_ms": latencies}, "client": {"peak_cpu_pct": [20.0]}}
+    roots: list[object] = []
 
     class NoServer:
         url = "http://127.0.0.1:1"
 
-        def __init__(self, *args, **kwargs):
-            pass
+        def __init__(self, launch, log, root=benchmarks.serve.ROOT):
+            roots.append(root)
 
         def __enter__(self):
             return self
@@ -99,8 +98,23 @@ def test_the_sweep_runs_the_client_alone_before_the_server_at_each_rate_and_stop
         def __exit__(self, *exc):
             pass
 
-    monkeypatch.setattr(serving_gap, "serve", fake_serve)
     monkeypatch.setattr(benchmarks.serve, "LaunchedServer", NoServer)
+    return roots
+
+
+def test_the_sweep_runs_the_client_alone_before_the_server_at_each_rate_and_stops_past_saturation(
+    monkeypatch, tmp_path, server_roots
+):
+    ttft_by_rate = {100.0: 50.0, 200.0: 300.0, 400.0: 900.0, 800.0: 50.0}
+    labels: list[str] = []
+
+    def fake_serve(label, flags, out, log, rows):
+        labels.append(label)
+        args = shlex.split(flags)
+        rate = float(args[args.index("--request-rate") + 1]) if "--request-rate" in args else None
+        return serve_result(rate, 10.0 if "--mock-server" in args or rate is None else ttft_by_rate[rate])
+
+    monkeypatch.setattr(serving_gap, "serve", fake_serve)
     out = tmp_path / "out"
     serving_gap.main(
         ["--model", str(tmp_path), "--out", str(out), "--parts", "sweep", "--sweep-rates", "100,200,400,800"]
@@ -115,32 +129,18 @@ def test_the_sweep_runs_the_client_alone_before_the_server_at_each_rate_and_stop
     assert (out / "sweep.png").exists()
 
 
-def test_with_a_base_root_the_same_rates_run_against_that_checkouts_server_after_ours(monkeypatch, tmp_path):
+def test_with_a_base_root_the_same_rates_run_against_that_checkouts_server_after_ours(
+    monkeypatch, tmp_path, server_roots
+):
     import benchmarks.serve
 
     labels: list[str] = []
-    roots: list[object] = []
 
     def fake_serve(label, flags, out, log, rows):
         labels.append(label)
-        latencies = {"ttft": {"p99": 10.0}, "itl": {"p99": 5.0}}
-        summary = {"request_throughput": 1.0, "completion_throughput": 1000.0, "failed": 0}
-        return {"summary": {**summary, "latencies_ms": latencies}, "client": {"peak_cpu_pct": [20.0]}}
-
-    class NoServer:
-        url = "http://127.0.0.1:1"
-
-        def __init__(self, launch, log, root):
-            roots.append(root)
-
-        def __enter__(self):
-            return self
-
-        def __exit__(self, *exc):
-            pass
+        return serve_result(1.0, 10.0)
 
     monkeypatch.setattr(serving_gap, "serve", fake_serve)
-    monkeypatch.setattr(benchmarks.serve, "LaunchedServer", NoServer)
     out, before = tmp_path / "out", tmp_path / "before"
     argv = ["--model", str(tmp_path), "--out", str(out), "--parts", "sweep", "--sweep-rates", "100,200"]
     serving_gap.main([*argv, "--base-root", str(before)])
@@ -148,7 +148,7 @@ def test_with_a_base_root_the_same_rates_run_against_that_checkouts_server_after
         *("sweep_client_100", "sweep_100", "sweep_client_200", "sweep_200", "sweep_burst"),
         *("base_sweep_100", "base_sweep_200", "base_sweep_burst"),
     ], "the base server reuses the client's points: no second mock-server run"
-    assert roots == [benchmarks.serve.ROOT, before.resolve()]
+    assert server_roots == [benchmarks.serve.ROOT, before.resolve()]
     base = json.loads((out / "base_sweep.json").read_text())
     assert base["root"] == str(before.resolve()) and [p["rate"] for p in base["client_points"]] == [100.0, 200.0]
     assert (out / "sweep.json").exists() and (out / "base_sweep.png").exists()
