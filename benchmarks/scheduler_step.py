@@ -8,6 +8,13 @@ decode the result, `process_result`, `schedule`, encode the plan, split and enco
 --tokenizers workers. Prints each part's median and mean in ms, and the collector's pauses; start-up's objects
 are frozen first, as the scheduler process does (common/garbage.py). Requests all start together, so every
 block-size-th step is the one where each fills a block (the mean shows it, the median does not).
+
+    python -m benchmarks.scheduler_step --bursts 3 --requests 1024 --max-num-seqs 512 --num-blocks 32768
+
+--bursts: the requests come and go instead, as in a served burst (W1's shape: prompts of 64-512 unique tokens,
+256 new ones), the whole burst run --bursts times on one scheduler; a burst's blocks outnumber --num-blocks, so
+from the second burst on the prefix cache evicts what the last one left. Prints each burst's scheduler seconds
+(the same parts, summed) and µs per token.
 """
 
 from __future__ import annotations
@@ -35,7 +42,12 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     parser.add_argument("--prompt-len", type=int, default=300)
     parser.add_argument("--steps", type=int, default=3000)
     parser.add_argument("--tokenizers", type=int, default=2)
+    parser.add_argument("--bursts", type=int, default=0, help="requests that come and go, this many bursts of them")
+    parser.add_argument("--max-num-seqs", type=int, default=512, help="--bursts: the running batch's seats")
+    parser.add_argument("--num-blocks", type=int, default=32768, help="--bursts: KV blocks")
     args = parser.parse_args(argv)
+    if args.bursts:
+        return bursts(args)
 
     config = EngineConfig(block_size=16, max_num_seqs=args.requests, max_num_batched_tokens=8192)
     # Blocks for every request's whole run: no eviction or preemption in the way of the steady state.
@@ -89,6 +101,48 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
         f"collector: {gc['gc_collections']} pauses ({gc['gc_full_collections']} full), "
         f"{gc['gc_pause_s'] * 1e3:.1f} ms in all, the longest {gc['gc_max_pause_ms']:.2f} ms"
     )
+    return summary
+
+
+def bursts(args: argparse.Namespace) -> dict[str, float]:
+    import random
+
+    config = EngineConfig(block_size=16, max_num_seqs=args.max_num_seqs, max_num_batched_tokens=8192)
+    info = ModelInfo("gpt2", 1024, [50256], 50257)
+    scheduler = Scheduler(config, info, decide_limits(config, info, on_gpu=False, num_kv_blocks=args.num_blocks))
+    sampling = SamplingParams(max_tokens=256, ignore_eos=True)
+    freeze_startup_objects()
+    rng = random.Random(0)
+    summary: dict[str, float] = {}
+    for burst in range(args.bursts):
+        base = burst * args.requests
+        for rid in range(base, base + args.requests):
+            prompt = [rng.randrange(50000) for _ in range(rng.randint(64, 512))]
+            scheduler.add_request(TokenizedRequest(rid, prompt, sampling, StageTimes()))
+        in_flight = [p for p in (scheduler.schedule(), scheduler.schedule()) if p is not None]
+        spent, tokens, steps = 0.0, 0, 0
+        while in_flight:
+            plan = in_flight.pop(0)
+            rids = [rid for rid, sample in zip(plan.rids, plan.samples) if sample]
+            data = encode(StepResult(plan.step_id, rids, [7] * len(rids), time.time(), StepTimings()))
+            start = time.perf_counter()
+            batch = scheduler.process_result(decode(data))
+            for finished in batch.finish_reasons:
+                scheduler.requests.pop(finished, None)
+            for _ in range(2 - len(in_flight)):
+                ahead = scheduler.schedule(ahead=bool(in_flight))
+                if ahead is None:
+                    break
+                encode(ahead)
+                in_flight.append(ahead)
+            for part in split_by_tokenizer(batch, args.tokenizers).values():
+                encode(part)
+            spent += time.perf_counter() - start
+            tokens += len(batch.rids)
+            steps += 1
+        summary[f"burst {burst + 1}"] = spent
+        per_token = 1e6 * spent / tokens
+        print(f"burst {burst + 1}: {steps} steps, {tokens} tokens, scheduler {spent:.3f} s, {per_token:.2f} µs/token")
     return summary
 
 

@@ -13,8 +13,8 @@ common/engine_replica.py) are queued for its loop, which answers them when it ge
 from __future__ import annotations
 
 import os
-import queue
 import threading
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -67,7 +67,9 @@ class ControlServer:
         self._stats = stats or dict
         self._progress = progress
         self._on_command = on_command
-        self._queued: queue.Queue[ControlRequest] = queue.Queue()
+        # A deque (appends and pops are atomic): the main loop looks here every turn, and a GPU worker turns
+        # every few microseconds while a step runs; an empty queue.Queue cost a lock and a raised Empty each time.
+        self._queued: deque[ControlRequest] = deque()
         self._ctx: zmq.Context = zmq.Context.instance()
         self._main_replies = ReplySockets(self._ctx, endpoints)
         self._inbox = pull_socket(self._ctx, endpoints.control(role))  # bound now: ready means reachable
@@ -88,16 +90,14 @@ class ControlServer:
             elif self._on_command is not None:
                 self._on_command(request)
             else:
-                self._queued.put(request)
+                self._queued.append(request)
 
     def pending(self) -> list[ControlRequest]:
         """Commands for the main thread, in arrival order (call between steps)."""
         out = []
-        while True:
-            try:
-                out.append(self._queued.get_nowait())
-            except queue.Empty:
-                return out
+        while self._queued:
+            out.append(self._queued.popleft())
+        return out
 
     def reply(self, request: ControlRequest, payload: dict | None = None) -> None:
         """Answer a queued command, from the main thread."""

@@ -15,3 +15,12 @@ def test_each_part_of_a_scheduler_step_is_timed_and_the_parts_make_the_step():
     assert set(summary) == {*PARTS, "total"}
     assert all(summary[part] > 0 for part in PARTS)
     assert summary["total"] >= max(summary[part] for part in PARTS)
+
+
+def test_bursts_of_requests_that_come_and_go_are_timed_each():
+    try:
+        summary = main(["--bursts", "2", "--requests", "6", "--max-num-seqs", "4", "--num-blocks", "160"])
+    finally:
+        gc.unfreeze()
+    assert list(summary) == ["burst 1", "burst 2"]
+    assert all(seconds > 0 for seconds in summary.values())

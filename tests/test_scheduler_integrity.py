@@ -94,3 +94,30 @@ def test_block_accounting_stays_exact(ops, block_size, num_blocks, budget, chunk
     assert not scheduler.has_unfinished()
     cached = scheduler.cache.num_evictable if scheduler.cache else 0
     assert scheduler.blocks.num_free + cached == num_blocks, "every block is free or evictable at the end"
+
+
+def test_on_a_full_prefix_cache_a_decode_takes_the_least_recently_used_leaf_and_preempts_nothing():
+    """Once finished requests' blocks fill the cache, the free list is empty: a decode that fills its block
+    takes the cache's least recently used evictable block, a leaf, and the running batch is left alone."""
+    config = EngineConfig(block_size=2, max_num_seqs=2, max_num_batched_tokens=64)
+    info = ModelInfo("llama", 64, [EOS], VOCAB)
+    scheduler = Scheduler(config, info, decide_limits(config, info, on_gpu=False, num_kv_blocks=12))
+    worker = FakeWorker()
+
+    def serve(rid: int, prompt: list[int], max_tokens: int) -> None:
+        sampling = SamplingParams(max_tokens=max_tokens, ignore_eos=True)
+        scheduler.add_request(TokenizedRequest(rid, prompt, sampling, StageTimes()))
+        while scheduler.has_unfinished():
+            plan = scheduler.schedule()
+            assert plan is not None
+            scheduler.process_result(worker.execute(plan))
+            scheduler.check_integrity()
+
+    older, newer = [1, 2, 3, 4, 5, 1, 2, 3], [5, 4, 3, 2]
+    serve(0, older, 1)  # leaves 4 full blocks in the cache
+    serve(1, newer, 1)  # and 2 more, used after them
+    assert scheduler.blocks.num_free == 6 and scheduler.cache.num_evictable == 6
+    serve(2, [3] * 12, 3)  # its prompt takes the 6 free blocks; its decode needs a 7th
+    assert scheduler.stats.preemptions == 0
+    assert len(scheduler.cache.match(older, 4)[0]) == 3, "the older chain lost its leaf, and only that"
+    assert len(scheduler.cache.match(newer, 2)[0]) == 2, "the newer chain is whole"
