@@ -96,16 +96,20 @@ def main(argv: list[str] | None = None) -> dict:
         contexts = sum(context_lens) / len(context_lens)
         device_name = torch.cuda.get_device_name() if cuda else "cpu"
         peak = gpu_peak(device_name)
-        floor = _floor_ms(llm, args.model, context_lens, peak)
+        floors = _floor_parts_ms(llm, args.model, context_lens, peak)
+        floor = sum(floors.values()) if floors else None
         print(
             f"{device_name}, TP={config.tensor_parallel_size}, batch {args.batch}, mean context "
             f"{contexts:.0f}: decode step {wall_ms:.2f} ms wall (median of {steps}), GPU busy {busy_ms:.2f} ms, "
             + (f"floor {floor:.2f} ms" if floor else "floor unknown")
         )
-        print(f"{'kind':<12} {'ms/step':>8} {'share':>6}")
+        print(f"{'kind':<12} {'ms/step':>8} {'share':>6}   its floor (the kind's kernels at the roofline)")
         rows = sorted(by_kind.items(), key=lambda kv: -kv[1])
         for kind, us in rows:
-            print(f"{kind:<12} {us / steps / 1e3:8.3f} {100 * us / steps / 1e3 / wall_ms:5.1f}%")
+            ms = us / steps / 1e3
+            floor_of = floors.get(kind) if floors else None
+            at = f"   {floor_of:.3f} ms, reached {100 * floor_of / ms:.0f}%" if floor_of else ""
+            print(f"{kind:<12} {ms:8.3f} {100 * ms / wall_ms:5.1f}%{at}")
         print(f"{'idle':<12} {wall_ms - busy_ms:8.3f} {100 * (wall_ms - busy_ms) / wall_ms:5.1f}%")
         print(f"top {args.top} kernels (ms/step, launches/step):")
         top = sorted(by_name.items(), key=lambda kv: -kv[1][0])[: args.top]
@@ -119,6 +123,7 @@ def main(argv: list[str] | None = None) -> dict:
             "decode_step_ms": wall_ms,
             "gpu_busy_ms": busy_ms,
             "floor_ms": floor,
+            "floor_parts_ms": floors,
             "kinds_ms": {k: us / steps / 1e3 for k, us in rows},
             "top_kernels": [{"name": n, "ms": us / steps / 1e3, "launches": c / steps} for n, (us, c) in top],
         }
@@ -128,18 +133,20 @@ def main(argv: list[str] | None = None) -> dict:
         return out
 
 
-def _floor_ms(llm, folder: str, contexts: list[int], peak) -> float | None:
-    """benchmarks/roofline.py's floor of one decode step of these contexts, for this rank's weights and KV."""
+def _floor_parts_ms(llm, folder: str, contexts: list[int], peak) -> dict[str, float] | None:
+    """benchmarks/roofline.py's floor of one decode step of these contexts, for this rank's weights and KV: its
+    matrix products' and its attention's, ms."""
     if peak is None:
         return None
     from pathlib import Path
 
-    from benchmarks.roofline import ModelCost, decode_step_floor
+    from benchmarks.roofline import ModelCost, decode_step_parts
 
     config = json.loads((Path(folder) / "config.json").read_text())
     kv_itemsize = llm.runner.eager.kv_cache.data.element_size()
     cost = ModelCost.of(llm.runner.model, config.get("num_attention_heads") or config["n_head"], kv_itemsize)
-    return 1e3 * decode_step_floor(cost, contexts, peak, fp8=llm.config.quantization == "fp8")
+    parts = decode_step_parts(cost, contexts, peak, fp8=llm.config.quantization == "fp8")
+    return {kind: 1e3 * seconds for kind, seconds in parts.items()}
 
 
 if __name__ == "__main__":

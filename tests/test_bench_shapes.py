@@ -40,7 +40,9 @@ def test_shape_has_the_published_parameter_count(shape, tmp_path):
     assert ModelInfo.from_folder(out).eos_token_ids == [2]
 
 
-def test_decode_floor_is_the_bytes_over_bandwidth_when_memory_bound():
+def test_decode_floor_adds_the_products_floor_and_the_attentions_each_bound_by_bytes_or_flops():
+    """An 8B model at 256 requests: its products are compute-bound, its attention memory-bound, and the two
+    kernels' floors add (neither hides behind the other)."""
     peak = GPU_PEAKS[0]
     cost = ModelCost(
         weight_bytes=16 * 2**30,
@@ -49,8 +51,14 @@ def test_decode_floor_is_the_bytes_over_bandwidth_when_memory_bound():
         attention_flops_per_context_token=4 * 32 * 32 * 128,
     )
     contexts = [400] * 256
-    expected = (cost.weight_bytes + cost.kv_bytes_per_token * (sum(contexts) + len(contexts))) / peak.hbm_bytes_per_s
-    assert decode_step_floor(cost, contexts, peak) == pytest.approx(expected)
+    products = 2 * cost.matmul_params * 256 / peak.bf16_flops_per_s
+    assert products > cost.weight_bytes / peak.hbm_bytes_per_s, "compute-bound"
+    attention = cost.kv_bytes_per_token * (sum(contexts) + len(contexts)) / peak.hbm_bytes_per_s
+    assert attention > cost.attention_flops_per_context_token * sum(contexts) / peak.bf16_flops_per_s
+    assert decode_step_floor(cost, contexts, peak) == pytest.approx(products + attention)
+    # One request: both parts memory-bound, the floor all bytes.
+    one = (cost.weight_bytes + cost.kv_bytes_per_token * 401) / peak.hbm_bytes_per_s
+    assert decode_step_floor(cost, [400], peak) == pytest.approx(one)
     assert decode_step_floor(cost, [800] * 256, peak) > decode_step_floor(cost, contexts, peak)
 
 
