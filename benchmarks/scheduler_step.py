@@ -14,7 +14,7 @@ block-size-th step is the one where each fills a block (the mean shows it, the m
 --bursts: the requests come and go instead, as in a served burst (W1's shape: prompts of 64-512 unique tokens,
 256 new ones), the whole burst run --bursts times on one scheduler; a burst's blocks outnumber --num-blocks, so
 from the second burst on the prefix cache evicts what the last one left. Prints each burst's scheduler seconds
-(the same parts, summed) and µs per token.
+(the same parts, summed), µs per token, and the part from results to plans (the chain the device may wait on).
 """
 
 from __future__ import annotations
@@ -113,6 +113,7 @@ def bursts(args: argparse.Namespace) -> dict[str, float]:
     sampling = SamplingParams(max_tokens=256, ignore_eos=True)
     freeze_startup_objects()
     rng = random.Random(0)
+    top_up = getattr(scheduler, "top_up_free_blocks", lambda: 0)  # (a checkout from before it has none)
     summary: dict[str, float] = {}
     for burst in range(args.bursts):
         base = burst * args.requests
@@ -120,7 +121,7 @@ def bursts(args: argparse.Namespace) -> dict[str, float]:
             prompt = [rng.randrange(50000) for _ in range(rng.randint(64, 512))]
             scheduler.add_request(TokenizedRequest(rid, prompt, sampling, StageTimes()))
         in_flight = [p for p in (scheduler.schedule(), scheduler.schedule()) if p is not None]
-        spent, tokens, steps = 0.0, 0, 0
+        spent, chain, tokens, steps = 0.0, 0.0, 0, 0
         while in_flight:
             plan = in_flight.pop(0)
             rids = [rid for rid, sample in zip(plan.rids, plan.samples) if sample]
@@ -135,14 +136,20 @@ def bursts(args: argparse.Namespace) -> dict[str, float]:
                     break
                 encode(ahead)
                 in_flight.append(ahead)
+            chain += time.perf_counter() - start  # from the result to the plans: what the device may wait for
             for part in split_by_tokenizer(batch, args.tokenizers).values():
                 encode(part)
+            top_up()  # as the server's loop does, after streaming
             spent += time.perf_counter() - start
             tokens += len(batch.rids)
             steps += 1
         summary[f"burst {burst + 1}"] = spent
+        summary[f"burst {burst + 1} chain"] = chain
         per_token = 1e6 * spent / tokens
-        print(f"burst {burst + 1}: {steps} steps, {tokens} tokens, scheduler {spent:.3f} s, {per_token:.2f} µs/token")
+        print(
+            f"burst {burst + 1}: {steps} steps, {tokens} tokens, scheduler {spent:.3f} s, {per_token:.2f} µs/token, "
+            f"{chain:.3f} s of it from results to plans"
+        )
     return summary
 
 

@@ -132,6 +132,7 @@ class SchedulerLoop:
                 self._send_plans()
                 self.observer.wake_up_done()  # no later plan answers this wake-up's results
                 self._stream(outputs)
+                self.scheduler.top_up_free_blocks()  # for the next plan, off its chain
             self._maybe_log()
 
     def _drain_results(self) -> list[TokenBatch]:

@@ -484,6 +484,18 @@ class Scheduler:
                 break
         return victims
 
+    def top_up_free_blocks(self) -> int:
+        """Free the prefix cache's least recently used blocks until there is one free block per running request
+        (the most a step of decodes takes); returns how many were freed. The server's loop calls it once a plan
+        is sent and the tokens are streamed, while the device runs: on a full cache every block a step takes is
+        first evicted (a trie removal and a heap pop, microseconds each), and done here that work is off the
+        chain from a step's result to the next plan. The cache only gives up, a step early, what the step's
+        blocks would have evicted anyway, in the same order."""
+        short = len(self.running) - self.blocks.num_free
+        if short <= 0 or self.cache is None:
+            return 0
+        return self.cache.evict(short)
+
     def _evict_one(self) -> bool:
         """The prefix cache's least recently used evictable block freed; False when it has none."""
         return self.cache is not None and self.cache.evict(1) == 1

@@ -121,3 +121,25 @@ def test_on_a_full_prefix_cache_a_decode_takes_the_least_recently_used_leaf_and_
     assert scheduler.stats.preemptions == 0
     assert len(scheduler.cache.match(older, 4)[0]) == 3, "the older chain lost its leaf, and only that"
     assert len(scheduler.cache.match(newer, 2)[0]) == 2, "the newer chain is whole"
+
+
+def test_between_steps_the_cache_frees_a_block_per_running_request_least_recently_used_first():
+    """top_up_free_blocks (the server's loop, once a plan is sent): a step's worth of free blocks, so the next
+    plan's decodes evict nothing; the cache gives up its least recently used blocks, and no more than that."""
+    config = EngineConfig(block_size=2, max_num_seqs=2, max_num_batched_tokens=64)
+    info = ModelInfo("llama", 64, [EOS], VOCAB)
+    scheduler = Scheduler(config, info, decide_limits(config, info, on_gpu=False, num_kv_blocks=12))
+    worker = FakeWorker()
+    older, newer = [1, 2, 3, 4, 5, 1, 2, 3], [5, 4, 3, 2]
+    for rid, prompt in enumerate((older, newer)):  # 4 + 2 full blocks left in the cache
+        scheduler.add_request(TokenizedRequest(rid, prompt, SamplingParams(max_tokens=1), StageTimes()))
+        while scheduler.has_unfinished():
+            scheduler.process_result(worker.execute(scheduler.schedule()))
+    scheduler.add_request(TokenizedRequest(2, [3] * 12, SamplingParams(max_tokens=3, ignore_eos=True), StageTimes()))
+    scheduler.process_result(worker.execute(scheduler.schedule()))  # its prompt took the 6 free blocks
+    assert scheduler.blocks.num_free == 0 and len(scheduler.running) == 1
+    assert scheduler.top_up_free_blocks() == 1
+    assert scheduler.top_up_free_blocks() == 0, "one free block per running request, no more"
+    assert scheduler.blocks.num_free == 1
+    assert len(scheduler.cache.match(older, 4)[0]) == 3, "the older chain's leaf went"
+    assert len(scheduler.cache.match(newer, 2)[0]) == 2
