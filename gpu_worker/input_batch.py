@@ -14,6 +14,7 @@ prompt tokens the host holds, or prompt-logprob rows are visited one by one.
 
 from __future__ import annotations
 
+import operator
 from dataclasses import dataclass
 
 import numpy as np
@@ -84,8 +85,10 @@ class PersistentBatch:
         if num_prefill and not multi[:num_prefill].all():
             # Multi-token chunks first, single-token ones last (the attention backends' layout), stable.
             order = np.argsort(~multi, kind="stable")
-            rids = [rids[i] for i in order]
-            known_tokens = [known_tokens[i] for i in order]
+            # Python ints to index the lists: iterating the array itself made a numpy scalar per entry (~60 µs
+            # for each of the two lists of a 444-entry mixed step, this CPU).
+            take = operator.itemgetter(*order.tolist())  # (at least two entries: a prefill behind a decode)
+            rids, known_tokens = list(take(rids)), list(take(known_tokens))
             slots, num_known, starts, query_lens = slots[order], num_known[order], starts[order], query_lens[order]
             samples = samples[order]
         ends = starts + query_lens
