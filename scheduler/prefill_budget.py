@@ -8,8 +8,11 @@ WINDOW such steps a least-squares line
 
     step time ≈ fixed + per_token × prompt tokens
 
-gives the budget that keeps a step at the target: (target - fixed) / per_token, within [FLOOR, the worker's
-ceiling] (its buffers and graphs are sized for the ceiling). Until the line is known (WINDOW steps, prompt
+gives the budget that keeps a step at the target: (target - fixed - margin) / per_token, within [FLOOR, the
+worker's ceiling] (its buffers and graphs are sized for the ceiling). The line predicts a step's mean time, and an
+ITL target is met when nearly every step meets it (the SLO is a p99), so the margin is the fit's residual spread
+times P99_Z, the 99th percentile were the residuals normal: steps that vary by a few ms around the line (the
+decodes' contexts grow, graphs pad) leave that much room. Until the line is known (WINDOW steps, prompt
 token counts that differ) the budget is the ceiling, as it is for a fixed budget.
 """
 
@@ -21,6 +24,7 @@ from dataclasses import dataclass, field
 WINDOW = 64  # steps the line is fitted over: a few hundred milliseconds on a GPU
 REFIT_EVERY = 8  # results between fits (a fit is ~WINDOW multiply-adds of Python)
 FLOOR = 256  # prompt tokens a step may always take: prompts keep moving when decodes alone fill the target
+P99_Z = 2.33  # standard deviations of the residuals kept free: a normal's 99th percentile
 
 
 @dataclass(slots=True)
@@ -30,6 +34,7 @@ class PrefillBudget:
     tokens: int = field(init=False)  # the budget now
     fixed_s: float = field(init=False, default=0.0)  # the line, once fitted
     per_token_s: float = field(init=False, default=0.0)
+    spread_s: float = field(init=False, default=0.0)  # the residuals' standard deviation around the line
     # step_id: (prompt tokens, planned at), for the plans in flight
     _planned: dict[int, tuple[int, float]] = field(init=False, default_factory=dict)
     _last_sampled: float = field(init=False, default=0.0)
@@ -71,5 +76,7 @@ class PrefillBudget:
         if slope <= 0:
             return  # prompt tokens cost nothing measurable (noise), or no slope yet: keep what there is
         self.per_token_s, self.fixed_s = slope, mean_y - slope * mean_x
-        budget = int((self.target_s - self.fixed_s) / slope)
+        squares = sum((y - self.fixed_s - slope * x) ** 2 for x, y in self._samples)
+        self.spread_s = (squares / max(1, n - 2)) ** 0.5
+        budget = int((self.target_s - self.fixed_s - P99_Z * self.spread_s) / slope)
         self.tokens = max(min(FLOOR, self.ceiling), min(self.ceiling, budget))
