@@ -34,7 +34,6 @@ class PrefillBudget:
     tokens: int = field(init=False)  # the budget now
     fixed_s: float = field(init=False, default=0.0)  # the line, once fitted
     per_token_s: float = field(init=False, default=0.0)
-    spread_s: float = field(init=False, default=0.0)  # the residuals' standard deviation around the line
     # step_id: (prompt tokens, planned at), for the plans in flight
     _planned: dict[int, tuple[int, float]] = field(init=False, default_factory=dict)
     _last_sampled: float = field(init=False, default=0.0)
@@ -77,6 +76,6 @@ class PrefillBudget:
             return  # prompt tokens cost nothing measurable (noise), or no slope yet: keep what there is
         self.per_token_s, self.fixed_s = slope, mean_y - slope * mean_x
         squares = sum((y - self.fixed_s - slope * x) ** 2 for x, y in self._samples)
-        self.spread_s = (squares / max(1, n - 2)) ** 0.5
-        budget = int((self.target_s - self.fixed_s - P99_Z * self.spread_s) / slope)
+        spread_s = (squares / max(1, n - 2)) ** 0.5  # the residuals' standard deviation around the line
+        budget = int((self.target_s - self.fixed_s - P99_Z * spread_s) / slope)
         self.tokens = max(min(FLOOR, self.ceiling), min(self.ceiling, budget))

@@ -310,7 +310,7 @@ class Scheduler:
             elif grammar is not None and request.num_samples_in_flight:
                 continue  # its mask needs the token in flight
             elif num_computed < (held := len(request.block_ids) * bs) or (
-                num_computed == held and (free_blocks or self._evict_one())
+                num_computed == held and (free_blocks or self._make_free(1))
             ):
                 # The common case, kept cheap (one step of every running request passes here): the next
                 # token fits in the request's last block, or in a free one, or in one the prefix cache gives up
@@ -491,20 +491,19 @@ class Scheduler:
         first evicted (a trie removal and a heap pop, microseconds each), and done here that work is off the
         chain from a step's result to the next plan. The cache only gives up, a step early, what the step's
         blocks would have evicted anyway, in the same order."""
-        short = len(self.running) - self.blocks.num_free
+        return self._evict_until_free(len(self.running))
+
+    def _make_free(self, needed: int) -> bool:
+        self._evict_until_free(needed)
+        return self.blocks.num_free >= needed
+
+    def _evict_until_free(self, needed: int) -> int:
+        """The prefix cache's least recently used blocks freed until `needed` are free, or it has none left;
+        returns how many it freed."""
+        short = needed - self.blocks.num_free
         if short <= 0 or self.cache is None:
             return 0
         return self.cache.evict(short)
-
-    def _evict_one(self) -> bool:
-        """The prefix cache's least recently used evictable block freed; False when it has none."""
-        return self.cache is not None and self.cache.evict(1) == 1
-
-    def _make_free(self, needed: int) -> bool:
-        short = needed - self.blocks.num_free
-        if short > 0 and self.cache is not None:
-            self.cache.evict(short)
-        return self.blocks.num_free >= needed
 
     def _release_blocks(self, blocks: list[int]) -> None:
         for block in blocks:
