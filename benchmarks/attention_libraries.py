@@ -28,6 +28,7 @@ import triton.testing
 from benchmarks.attention_check import Shape  # (CUDA-only, as this benchmark: it stages on the GPU at import)
 from benchmarks.roofline import gpu_peak
 from gpu_worker.attention import triton_kernels as kernels
+from gpu_worker.kv_cache import quantize
 
 DEVICE = torch.device("cuda")
 BLOCK_SIZE = 16
@@ -94,6 +95,22 @@ def make_decode_batch(shape: Shape, num_seqs: int, contexts: tuple[int, int], rn
     )
 
 
+def as_fp8(batch: PagedBatch) -> PagedBatch:
+    """The same batch in a float8 store of scale 1 (random normal values sit well inside e4m3's range)."""
+    return PagedBatch(
+        batch.q, quantize(batch.k_cache, 1.0), quantize(batch.v_cache, 1.0), batch.block_tables,
+        batch.context_lens, batch.tables,
+    )  # fmt: skip
+
+
+def dequantized(batch: PagedBatch) -> PagedBatch:
+    dtype = batch.q.dtype
+    return PagedBatch(
+        batch.q, batch.k_cache.to(dtype), batch.v_cache.to(dtype), batch.block_tables, batch.context_lens,
+        batch.tables,
+    )  # fmt: skip
+
+
 def reference_decode(batch: PagedBatch, scale: float) -> torch.Tensor:
     outs = []
     group = batch.q.shape[1] // batch.k_cache.shape[2]
@@ -157,7 +174,7 @@ def flashinfer_decode(batch: PagedBatch, scale: float, tensor_cores: bool):
         batch.q.shape[2],
         BLOCK_SIZE,
         q_data_type=DTYPE,
-        kv_data_type=DTYPE,
+        kv_data_type=batch.k_cache.dtype,
         sm_scale=scale,
     )
 
@@ -179,14 +196,18 @@ def time_graph_ms(run) -> tuple[float, bool]:
         return triton.testing.do_bench(run, return_mode="median"), False
 
 
-def decode_rows(peak_bw: float, have_flashinfer: bool) -> list[dict]:
+def decode_rows(peak_bw: float, have_flashinfer: bool, shapes: tuple[Shape, ...], fp8: bool) -> list[dict]:
+    """fp8: a float8 e4m3 store (scale 1), its bytes the KV read, the reference over its dequantized values."""
     rows = []
     rng = random.Random(0)
-    for shape in SHAPES:
+    for shape in shapes:
         for num_seqs, contexts in DECODE_CASES:
             batch = make_decode_batch(shape, num_seqs, contexts, rng)
+            if fp8:
+                batch = as_fp8(batch)
             scale = shape.head_dim**-0.5
-            ref = reference_decode(batch, scale) if num_seqs * contexts[1] <= 600_000 else None
+            small = num_seqs * contexts[1] <= 600_000
+            ref = reference_decode(dequantized(batch) if fp8 else batch, scale) if small else None
             impls = {"ours (triton)": ours_decode(batch, scale)}
             if have_flashinfer:
                 impls["flashinfer"] = lambda b=batch, s=scale: flashinfer_decode(b, s, False)
@@ -194,6 +215,7 @@ def decode_rows(peak_bw: float, have_flashinfer: bool) -> list[dict]:
                     impls["flashinfer (tensor cores)"] = lambda b=batch, s=scale: flashinfer_decode(b, s, True)
             for name, impl in impls.items():
                 row = {"shape": shape.name, "seqs": num_seqs, "contexts": f"{contexts[0]}-{contexts[1]}", "impl": name}
+                row["store"] = "fp8" if fp8 else "bf16"
                 try:
                     run = impl if name.startswith("ours") else impl()
                     out = run()
@@ -261,8 +283,12 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--json", help="write the rows here")
     parser.add_argument("--parts", default="decode,prefill", help="which comparisons to run: decode, prefill")
+    parser.add_argument("--shapes", default="", help="only the shapes whose names hold one of these (comma-separated)")
+    parser.add_argument("--kv-store", choices=("bf16", "fp8"), default="bf16", help="decode: the KV store's dtype")
     args = parser.parse_args(argv)
     parts = set(args.parts.split(","))
+    wanted = [part for part in args.shapes.split(",") if part]
+    shapes = tuple(shape for shape in SHAPES if not wanted or any(part in shape.name for part in wanted))
     name = torch.cuda.get_device_name()
     peak = gpu_peak(name)
     if peak is None:
@@ -274,12 +300,14 @@ def main(argv: list[str] | None = None) -> None:
     except Exception as exc:  # not installed, or its import fails on this machine
         have_flashinfer, version = False, f"unavailable ({type(exc).__name__}: {exc})"
     print(f"{name}; flashinfer {version}")
-    decode = decode_rows(peak.hbm_bytes_per_s, have_flashinfer) if "decode" in parts else []
+    fp8 = args.kv_store == "fp8"
+    decode = decode_rows(peak.hbm_bytes_per_s, have_flashinfer, shapes, fp8) if "decode" in parts else []
     prefill = prefill_rows(peak.bf16_flops_per_s, have_flashinfer) if "prefill" in parts else []
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"device": name, "flashinfer": version, "decode": decode, "prefill": prefill}, f, indent=2)
-    print(f"\ndecode (CUDA graph replays; KV read / time; share of {peak.hbm_bytes_per_s / 1e12:.2f} TB/s)")
+    share = f"share of {peak.hbm_bytes_per_s / 1e12:.2f} TB/s"
+    print(f"\ndecode, {args.kv_store} store (CUDA graph replays; KV read / time; {share})")
     print(f"{'shape':<24}{'seqs':>5}{'contexts':>12}  {'impl':<28}{'us':>9}{'GB/s':>8}{'HBM':>6}{'err':>9}")
     for r in decode:
         if "error" in r:

@@ -23,32 +23,15 @@ import torch
 import triton.testing
 
 from benchmarks.attention_check import Shape
-from benchmarks.attention_libraries import PagedBatch, make_decode_batch, ours_decode, reference_decode
+from benchmarks.attention_libraries import as_fp8, dequantized, make_decode_batch, ours_decode, reference_decode
 from benchmarks.roofline import gpu_peak
 from gpu_worker.attention import triton_kernels as kernels
-from gpu_worker.kv_cache import quantize
 
 SHAPES = (Shape("llama-3-8b (32/8x128)", 32, 8, 128), Shape("llama-3.2-1b (32/8x64)", 32, 8, 64))
 CASES = ((256, (64, 768)), (512, (400, 800)), (32, (4096, 4096)), (8, (32768, 32768)))
 BLOCK_N = (32, 64, 128)
 WARPS = (2, 4, 8)
 STAGES = (2, 3, 4)
-
-
-def as_fp8(batch: PagedBatch) -> PagedBatch:
-    """The same batch in a float8 store of scale 1 (random normal values sit well inside e4m3's range)."""
-    return PagedBatch(
-        batch.q, quantize(batch.k_cache, 1.0), quantize(batch.v_cache, 1.0), batch.block_tables,
-        batch.context_lens, batch.tables,
-    )  # fmt: skip
-
-
-def dequantized(batch: PagedBatch) -> PagedBatch:
-    dtype = batch.q.dtype
-    return PagedBatch(
-        batch.q, batch.k_cache.to(dtype), batch.v_cache.to(dtype), batch.block_tables, batch.context_lens,
-        batch.tables,
-    )  # fmt: skip
 
 
 def time_graph_ms(run) -> float:
@@ -69,6 +52,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--block-n", type=ints, default=BLOCK_N)
     parser.add_argument("--warps", type=ints, default=WARPS)
     parser.add_argument("--stages", type=ints, default=STAGES)
+    parser.add_argument(
+        "--fp8-products", type=lambda text: tuple(text.split(",")), default=kernels.FP8_PRODUCTS,
+        help=f"a float8 store's ways to its products, of {kernels.FP8_PRODUCTS} (DecodeTiles.fp8_products)",
+    )  # fmt: skip
     args = parser.parse_args(argv)
     peak = gpu_peak(torch.cuda.get_device_name())
     peak_bw = peak.hbm_bytes_per_s if peak else float("nan")
@@ -79,9 +66,9 @@ def main(argv: list[str] | None = None) -> None:
     for shape, store in itertools.product(shapes, args.stores.split(",")):
         fp8 = store == "fp8"
         launches = [
-            kernels.DecodeTiles(block_n, warps, stages, in_f16)
+            kernels.DecodeTiles(block_n, warps, stages, products)
             for block_n, warps, stages in itertools.product(args.block_n, args.warps, args.stages)
-            for in_f16 in ((False, True) if fp8 else (False,))  # (no float8 store: the flag is moot)
+            for products in (args.fp8_products if fp8 else ("q",))  # (no float8 store: the choice is moot)
         ]
         times: dict[kernels.DecodeTiles, list[float]] = {}
         for num_seqs, contexts in CASES:

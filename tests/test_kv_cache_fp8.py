@@ -21,10 +21,14 @@ if not torch.cuda.is_available():
 
 pytest.importorskip("triton", reason="triton is not installed (pip install triton)")
 
+import triton  # noqa: E402
+import triton.language as tl  # noqa: E402
+
 from common.config import EngineConfig  # noqa: E402
 from common.model_info import ModelInfo  # noqa: E402
 from common.sampling_params import SamplingParams  # noqa: E402
 from gpu_worker.attention import TorchAttention  # noqa: E402
+from gpu_worker.attention import triton_kernels as kernels  # noqa: E402
 from gpu_worker.attention.triton_backend import TritonAttention  # noqa: E402
 from gpu_worker.kv_cache import FP8, FP8_MAX, dequantize, quantize  # noqa: E402
 from gpu_worker.kv_scales import HEADROOM, calibrate_kv_scales, scale_for  # noqa: E402
@@ -169,11 +173,16 @@ def test_the_triton_kernels_store_torchs_bits_and_attend_as_the_torch_backend_do
 
 
 @needs_fp8_triton
+@pytest.mark.parametrize("products", ["q", "bits"])
 @pytest.mark.parametrize("options", [{}, {"sliding_window": 24, "softcap": 5.0}], ids=["plain", "window-softcap"])
-def test_the_triton_kernels_over_an_e4m3_store_give_the_bits_of_a_full_precision_store_of_its_values(options):
+def test_the_triton_kernels_over_an_e4m3_store_give_the_bits_of_a_full_precision_store_of_its_values(
+    options, products, monkeypatch
+):
     """The kernels apply the power-of-two scales outside their tile loops (K's in the score scale, V's on the
     output): exactly what scaling each entry gives, so a store of e4m3 values attends bit for bit as a
-    full-precision store holding the same values."""
+    full-precision store holding the same values; whether the decode kernel converts its entries or places their
+    bits (1/256 of each, the 256 folded into the same scales)."""
+    monkeypatch.setitem(kernels.DECODE_TILES, (32, True), kernels.DecodeTiles(fp8_products=products))
     batch = mixed_batch(MIXED, 16, 8, 2, head_dim=32, seed=7)
     _, k, v = batch.qkv_views()
     for x, cache, scale in ((k, batch.k_cache, KV_SCALES[0]), (v, batch.v_cache, KV_SCALES[1])):
@@ -195,6 +204,28 @@ def test_bfloat16_queries_over_an_e4m3_store_stay_within_its_precision_of_full_p
     batch = mixed_batch(MIXED, 16, 8, 2, head_dim=32, dtype=torch.bfloat16, seed=9)
     out, _, _ = triton_fp8(batch)
     assert 0 < relative_error(out, full_precision(batch)) < FP8_ATTENTION_RELATIVE_ERROR
+
+
+@triton.jit
+def _place_e4m3_bits(src_ptr, dst_ptr, N: tl.constexpr, ASM: tl.constexpr):
+    offsets = tl.arange(0, N)
+    tl.store(dst_ptr + offsets, kernels._e4m3_as_f16(tl.load(src_ptr + offsets), ASM))
+
+
+@needs_fp8_triton
+def test_every_e4m3_value_placed_as_float16_bits_is_its_value_over_256():
+    """The decode kernel's float8 entries by moving bits (_e4m3_as_f16), subnormals and signed zeros included;
+    on a GPU also its PTX, which must give the same bits. (0x7F and 0xFF are NaN in e4m3fn: a store never
+    holds them, quantize saturates.)"""
+    codes = torch.tensor([c for c in range(256) if c & 0x7F != 0x7F], dtype=torch.uint8, device=DEVICE)
+    values = codes.view(FP8)
+    want = (values.float() / kernels.E4M3_IN_F16_UNIT).to(torch.float16)
+    for asm in (False, True) if DEVICE.type == "cuda" else (False,):
+        got = torch.empty(256, dtype=torch.float16, device=DEVICE)
+        padded = torch.zeros(256, dtype=torch.uint8, device=DEVICE)
+        padded[: len(codes)] = codes
+        _place_e4m3_bits[(1,)](padded.view(FP8), got, N=256, ASM=asm)
+        assert torch.equal(got[: len(codes)].view(torch.int16), want.view(torch.int16)), f"asm={asm}"
 
 
 # ---------------------------------------------------------------------------------- engine and server

@@ -32,6 +32,7 @@ loads; tl.dot wants every side at least 16, hence the floors of 16 below.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 import numpy as np
@@ -157,6 +158,10 @@ def store_kv(
     )
 
 
+def _interpreted() -> bool:
+    return os.environ.get("TRITON_INTERPRET") == "1"
+
+
 def _is_fp8(cache: torch.Tensor) -> bool:
     return cache.dtype == torch.float8_e4m3fn
 
@@ -182,9 +187,12 @@ def _load_kv_tile(
     HEAD_DIM_PAD: tl.constexpr,
     BLOCK_N: tl.constexpr,
     FP8: tl.constexpr,
+    FP8_BITS: tl.constexpr = False,
+    FP8_ASM: tl.constexpr = False,
 ):
     """K and V [BLOCK_N, HEAD_DIM_PAD] of context positions start.., zero outside [begin, end) (never read).
-    FP8: converted to q's dtype, still in units of the layer's scales (the caller applies them)."""
+    FP8: converted to q's dtype, still in units of the layer's scales (the caller applies them); FP8_BITS: to
+    float16 by placing the bits (_e4m3_as_f16: 1/256 of the value; q must be float16)."""
     pos = start + tl.arange(0, BLOCK_N)
     in_context = (pos >= begin) & (pos < end)
     block = tl.load(table_ptr + pos // BLOCK_SIZE, mask=in_context, other=0).to(tl.int64)
@@ -194,10 +202,55 @@ def _load_kv_tile(
     mask = in_context[:, None] & (dims < HEAD_DIM)[None, :]
     k = tl.load(k_cache_ptr + offsets, mask=mask, other=0.0)
     v = tl.load(v_cache_ptr + offsets, mask=mask, other=0.0)
-    if FP8:
+    if FP8_BITS:  # (float16 is exact in q's dtype, float32 under the CPU tests: a no-op for float16 queries)
+        k = _e4m3_as_f16(k, FP8_ASM).to(q.dtype)
+        v = _e4m3_as_f16(v, FP8_ASM).to(q.dtype)
+    elif FP8:
         k = k.to(q.dtype)
         v = v.to(q.dtype)
     return pos, k, v
+
+
+# e4m3 bits placed into float16's (sign to sign, exponent and mantissa one bit further left) are the value over
+# 2^(15 - 7), the exponent biases' difference; e4m3's subnormals land on float16's, so the placement is exact.
+E4M3_IN_F16_UNIT = 256.0
+
+
+@triton.jit
+def _e4m3_as_f16(x, ASM: tl.constexpr):
+    """float8 e4m3 entries -> float16 holding value / E4M3_IN_F16_UNIT, by moving bits, not by converting: a
+    conversion instruction's throughput bounds a decode kernel reading a float8 store at HBM speed, where integer
+    instructions on four entries at once (ASM: one byte permute and two logic ops per two entries) do not. The
+    same bits either way; ASM on CUDA only (the CPU interpreter runs no PTX)."""
+    bits = x.to(tl.uint8, bitcast=True)
+    if ASM:
+        # prmt spreads bytes b0, b1 into the high bytes of two 16-bit lanes (b << 8); then the sign stays at bit
+        # 15 and the 7 magnitude bits move one right, to bits 7..13.
+        return tl.inline_asm_elementwise(
+            asm="""
+            {
+            .reg .b32 lo, hi, zero, t;
+            mov.b32 zero, 0;
+            prmt.b32 lo, $2, zero, 0x1404;
+            prmt.b32 hi, $2, zero, 0x3424;
+            shr.b32 t, lo, 1;
+            and.b32 t, t, 0x3F803F80;
+            and.b32 lo, lo, 0x80008000;
+            or.b32 $0, lo, t;
+            shr.b32 t, hi, 1;
+            and.b32 t, t, 0x3F803F80;
+            and.b32 hi, hi, 0x80008000;
+            or.b32 $1, hi, t;
+            }
+            """,
+            constraints="=r,=r,r",
+            args=[bits],
+            dtype=tl.float16,
+            is_pure=True,
+            pack=4,
+        )
+    wide = bits.to(tl.uint16)
+    return (((wide & 0x80) << 8) | ((wide & 0x7F) << 7)).to(tl.float16, bitcast=True)
 
 
 @triton.jit
@@ -583,6 +636,8 @@ def _decode_kernel(
     SOFTCAP: tl.constexpr,
     FP8: tl.constexpr,
     FP8_IN_F16: tl.constexpr,
+    FP8_BITS: tl.constexpr,
+    FP8_ASM: tl.constexpr,
 ):
     item = tl.program_id(0)
     kv_head = tl.program_id(1)
@@ -631,6 +686,8 @@ def _decode_kernel(
             HEAD_DIM_PAD,
             BLOCK_N,
             FP8,
+            FP8_BITS,
+            FP8_ASM,
         )
         s = tl.where(k_pos[None, :] < hi, _scores(q, k, qk_scale, softcap, SOFTCAP), float("-inf"))
         acc, m_i, l_i = _online_softmax_step(acc, m_i, l_i, s, v)
@@ -759,18 +816,25 @@ class DecodeTiles:
     block_n: int = DECODE_BLOCK_N
     num_warps: int = 4
     num_stages: int = 2
-    # A float8 store under bfloat16 queries: the products in float16 (q converted once; e4m3 -> float16 is one
-    # instruction for two entries, -> bfloat16 three), which keeps the kernel from being bound by conversions.
-    # Off: 1.04x the kernel alone on one H100 (9ec22c4, docs/benchmarks.md), too little to switch untried in the
-    # engine; benchmarks.decode_tiles sweeps it.
-    fp8_in_f16: bool = False
+    # How a float8 store's tiles meet the queries (FP8_PRODUCTS):
+    #   "q"     each entry converted to q's dtype (e4m3 -> bfloat16: three conversion instructions an entry)
+    #   "f16"   bfloat16 queries converted once to float16, the entries too (one instruction for two entries)
+    #   "bits"  as "f16", the entries by moving bits (_e4m3_as_f16), no conversion instruction at all
+    # The kernel is not bound by conversions alone: "bits" gains 7 %, and a float8 store still reads at ~55-65 %
+    # of HBM bandwidth where bfloat16's reads at 83-88 % (docs/benchmarks.md).
+    fp8_products: str = "q"
+
+
+FP8_PRODUCTS = ("q", "f16", "bits")
 
 
 # Launch shapes measured faster than the default on Hopper for a (padded head dim, float8 store), W1's short
 # contexts through 32k ones (`python -m benchmarks.decode_tiles`, docs/benchmarks.md).
 DECODE_TILES: dict[tuple[int, bool], DecodeTiles] = {
     (128, False): DecodeTiles(64, 4, 4),  # H200, 8B shape: 1.02x the default
-    (128, True): DecodeTiles(128, 4, 4),  # 1.21x
+    # 1.21x the default (H200, 1111b31); placing the entries' bits instead of converting them, 1.07x more (one
+    # H100, the 8B's four cases 120 / 287 / 124 / 240 µs against 129 / 309 / 132 / 254; 2-4 stages alike)
+    (128, True): DecodeTiles(128, 4, 4, "bits"),
     (64, False): DecodeTiles(64, 2, 3),  # 1B shape: 1.12x (long contexts 1.2x)
 }
 
@@ -829,6 +893,8 @@ def decode_attention(
         )
     fp8 = _is_fp8(k_cache)
     tiles = tiles or decode_tiles(head_dim, fp8)
+    fp8_bits = fp8 and tiles.fp8_products == "bits"
+    unit = E4M3_IN_F16_UNIT if fp8_bits else 1.0  # bits-placed entries hold 1/unit of their value
     part_out = torch.empty(num_slices, num_heads, head_dim_pad, dtype=torch.float32, device=q.device)
     part_lse = torch.empty(num_slices, num_heads, dtype=torch.float32, device=q.device)
     _decode_kernel[(num_slices, num_kv_heads)](
@@ -844,10 +910,10 @@ def decode_attention(
         slice_seqs,
         slice_starts,
         merge_counts,
-        scale * LOG2_E * kv_scales[0],  # K's scale folded into the scores'
+        scale * LOG2_E * kv_scales[0] * unit,  # K's scale folded into the scores'
         sliding_window or 0,
         (softcap or 0.0) * LOG2_E,
-        kv_scales[1],
+        kv_scales[1] * unit,
         q.stride(0),
         q.stride(1),
         out.stride(0),
@@ -863,7 +929,9 @@ def decode_attention(
         SLIDING=bool(sliding_window),
         SOFTCAP=bool(softcap),
         FP8=fp8,
-        FP8_IN_F16=fp8 and tiles.fp8_in_f16 and q.dtype == torch.bfloat16,
+        FP8_IN_F16=fp8 and tiles.fp8_products != "q" and q.dtype == torch.bfloat16,
+        FP8_BITS=fp8_bits,
+        FP8_ASM=q.is_cuda and not _interpreted(),
         num_warps=tiles.num_warps,
         num_stages=tiles.num_stages,
     )
