@@ -15,6 +15,14 @@ block-size-th step is the one where each fills a block (the mean shows it, the m
 256 new ones), the whole burst run --bursts times on one scheduler; a burst's blocks outnumber --num-blocks, so
 from the second burst on the prefix cache evicts what the last one left. Prints each burst's scheduler seconds
 (the same parts, summed), µs per token, and the part from results to plans (the chain the device may wait on).
+
+    python -m benchmarks.scheduler_step --arrival-rate 800 --step-ms 4 --steps 3000
+
+--arrival-rate: requests arrive as a Poisson process at that many per second on a clock that advances --step-ms per
+step (W1's prompts, outputs of 16-256 tokens: at 800/s and 4 ms, a few requests arrive and a few finish each step,
+~430 running, as on a served GPU). Prints the shape of the steps, each part's mean in ms, the chain from
+results to plans (mean, p50, p99), and the collector's pauses, over --steps steps past a --warmup-steps warm-up that
+fills the batch.
 """
 
 from __future__ import annotations
@@ -43,11 +51,16 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     parser.add_argument("--steps", type=int, default=3000)
     parser.add_argument("--tokenizers", type=int, default=2)
     parser.add_argument("--bursts", type=int, default=0, help="requests that come and go, this many bursts of them")
-    parser.add_argument("--max-num-seqs", type=int, default=512, help="--bursts: the running batch's seats")
-    parser.add_argument("--num-blocks", type=int, default=32768, help="--bursts: KV blocks")
+    parser.add_argument("--arrival-rate", type=float, default=0.0, help="requests per second that arrive, Poisson")
+    parser.add_argument("--step-ms", type=float, default=4.0, help="--arrival-rate: the simulated clock's step")
+    parser.add_argument("--warmup-steps", type=int, default=300, help="--arrival-rate: steps not timed")
+    parser.add_argument("--max-num-seqs", type=int, default=512, help="--bursts, --arrival-rate: the batch's seats")
+    parser.add_argument("--num-blocks", type=int, default=32768, help="--bursts, --arrival-rate: KV blocks")
     args = parser.parse_args(argv)
     if args.bursts:
         return bursts(args)
+    if args.arrival_rate:
+        return arrivals(args)
 
     config = EngineConfig(block_size=16, max_num_seqs=args.requests, max_num_batched_tokens=8192)
     # Blocks for every request's whole run: no eviction or preemption in the way of the steady state.
@@ -96,12 +109,16 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     totals = [sum(row) for row in times]
     summary["total"] = statistics.median(totals) * 1e3
     print(f"{'total':16s} median {summary['total']:.3f} ms   mean {statistics.mean(totals) * 1e3:.3f} ms")
+    print_gc_pauses()
+    return summary
+
+
+def print_gc_pauses() -> None:
     gc = process_gc_pauses().summary()
     print(
         f"collector: {gc['gc_collections']} pauses ({gc['gc_full_collections']} full), "
         f"{gc['gc_pause_s'] * 1e3:.1f} ms in all, the longest {gc['gc_max_pause_ms']:.2f} ms"
     )
-    return summary
 
 
 def bursts(args: argparse.Namespace) -> dict[str, float]:
@@ -150,6 +167,89 @@ def bursts(args: argparse.Namespace) -> dict[str, float]:
             f"burst {burst + 1}: {steps} steps, {tokens} tokens, scheduler {spent:.3f} s, {per_token:.2f} µs/token, "
             f"{chain:.3f} s of it from results to plans"
         )
+    return summary
+
+
+def arrivals(args: argparse.Namespace) -> dict[str, float]:
+    import random
+
+    config = EngineConfig(block_size=16, max_num_seqs=args.max_num_seqs, max_num_batched_tokens=8192)
+    info = ModelInfo("gpt2", 1024, [50256], 50257)
+    scheduler = Scheduler(config, info, decide_limits(config, info, on_gpu=False, num_kv_blocks=args.num_blocks))
+    freeze_startup_objects()
+    rng = random.Random(0)
+    next_arrival, rid = rng.expovariate(args.arrival_rate), 0
+    in_flight: list[StepPlan] = []
+    times: list[list[float]] = []  # per timed step: each part's seconds
+    shape: list[tuple[int, int, int, int, int]] = []  # per timed step: arrived, finished, running, prompt, decode
+    for step in range(args.warmup_steps + args.steps):
+        # Requests that arrived while the last step ran: the server's loop queues them in a wake-up of their own.
+        arrived, clock = 0, step * args.step_ms / 1000
+        while next_arrival <= clock:
+            prompt = rng.choices(range(50000), k=rng.randint(64, 512))
+            sampling = SamplingParams(max_tokens=rng.randint(16, 256), ignore_eos=True)
+            scheduler.add_request(TokenizedRequest(rid, prompt, sampling, StageTimes()))
+            rid, arrived = rid + 1, arrived + 1
+            next_arrival += rng.expovariate(args.arrival_rate)
+        if not in_flight:  # idle: the first requests, or a lull
+            in_flight += [p for p in (scheduler.schedule(),) if p is not None]
+            continue
+        plan = in_flight.pop(0)
+        rids = [r for r, sample in zip(plan.rids, plan.samples) if sample]
+        data = encode(StepResult(plan.step_id, rids, [7] * len(rids), time.time(), StepTimings()))
+        parts = [0.0] * len(PARTS)  # seconds, in PARTS' order
+        start = time.perf_counter()
+        result = decode(data)
+        decoded = time.perf_counter()
+        batch = scheduler.process_result(result)
+        parts[0], parts[1] = decoded - start, time.perf_counter() - decoded
+        while len(in_flight) < 2:  # one plan in flight while the next is made (PIPELINE_DEPTH 2)
+            planning = time.perf_counter()
+            ahead = scheduler.schedule(ahead=bool(in_flight))
+            planned = time.perf_counter()
+            parts[2] += planned - planning
+            if ahead is None:
+                break
+            encode(ahead)
+            parts[3] += time.perf_counter() - planned
+            in_flight.append(ahead)
+        streaming = time.perf_counter()
+        for part in split_by_tokenizer(batch, args.tokenizers).values():
+            encode(part)
+        parts[4] = time.perf_counter() - streaming
+        scheduler.top_up_free_blocks()  # as the server's loop does, off the chain
+        if step >= args.warmup_steps:
+            times.append(parts)
+            stats = scheduler.stats
+            shape.append(
+                (
+                    arrived,
+                    len(batch.finish_reasons),
+                    len(scheduler.running),
+                    stats.last_step_prefill_tokens,
+                    stats.last_step_decode_tokens,
+                )
+            )
+    if not times:
+        raise SystemExit("no step had a result to time: more steps, or a higher --arrival-rate")
+    arrived_mean, finished_mean, running_mean, prompt_mean, decode_mean = (statistics.mean(c) for c in zip(*shape))
+    print(
+        f"{len(times)} steps: per step {arrived_mean:.1f} arrived, {finished_mean:.1f} finished, {running_mean:.0f} "
+        f"running, {prompt_mean:.0f} prompt + {decode_mean:.0f} decode tokens planned"
+    )
+    summary = {"arrived": float(sum(row[0] for row in shape)), "finished": float(sum(row[1] for row in shape))}
+    for name, column in zip(PARTS, zip(*times)):
+        summary[name] = statistics.mean(column) * 1e3
+        print(f"{name:16s} mean {summary[name]:.3f} ms   p50 {statistics.median(column) * 1e3:.3f} ms")
+    chain = [sum(row[:4]) * 1e3 for row in times]  # decode, process, schedule, encode: until the plans are sent
+    summary["results to plans mean"] = statistics.mean(chain)
+    summary["results to plans p50"] = statistics.median(chain)
+    summary["results to plans p99"] = statistics.quantiles(chain, n=100)[98] if len(chain) > 1 else chain[0]
+    print(
+        f"{'results to plans':16s} mean {summary['results to plans mean']:.3f} ms   "
+        f"p50 {summary['results to plans p50']:.3f} ms   p99 {summary['results to plans p99']:.3f} ms"
+    )
+    print_gc_pauses()
     return summary
 
 

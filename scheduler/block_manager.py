@@ -45,6 +45,14 @@ class BlockManager:
         self.ref_counts[block] += 1
         return self.ref_counts[block]
 
+    def add_holders(self, blocks: list[int]) -> None:
+        """One more holder for each of these blocks, all in use (a prefix-cache insert's new nodes, in one call)."""
+        ref_counts = self.ref_counts
+        for block in blocks:
+            if ref_counts[block] < 1:
+                raise ValueError(f"block {block} is free: allocate it, don't share it")
+            ref_counts[block] += 1
+
     def release(self, block: int) -> int:
         """One holder lets go; at zero holders the block is free again. Returns the new count."""
         count = self.ref_counts[block]

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import heapq
 import itertools
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 from scheduler.block_manager import BlockManager
@@ -109,23 +110,29 @@ class PrefixCache:
         if first_position not in (0, cursor.next_block * bs):
             raise ValueError(f"tokens from position {first_position}; the insert resumes at block {cursor.next_block}")
         now = next(self._clock)
-        for i in range(cursor.next_block, (first_position + len(token_ids)) // bs):
-            start = i * bs - first_position
-            key: BlockKey = tuple(token_ids[start : start + bs])
+        first, end = cursor.next_block, (first_position + len(token_ids)) // bs
+        # The blocks' keys cut in one C-level pass (zip over bs references to one iterator), not a slice and a tuple
+        # per block; each key is hashed once (setdefault), not once to look it up and again to add it.
+        span = token_ids[first * bs - first_position : end * bs - first_position]
+        keys: Iterator[BlockKey] = zip(*[iter(span)] * bs)
+        node_of_block = self.node_of_block
+        added: list[int] = []
+        for i, key in enumerate(keys, first):
             if i == 0 and salt is not None:
                 key = (salt, *key)
-            child = node.children.get(key)
-            if child is None:
-                child = TrieNode(block=block_ids[i], parent=node, key=key)
-                node.children[key] = child
-                self.node_of_block[child.block] = child
-                self.blocks.add_holder(child.block)
-            elif child.block != block_ids[i]:
+            block = block_ids[i]
+            new_node = TrieNode(block, node, key)
+            child = node.children.setdefault(key, new_node)
+            if child is new_node:
+                node_of_block[block] = child
+                added.append(block)
+            elif child.block != block:
                 cursor.stopped = True
                 break
             child.last_access = now
             node = child
             cursor.next_block = i + 1
+        self.blocks.add_holders(added)
         cursor.node = node
 
     # ------------------------------------------------------------------ holders letting go

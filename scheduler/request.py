@@ -59,7 +59,9 @@ class Request:
     first_tokens_sent: bool = False
     prompt_logprobs: Logprobs | None = None  # gathered chunk by chunk, sent with the first tokens
     grammar: RequestGrammar | None = None  # structured output: advanced with each output token
-    stop_token_ids: frozenset[int] = frozenset()  # the sampling's, as a set: looked up for every output token
+    # The tokens that stop it: the sampling's stop_token_ids and, unless it ignores EOS, the model's EOS ids. One set,
+    # looked up for every output token.
+    stop_token_ids: frozenset[int] = frozenset()
     priority: int = 0  # --scheduling-policy priority: lower first (scheduler/waiting_queue.py)
     arrival: int = 0  # the scheduler's count of requests when this one arrived: arrival order
     cache_salt: str | None = None  # its prefix-cache entries are shared only with requests of the same salt

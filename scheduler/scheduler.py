@@ -37,6 +37,8 @@ import math
 import random
 import time
 from dataclasses import dataclass, field, replace
+from itertools import compress
+from typing import cast
 
 from common.config import EngineConfig
 from common.messages import (
@@ -87,7 +89,7 @@ class Scheduler:
         self.config = config
         self.max_num_seqs = limits.max_num_seqs
         self.max_num_batched_tokens = limits.max_num_batched_tokens  # the ceiling: the worker is sized for it
-        target = config.target_itl_ms / 1000 if config.adaptive_prefill_budget else None
+        target = config.target_itl_ms / 1000 if limits.adaptive_prefill_budget else None
         self.prefill_budget = PrefillBudget(limits.max_num_batched_tokens, target)
         self.block_size = config.block_size
         self.blocks = BlockManager(limits.num_kv_blocks, config.block_size)
@@ -130,13 +132,16 @@ class Scheduler:
             max_tokens = min(max_tokens, sampling.max_tokens)
         elif self.config.default_max_tokens:
             max_tokens = min(max_tokens, self.config.default_max_tokens)
+        stop_token_ids = frozenset(sampling.stop_token_ids)
+        if not sampling.ignore_eos:
+            stop_token_ids |= self.eos_token_ids
         request = Request(
             msg.rid,
             list(prompt),
             sampling,
             max_tokens,
             msg.times,
-            stop_token_ids=frozenset(sampling.stop_token_ids),
+            stop_token_ids=stop_token_ids,
             priority=msg.priority,
             arrival=self._arrivals,
             cache_salt=msg.cache_salt,
@@ -506,11 +511,9 @@ class Scheduler:
         return self.cache.evict(short)
 
     def _release_blocks(self, blocks: list[int]) -> None:
+        release = self.cache.release if self.cache is not None else self.blocks.release
         for block in blocks:
-            if self.cache is not None:
-                self.cache.release(block)
-            else:
-                self.blocks.release(block)
+            release(block)
 
     def _free_request_blocks(self, request: Request) -> None:
         self._cache_computed_blocks(request)
@@ -558,19 +561,15 @@ class Scheduler:
                 request.prompt_logprobs = item.logprobs
             else:
                 request.prompt_logprobs.extend(item.logprobs)
-        batch = TokenBatch(result.sampled_time, [], [])
-        rids, tokens, finished, firsts = batch.rids, batch.token_ids, batch.finish_reasons, batch.firsts
-        requests, eos = self.requests, self.eos_token_ids
-        for rid, token in zip(result.rids, result.token_ids):
-            request = requests.get(rid)
-            if request is None:
-                continue  # finished while this step ran: the extra token is discarded
+        held, rids, tokens = self._live_entries(result)
+        batch = TokenBatch(result.sampled_time, rids, tokens)
+        finished = batch.finish_reasons
+        for request, token in zip(held, tokens):
             output_ids = request.output_ids
             output_ids.append(token)
-            rids.append(rid)
-            tokens.append(token)
-            # Its finish reason: EOS (unless ignored) or a stop token id, else max_tokens (within the context).
-            if (token in eos and not request.sampling.ignore_eos) or token in request.stop_token_ids:
+            # Its finish reason: a stop token (EOS among them unless ignored: add_request), else max_tokens (within the
+            # context).
+            if token in request.stop_token_ids:
                 reason: str | None = "stop"
             elif len(output_ids) >= request.max_tokens:
                 reason = "length"
@@ -579,20 +578,34 @@ class Scheduler:
             if request.grammar is not None and (not request.grammar.accept(token) or request.grammar.terminated):
                 reason = "stop"  # the grammar is complete (and EOS sampled), or (never, under its mask) broken
             if not request.first_tokens_sent:
-                request.first_tokens_sent = True
-                prompt_logprobs = None
-                if request.sampling.prompt_logprobs is not None:
-                    prompt_logprobs = self._whole_prompt_logprobs(request)
-                first_scheduled = request.times.first_scheduled
-                firsts.append(FirstTokens(rid, first_scheduled, request.num_cached_tokens, prompt_logprobs))
+                batch.firsts.append(self._first_tokens(request))
             if reason is not None:
-                finished[rid] = reason
+                finished[request.rid] = reason
                 self._finish(request, reason)
         if result.logprobs:
             kept = set(rids)
             batch.logprobs = [item for item in result.logprobs if item.rid in kept]
         self.stats.generated_tokens += len(rids)
         return batch
+
+    def _live_entries(self, result: StepResult) -> tuple[list[Request], list[int], list[int]]:
+        """The result's requests that are still alive, with their rids and tokens: the result's own columns, unless
+        some finished while the step ran (their extra tokens are discarded). Columns, not an append per token."""
+        requests = self.requests
+        held = [requests.get(rid) for rid in result.rids]
+        if all(held):  # (a Request is always true)
+            return cast(list[Request], held), result.rids, result.token_ids
+        alive = [request is not None for request in held]
+        rids, tokens = list(compress(result.rids, alive)), list(compress(result.token_ids, alive))
+        return cast(list[Request], list(compress(held, alive))), rids, tokens
+
+    def _first_tokens(self, request: Request) -> FirstTokens:
+        """What the request's first sampled token carries, once."""
+        request.first_tokens_sent = True
+        prompt_logprobs = None
+        if request.sampling.prompt_logprobs is not None:
+            prompt_logprobs = self._whole_prompt_logprobs(request)
+        return FirstTokens(request.rid, request.times.first_scheduled, request.num_cached_tokens, prompt_logprobs)
 
     @staticmethod
     def _whole_prompt_logprobs(request: Request) -> Logprobs:
