@@ -507,10 +507,10 @@ class Launcher:
             scheduler_args = (config, info, worker.limits, num_tokenizers, num_frontends)
             self._start(replica.scheduler_role, scheduler_process.main, (*scheduler_args, *tail, replica))
         self._wait_ready(ready_socket, {replica.scheduler_role for replica in replicas})
-        budget = "%d prompt tokens per step"
-        if config.adaptive_prefill_budget:
-            budget = f"up to {budget}, as many as keep a step within {config.target_itl_ms:g} ms"
         for engine in engines.values():
+            budget = "%d prompt tokens per step"
+            if engine.limits.adaptive_prefill_budget:
+                budget = f"up to {budget}, as many as keep a step within {config.target_itl_ms:g} ms"
             log.info(
                 "engine replica %d: %d KV blocks on %s, up to %d running requests, " + budget,
                 engine.index,

@@ -38,8 +38,9 @@ class EngineConfig:
     max_num_seqs: int | None = None  # running requests (the decode batch)
     max_num_batched_tokens: int | None = None  # prompt tokens computed per step; "auto": see below
     # "auto" (--max-num-batched-tokens auto): the budget adapts, up to the worker's default, so that a step
-    # mixing prompts with decodes takes at most target_itl_ms (scheduler/prefill_budget.py).
-    adaptive_prefill_budget: bool = False
+    # mixing prompts with decodes takes at most target_itl_ms (scheduler/prefill_budget.py). None (neither flag
+    # value given): the worker decides, adaptive on a GPU (gpu_worker/limits.py); offline.LLM takes the fixed one.
+    adaptive_prefill_budget: bool | None = None
     target_itl_ms: float = 50.0
     max_prefill_requests: int | None = None  # requests admitted per step; None: no limit beyond max_num_seqs
     enable_prefix_caching: bool = True
@@ -63,6 +64,8 @@ class EngineConfig:
         if self.max_num_batched_tokens == "auto":  # (the flag's spelling, or LLM(max_num_batched_tokens="auto"))
             self.max_num_batched_tokens = None
             self.adaptive_prefill_budget = True
+        elif self.max_num_batched_tokens is not None:
+            self.adaptive_prefill_budget = False  # a number is a fixed budget
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> EngineConfig:
@@ -174,9 +177,10 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
         "--max-num-batched-tokens",
         type=_budget,
         default=d.max_num_batched_tokens,
-        help=f"prompt tokens computed per step; default: {GPU_MAX_NUM_BATCHED_TOKENS} on a GPU, "
-        f"{CPU_MAX_NUM_BATCHED_TOKENS} on a CPU; auto: up to that, as many as keep a step mixing prompts with "
-        "decodes within --target-itl-ms (measured as the server runs)",
+        help=f"prompt tokens computed per step; auto: up to {GPU_MAX_NUM_BATCHED_TOKENS} on a GPU "
+        f"({CPU_MAX_NUM_BATCHED_TOKENS} on a CPU), as many as keep a step mixing prompts with decodes within "
+        "--target-itl-ms (measured as the server runs); default: auto on a GPU (offline.LLM: the fixed "
+        f"{GPU_MAX_NUM_BATCHED_TOKENS}), {CPU_MAX_NUM_BATCHED_TOKENS} on a CPU",
     )
     scheduler.add_argument(
         "--target-itl-ms",

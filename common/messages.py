@@ -463,8 +463,9 @@ class WorkerLimits:
 
     num_kv_blocks: int  # blocks the scheduler hands out (the worker holds one more, its graphs' scratch block)
     max_num_seqs: int  # running requests: the decode batch
-    max_num_batched_tokens: int  # prompt tokens computed per step
+    max_num_batched_tokens: int  # prompt tokens computed per step (adaptive: at most)
     max_model_len: int  # the context: the model's (or --max-model-len), within what the KV store holds
+    adaptive_prefill_budget: bool = False  # the scheduler sizes each step's prompt tokens to --target-itl-ms
 
 
 @message(23)

@@ -2,7 +2,10 @@
 are filled in. The worker announces them (common/messages.py: WorkerReady); the scheduler plans with them, the
 launcher and LLM report them, and none of them fills in a default of its own.
 
-    prompt budget   --max-num-batched-tokens, else GPU_MAX_NUM_BATCHED_TOKENS on a GPU, CPU_... on a CPU
+    prompt budget   --max-num-batched-tokens, else GPU_MAX_NUM_BATCHED_TOKENS on a GPU, CPU_... on a CPU;
+                    adaptive below it (--max-num-batched-tokens auto) where asked, else on a GPU unless a number
+                    was given: a step of 16k prompt tokens of an 8B model holds every decode in it ~300 ms (an
+                    H100 burst's ITL p99 323 ms fixed, 53 ms adaptive; docs/benchmarks.md)
     seats           --max-num-seqs, else GPU_MAX_NUM_SEQS on a GPU whose KV store holds that many requests of
                     GPU_TYPICAL_REQUEST_TOKENS, else CPU_MAX_NUM_SEQS                       (common/config.py)
     context         the model's (or --max-model-len), within what the KV store holds: a request must fit alone
@@ -50,9 +53,11 @@ def decide_limits(config: EngineConfig, info: ModelInfo, on_gpu: bool, num_kv_bl
     if seats is None:
         holds = requests_held(num_kv_blocks, info.max_model_len, config.block_size)
         seats = GPU_MAX_NUM_SEQS if on_gpu and holds >= GPU_MAX_NUM_SEQS else CPU_MAX_NUM_SEQS
+    adaptive = on_gpu if config.adaptive_prefill_budget is None else config.adaptive_prefill_budget
     return WorkerLimits(
         num_kv_blocks,
         seats,
         prompt_budget(config, on_gpu),
         min(info.max_model_len, num_kv_blocks * config.block_size),
+        adaptive,
     )

@@ -59,6 +59,8 @@ class LLM:
     def __init__(self, model: str | None = None, **engine_args):
         folder = resolve_model(model)
         self.config = EngineConfig(model=str(folder), **engine_args)
+        if self.config.adaptive_prefill_budget is None:  # in process, throughput first: the fixed budget
+            self.config.adaptive_prefill_budget = False
         self.info = ModelInfo.from_folder(folder, self.config.max_model_len)
         self._followers = None
         if self.config.tensor_parallel_size > 1:

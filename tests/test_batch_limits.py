@@ -39,6 +39,22 @@ def test_flags_given_are_kept():
     assert limits(decide_limits(config, INFO, on_gpu=True, num_kv_blocks=10**6)) == (3, 64)
 
 
+def test_a_server_on_a_gpu_adapts_its_prompt_budget_unless_given_a_number_and_a_cpu_only_when_asked():
+    def adaptive(on_gpu: bool, **flags) -> bool:
+        return decide_limits(EngineConfig(**flags), INFO, on_gpu=on_gpu, num_kv_blocks=10**6).adaptive_prefill_budget
+
+    assert adaptive(on_gpu=True) and adaptive(on_gpu=True, max_num_batched_tokens="auto")
+    assert not adaptive(on_gpu=True, max_num_batched_tokens=4096)
+    assert not adaptive(on_gpu=False) and adaptive(on_gpu=False, max_num_batched_tokens="auto")
+
+
+def test_the_offline_engine_keeps_a_fixed_prompt_budget_unless_asked(tiny_gpt2):
+    """In process, throughput first (a burst's prompts in as few steps as the ceiling allows)."""
+    assert LLM(str(tiny_gpt2), device="cpu", dtype="float32").config.adaptive_prefill_budget is False
+    auto = LLM(str(tiny_gpt2), device="cpu", dtype="float32", max_num_batched_tokens="auto")
+    assert auto.runner.limits.adaptive_prefill_budget and auto.scheduler.prefill_budget.target_s is not None
+
+
 def test_the_context_is_what_the_kv_store_holds_where_that_is_less():
     assert decide_limits(EngineConfig(block_size=16), INFO, on_gpu=False, num_kv_blocks=10).max_model_len == 160
     assert decide_limits(EngineConfig(block_size=16), INFO, on_gpu=False, num_kv_blocks=10**6).max_model_len == 8192
