@@ -1,0 +1,124 @@
+"""FP8 matrix products at a model's projection shapes: torch._scaled_mm (row-wise scales) against our Triton
+kernel (gpu_worker/models/fp8_triton.py: scaled_matmul, its launch shapes swept) and the bf16 product, side by side
+on one GPU, by token count (a decode step's rows through a prefill's).
+
+    python -m benchmarks.fp8_gemm [--shape llama-3-8b] [--tokens 64,256,1024,8192] [--json FILE]
+
+Each product is captured in a CUDA graph and timed by its replays (median), as the engine runs it; the figure
+beside it is its floor, the larger of its bytes (weights, activations, output) at the HBM bandwidth and its FLOPs
+at the fp8 (bf16) dense peak (benchmarks/roofline.py), and the share of it reached. Outputs are checked against
+_scaled_mm first.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+
+import torch
+import torch.nn.functional as F
+import triton.testing
+
+from benchmarks.roofline import gpu_peak
+from gpu_worker.models import fp8, fp8_triton
+
+# (name, N, K) of a layer's products: the fused QKV, the output projection, the fused gate-up, the down projection.
+SHAPES = {
+    "llama-3-8b": (("qkv", 6144, 4096), ("o", 4096, 4096), ("gate_up", 28672, 4096), ("down", 4096, 14336)),
+    "llama-3.2-1b": (("qkv", 3072, 2048), ("o", 2048, 2048), ("gate_up", 16384, 2048), ("down", 2048, 8192)),
+}
+TILES = (
+    fp8_triton.MatmulTiles(64, 64, 128, 8, 4, 4),
+    fp8_triton.MatmulTiles(64, 128, 128, 8, 4, 4),
+    fp8_triton.MatmulTiles(64, 128, 128, 8, 4, 6),
+    fp8_triton.MatmulTiles(64, 256, 128, 8, 8, 3),
+    fp8_triton.MatmulTiles(128, 128, 128, 8, 8, 4),
+    fp8_triton.MatmulTiles(128, 256, 128, 8, 8, 3),
+    fp8_triton.MatmulTiles(64, 128, 256, 8, 4, 3),
+)
+
+
+def ints(text: str) -> tuple[int, ...]:
+    return tuple(int(x) for x in text.split(","))
+
+
+def time_us(run) -> float:
+    run()
+    torch.cuda.synchronize()
+    return 1000 * triton.testing.do_bench_cudagraph(run, rep=100, return_mode="median")
+
+
+def measure(m: int, weight, weight_scale, weight_bf16, gen, rows: list[dict], row: dict) -> tuple:
+    """One token count against one weight: bf16, _scaled_mm, and the Triton kernel at each launch shape (its rows
+    appended to `rows`). Returns (bf16 µs, _scaled_mm µs, (best Triton µs, its tiles) or None)."""
+    x = torch.randn(m, weight.shape[1], generator=gen, device=weight.device, dtype=torch.bfloat16)
+    xq, xs = fp8.quantize_rows(x)
+
+    def scaled_mm() -> torch.Tensor:
+        return torch._scaled_mm(xq, weight.t(), scale_a=xs, scale_b=weight_scale, out_dtype=torch.bfloat16)
+
+    want = scaled_mm().float()
+    bf16_us = time_us(lambda: F.linear(x, weight_bf16))
+    mm_us = time_us(scaled_mm)
+    best = None
+    for tiles in TILES:
+
+        def ours(t: fp8_triton.MatmulTiles = tiles) -> torch.Tensor:
+            return fp8_triton.scaled_matmul(xq, xs, weight, weight_scale, tiles=t)
+
+        try:
+            err = ((ours().float() - want).norm() / want.norm()).item()
+            if err > 1e-2:
+                raise AssertionError(f"relative error {err:.3g} against _scaled_mm")
+            us = time_us(ours)
+        except Exception as error:  # a launch shape that does not fit (shared memory): skipped
+            rows.append(row | {"tiles": dataclasses.asdict(tiles), "error": str(error).splitlines()[0][:200]})
+            continue
+        rows.append(row | {"tiles": dataclasses.asdict(tiles), "triton_us": us, "bf16_us": bf16_us, "mm_us": mm_us})
+        if best is None or us < best[0]:
+            best = (us, tiles)
+    return bf16_us, mm_us, best
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--shape", choices=sorted(SHAPES), default="llama-3-8b")
+    parser.add_argument("--tokens", type=ints, default=(16, 64, 256, 512, 2048, 8192))
+    parser.add_argument("--json", help="write every timing here")
+    args = parser.parse_args(argv)
+    device = torch.device("cuda")
+    peak = gpu_peak(torch.cuda.get_device_name())
+    if peak is None:
+        raise SystemExit(f"no peak figures for {torch.cuda.get_device_name()!r} in benchmarks/roofline.py")
+    gen = torch.Generator(device).manual_seed(0)
+    rows: list[dict] = []
+    table = []
+    for name, n, k in SHAPES[args.shape]:
+        weight, weight_scale = fp8.quantize_rows(torch.randn(n, k, generator=gen, device=device) * 0.02)
+        weight_scale = weight_scale.t().contiguous()  # [1, N], as models/fp8.py keeps it
+        weight_bf16 = torch.randn(n, k, generator=gen, device=device, dtype=torch.bfloat16)
+        for m in args.tokens:
+            fp8_bytes = n * k + m * k + 2 * m * n
+            floor_us = 1e6 * max(fp8_bytes / peak.hbm_bytes_per_s, 2 * m * n * k / peak.fp8_flops_per_s)
+            row = {"product": name, "n": n, "k": k, "tokens": m, "floor_us": floor_us}
+            bf16_us, mm_us, best = measure(m, weight, weight_scale, weight_bf16, gen, rows, row)
+            table.append((name, m, floor_us, bf16_us, mm_us, best))
+            ours = f"{best[0]:7.1f} {best[1]}" if best else "-"
+            print(
+                f"{name:<8}{m:>6}  floor {floor_us:7.1f} µs  bf16 {bf16_us:7.1f}  _scaled_mm {mm_us:7.1f}  ours {ours}"
+            )
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"device": torch.cuda.get_device_name(), "shape": args.shape, "rows": rows}, f)
+    print("\n| product | tokens | floor µs | bf16 | _scaled_mm (share of floor) | best Triton (share) | its tiles |")
+    print("|---|---|---|---|---|---|---|")
+    for name, m, floor_us, bf16_us, mm_us, best in table:
+        ours = f"{best[0]:.1f} ({100 * floor_us / best[0]:.0f} %)" if best else "-"
+        tiles = dataclasses.astuple(best[1]) if best else "-"
+        mm = f"{mm_us:.1f} ({100 * floor_us / mm_us:.0f} %)"
+        print(f"| {name} | {m} | {floor_us:.1f} | {bf16_us:.1f} | {mm} | {ours} | {tiles} |")
+
+
+if __name__ == "__main__":
+    main()

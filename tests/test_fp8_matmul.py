@@ -1,0 +1,66 @@
+"""The FP8 product as our Triton kernel (models/fp8_triton.py: scaled_matmul), which the CUDA path takes for few
+rows (a decode of a few requests) and many (a prefill), _scaled_mm between: the product of the same quantized
+operands as the CPU's float32 emulation, whatever the shape's remainders against the launch's tiles. Without CUDA
+the kernel runs in the Triton interpreter (see test_triton_attention.py)."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+pytest.importorskip("triton", reason="triton is not installed (pip install triton)")
+
+from gpu_worker.models import fp8, fp8_triton  # noqa: E402
+
+DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+SMALL_TILES = fp8_triton.MatmulTiles(16, 32, 32, 2, 4, 2)  # tiles a small shape leaves remainders of
+
+
+def quantized(rows: int, cols: int, seed: int, scale: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
+    t = torch.randn(rows, cols, generator=torch.Generator().manual_seed(seed)) * scale
+    return fp8.quantize_rows(t)
+
+
+def emulated(a, a_scale, b, b_scale) -> torch.Tensor:
+    """models/fp8.py's CPU product: the rounded values multiplied in float32, then scaled."""
+    return (a.float() @ b.float().t()) * a_scale * b_scale
+
+
+@pytest.mark.parametrize("m,n,k", [(5, 48, 80), (16, 32, 32), (37, 70, 100), (1, 1, 33)])
+def test_the_kernel_gives_the_emulations_product_whatever_the_remainders(m, n, k):
+    a, a_scale = quantized(m, k, seed=1)
+    b, b_scale = quantized(n, k, seed=2, scale=0.05)
+    b_scale = b_scale.t().contiguous()  # [1, N], as a projection keeps it
+    want = emulated(a, a_scale, b, b_scale)
+    got = fp8_triton.scaled_matmul(
+        *(t.to(DEVICE) for t in (a, a_scale, b, b_scale)), out_dtype=torch.float32, tiles=SMALL_TILES
+    )
+    # fp8 x fp8 products are exact in float32: only the order of the sums differs from the emulation's
+    torch.testing.assert_close(got.cpu(), want, rtol=1e-5, atol=1e-5)
+
+
+def test_few_and_many_rows_take_the_kernel_and_a_decode_batch_between_takes_scaled_mm():
+    assert fp8_triton.matmul_tiles(1) == fp8_triton.matmul_tiles(fp8_triton.FEW_ROWS_MAX) == fp8_triton.FEW_ROWS
+    assert fp8_triton.matmul_tiles(fp8_triton.FEW_ROWS_MAX + 1) is None
+    assert fp8_triton.matmul_tiles(fp8_triton.MANY_ROWS_MIN - 1) is None
+    assert fp8_triton.matmul_tiles(fp8_triton.MANY_ROWS_MIN) == fp8_triton.MANY_ROWS
+
+
+@pytest.mark.skipif(
+    not torch.cuda.is_available() or torch.cuda.get_device_capability() < (8, 9),
+    reason="FP8 matmuls need a CUDA device of compute capability 8.9 or more (Ada, Hopper)",
+)
+@pytest.mark.parametrize("m", [3, 64, 256, 2048])
+def test_the_cuda_product_agrees_with_scaled_mm_at_every_row_count(m):
+    """fp8.linear's CUDA path, kernel or _scaled_mm by row count, against _scaled_mm itself: bfloat16's rounding."""
+    a, a_scale = quantized(m, 4096, seed=3)
+    b, b_scale = quantized(1024, 4096, seed=4, scale=0.02)
+    a, a_scale, b, b_scale = a.cuda(), a_scale.cuda(), b.cuda(), b_scale.t().contiguous().cuda()
+    got = fp8._product_on_cuda(fp8.QuantizedRows(a, a_scale, torch.bfloat16), b, b_scale)
+    want = torch._scaled_mm(a, b.t(), scale_a=a_scale, scale_b=b_scale, out_dtype=torch.bfloat16)
+    assert ((got.float() - want.float()).norm() / want.float().norm()).item() < 1e-2
