@@ -141,7 +141,7 @@ class MixedStepLayout:
         host["context_lens"][:num_seqs] = layout.context_lens
         starts = host["query_starts"]
         starts[0] = 0
-        np.cumsum(layout.query_lens[:num_pre], out=starts[1 : num_pre + 1])
+        starts[1 : num_pre + 1] = layout.query_lens[:num_pre].cumsum()
         tiles = prefill_tiles(layout.query_lens[:num_pre].astype(np.int32))
         host["tiles"][:, : tiles.shape[1]] = tiles
         host["decode_span"][:3] = (num_pre, starts[num_pre], num_seqs - num_pre)

@@ -27,7 +27,7 @@ from gpu_worker.attention import AttentionBackend
 from gpu_worker.eager_forward import EagerForward
 from gpu_worker.graph_capture import StepGraphs
 from gpu_worker.host_copy import Readback, StagingRing
-from gpu_worker.input_batch import StepInputs
+from gpu_worker.input_batch import StepInputs, pick
 from gpu_worker.logprobs import (
     PendingLogprobs,
     logprob_messages,
@@ -55,6 +55,8 @@ class LaunchedStep:
     step_id: int
     rids: list[int]  # requests that sample, in the order of `tokens`
     mirrors: list[RequestMirror]  # theirs, same order (kept even if a later plan drops them)
+    slots: np.ndarray  # their slots, same order...
+    occupants: np.ndarray  # ...and who held each then (PersistentBatch.occupant)
     plan_order: list[int] | None  # positions in `rids` of the plan's order of those requests; None: in order
     tokens: torch.Tensor | None  # host tensor the sampled ids are copied into
     copied: torch.cuda.Event | None
@@ -126,7 +128,10 @@ class ModelRunner:
         t0 = time.perf_counter()
         self.mirrors.update(plan)
         if not plan.rids:
-            return LaunchedStep(plan.step_id, [], [], None, None, None, time.perf_counter() - t0, 0.0)
+            no_slots = np.zeros(0, dtype=np.int64)
+            return LaunchedStep(
+                plan.step_id, [], [], no_slots, no_slots, None, None, None, time.perf_counter() - t0, 0.0
+            )
         step_mirrors, inputs = self.mirrors.step_inputs(plan)
         prompt_rows, prompt_targets = self._prompt_logprob_targets(inputs)
         self.staging.next_step()
@@ -134,16 +139,29 @@ class ModelRunner:
         forward = self._forward(inputs, prompt_rows)
         prompt_values = self._prompt_logprobs(forward, prompt_targets)
         rids, sampled = self._sampling_requests(plan, inputs, step_mirrors)
-        drawn, logprobs = self._sample(plan, inputs, rids, sampled, forward) if sampled else ([], None)
+        slots = self._sampling_slots(inputs)
+        drawn, logprobs = self._sample(plan, rids, sampled, slots, forward) if sampled else ([], None)
         host, copied = self.readback.copy(drawn + prompt_values, tokens_first=bool(sampled))
         for k, entry in enumerate(logprobs or ()):
             entry.values.extend(t[k] for t in host[1:4])
         prompt_entries = split_prompt_logprobs(prompt_targets, host[-3:]) if prompt_targets else None
-        plan_order = None if inputs.rids is plan.rids else self._plan_order(plan, rids)
+        plan_order = None if inputs.order is None else self._plan_order(inputs.order, inputs.sampling_rows)
         tokens = host[0] if sampled else None
+        occupants = self.mirrors.batch.occupant[slots]
         forward_s = time.perf_counter() - t1
         return LaunchedStep(
-            plan.step_id, rids, sampled, plan_order, tokens, copied, t1 - t0, forward_s, logprobs, prompt_entries
+            plan.step_id,
+            rids,
+            sampled,
+            slots,
+            occupants,
+            plan_order,
+            tokens,
+            copied,
+            t1 - t0,
+            forward_s,
+            logprobs,
+            prompt_entries,
         )
 
     def _forward(self, inputs: StepInputs, prompt_rows: list[int]) -> Forward:
@@ -176,31 +194,37 @@ class ModelRunner:
         return prompt_logprobs(self.model, forward.prompt_hidden, targets, self.staging.upload)
 
     @staticmethod
-    def _plan_order(plan: StepPlan, rids: list[int]) -> list[int]:
-        """Positions in `rids` (the layout's order) of the plan's order of those requests."""
-        index = {rid: k for k, rid in enumerate(rids)}
-        return [index[rid] for rid in plan.rids if rid in index]
+    def _plan_order(order: np.ndarray, sampling_rows: np.ndarray) -> list[int]:
+        """Positions among the sampling chunks (in layout order) of those chunks in the plan's order. order: each
+        chunk's index in the plan (StepInputs.order)."""
+        return np.argsort(order[sampling_rows]).tolist()
 
+    @staticmethod
     def _sampling_requests(
-        self, plan: StepPlan, inputs: StepInputs, step_mirrors: list[RequestMirror]
+        plan: StepPlan, inputs: StepInputs, step_mirrors: list[RequestMirror]
     ) -> tuple[list[int], list[RequestMirror]]:
-        """The requests that sample this step and their mirrors, in layout order."""
-        layout_rids, by_rid = inputs.rids, self.mirrors.by_rid
-        if len(inputs.sampling_rows) == len(layout_rids):
-            sampled = step_mirrors if layout_rids is plan.rids else [by_rid[rid] for rid in layout_rids]
-            return layout_rids, sampled
-        rids = [layout_rids[i] for i in inputs.sampling_rows.tolist()]
-        return rids, [by_rid[rid] for rid in rids]
+        """The requests that sample this step and their mirrors (step_mirrors: the plan's, in its order), in
+        layout order."""
+        if inputs.order is None and len(inputs.sampling_rows) == len(plan.rids):
+            return plan.rids, step_mirrors
+        rows = inputs.sampling_rows if inputs.order is None else inputs.order[inputs.sampling_rows]
+        entries = rows.tolist()  # the sampling chunks' indices in the plan
+        return pick(plan.rids, entries), pick(step_mirrors, entries)
+
+    @staticmethod
+    def _sampling_slots(inputs: StepInputs) -> np.ndarray:
+        """The slots of the requests that sample this step, in layout order."""
+        if len(inputs.sampling_rows) == len(inputs.rids):
+            return inputs.slots
+        return inputs.slots[inputs.sampling_rows]
 
     def _sample(
-        self, plan: StepPlan, inputs: StepInputs, rids: list[int], sampled: list[RequestMirror], forward: Forward
+        self, plan: StepPlan, rids: list[int], sampled: list[RequestMirror], slots: np.ndarray, forward: Forward
     ) -> tuple[list[torch.Tensor], list[PendingLogprobs] | None]:
         """The drawn tokens (and their logprobs, for the rows that ask: [logprob, top ids, top logprobs]) to copy to
         the host, and the logprob entries awaiting them."""
         masks = plan.token_bitmasks
         bitmasks = [masks.get(rid) for rid in rids] if self.mirrors.num_structured else None
-        every_chunk_samples = len(inputs.sampling_rows) == len(inputs.rids)
-        slots = inputs.slots if every_chunk_samples else inputs.slots[inputs.sampling_rows]
         output_index = self.mirrors.num_sampled[slots]
         drawn, lp = self._draw(forward.logits, slots, output_index, bitmasks, forward.greedy)
         if lp is None:
@@ -253,15 +277,13 @@ class ModelRunner:
             step.copied.synchronize()
         waited = time.perf_counter() - t0
         if step.tokens is not None:
-            token_ids = step.tokens.tolist()
-            for mirror, token in zip(step.mirrors, token_ids):
-                mirror.token_ids.append(token)
+            token_ids = self.mirrors.record_samples(step.mirrors, step.slots, step.occupants, step.tokens)
         sampled_time = time.time()
         # Results in plan order: the scheduler hands out first tokens in the order it admitted requests.
         return StepResult(
             step.step_id,
-            step.rids if step.plan_order is None else [step.rids[k] for k in step.plan_order],
-            token_ids if step.plan_order is None else [token_ids[k] for k in step.plan_order],
+            step.rids if step.plan_order is None else pick(step.rids, step.plan_order),
+            token_ids if step.plan_order is None else pick(token_ids, step.plan_order),
             sampled_time,
             StepTimings(step.prepare_s, step.forward_s, sample_s=time.perf_counter() - t0, wait_s=waited),
             logprob_messages(step.logprobs, step.rids, token_ids),

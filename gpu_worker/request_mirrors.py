@@ -5,7 +5,8 @@ table (input_batch.py), its sampling parameters (sampler.SamplingRows), its samp
 (penalties), and the device's last-token slots (ModelRunner.last_tokens). A plan's changes reach the mirrors
 first thing in a launch (`update`): released requests give their slots back, new ones take one, blocks are
 appended. A released slot may be reused at once: the device runs steps in order, so the old owner's last
-write lands before the new owner's.
+write lands before the new owner's; on the host, a step finishing after that records its token in the old
+owner's mirror alone (PersistentBatch.occupant).
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import torch
 
 from common.messages import NewRequestSpec, StepPlan
 from common.sampling_params import SamplingParams
-from gpu_worker.input_batch import PersistentBatch, StepInputs
+from gpu_worker.input_batch import PersistentBatch, StepInputs, pick
 from gpu_worker.sampler import SamplingRows
 from gpu_worker.token_counts import TokenCounts
 
@@ -69,19 +70,29 @@ class RequestMirrors:
 
     def step_inputs(self, plan: StepPlan) -> tuple[list[RequestMirror], StepInputs]:
         """The plan's requests' mirrors (plan order), and the step's inputs (input_batch.py, layout order)."""
-        step_mirrors = [self.by_rid[rid] for rid in plan.rids]
+        step_mirrors = pick(self.by_rid, plan.rids)
         n = len(step_mirrors)
-        token_lists = [m.token_ids for m in step_mirrors]
         inputs = self.batch.prepare(
             plan.rids,
-            np.array(plan.starts, np.int64),
-            np.array(plan.num_tokens, np.int64),
-            np.array(plan.samples, bool),
-            np.fromiter((m.slot for m in step_mirrors), np.int64, n),
-            np.fromiter(map(len, token_lists), np.int64, n),
-            token_lists,
+            np.fromiter(plan.starts, np.int64, n),
+            np.fromiter(plan.num_tokens, np.int64, n),
+            np.frombuffer(bytes(plan.samples), np.bool_),  # (bools as bytes: half np.array's time)
+            np.fromiter([m.slot for m in step_mirrors], np.int64, n),
+            lambda i: step_mirrors[i].token_ids,
         )
         return step_mirrors, inputs
+
+    def record_samples(
+        self, mirrors: list[RequestMirror], slots: np.ndarray, occupants: np.ndarray, tokens: torch.Tensor
+    ) -> list[int]:
+        """A finished step's tokens, one per mirror (in `slots`, whose occupants were `occupants` when it
+        launched), reached the host: they join the mirrors' tokens. Returns them as a list."""
+        values = tokens.numpy()
+        token_ids = values.tolist()
+        for mirror, token in zip(mirrors, token_ids):
+            mirror.token_ids.append(token)
+        self.batch.record_samples(slots, occupants, values)
+        return token_ids
 
     def _add(self, spec: NewRequestSpec) -> RequestMirror:
         s = spec.sampling
@@ -97,7 +108,7 @@ class RequestMirrors:
             self.token_counts.reset(slot, spec.token_ids[:prompt_len], spec.token_ids[prompt_len:])
         fresh = spec.num_sampled == 0 and s.prompt_logprobs is not None
         self.num_prompt_logprobs += fresh and prompt_len > 0
-        self.batch.reset(slot)
+        self.batch.reset(slot, spec.token_ids)
         self.sampling_rows.set(slot, s)
         self.num_sampled[slot] = spec.num_sampled
         self.num_structured += s.structured is not None

@@ -20,20 +20,21 @@ from tests.tiny_models import hf_greedy, random_prompts
 BLOCK = 4
 
 
-def prepare(batch: PersistentBatch, chunks: list[ScheduledChunk], slots: np.ndarray, num_known: np.ndarray, known):
-    """The batch's inputs for these chunks, given as the plan's columns (StepPlan.of)."""
+def prepare(batch: PersistentBatch, chunks: list[ScheduledChunk], slots: np.ndarray, known):
+    """The batch's inputs for these chunks, given as the plan's columns (StepPlan.of); known(rid): the tokens the
+    host holds of a request (as the batch's slots were reset with)."""
     plan = StepPlan.of(1, [], chunks, [])
     columns = [np.array(c) for c in (plan.starts, plan.num_tokens, plan.samples)]
-    return batch.prepare(plan.rids, *columns, slots, num_known, [known(rid) for rid in plan.rids])
+    return batch.prepare(plan.rids, *columns, slots, lambda i: known(plan.rids[i]))
 
 
 def test_a_mixed_step_matches_the_layout_built_from_the_block_tables():
     batch = PersistentBatch(num_slots=8, max_blocks_per_request=6, block_size=BLOCK)
     tables = {5: [10, 11, 12], 2: [3, 4], 7: [20]}  # slot -> blocks
-    for slot, blocks in tables.items():
-        batch.reset(slot)
-        batch.append_blocks(slot, blocks)
     known = {5: [1] * 9 + [2, 3], 2: list(range(7)), 7: [9, 8]}  # tokens the host holds, per slot
+    for slot, blocks in tables.items():
+        batch.reset(slot, known[slot])
+        batch.append_blocks(slot, blocks)
     # A decode listed before a prefill chunk: the batch must put multi-token chunks first.
     chunks = [
         ScheduledChunk(rid=50, start=7, num_tokens=1, new_block_ids=[], sample=True),  # slot 2, pending token
@@ -42,9 +43,9 @@ def test_a_mixed_step_matches_the_layout_built_from_the_block_tables():
     ]
     slot_of = {50: 2, 70: 7, 51: 5}
     slots = np.array([slot_of[c.rid] for c in chunks])
-    inputs = prepare(batch, chunks, slots, np.array([len(known[s]) for s in slots]), lambda rid: known[slot_of[rid]])
+    inputs = prepare(batch, chunks, slots, lambda rid: known[slot_of[rid]])
 
-    assert inputs.rids == [70, 51, 50]
+    assert inputs.rids == [70, 51, 50] and inputs.order.tolist() == [1, 2, 0]
     expected = BatchLayout.build([2, 3, 1], [2, 11, 8], [tables[7], tables[5], tables[2]], BLOCK)
     assert inputs.layout.query_lens.tolist() == [2, 3, 1]
     assert inputs.layout.context_lens.tolist() == [2, 11, 8]
@@ -65,37 +66,74 @@ def test_decodes_whose_last_token_was_read_back_take_it_from_the_host():
     """The worker finished the step before this plan came: every input is on the host, none is gathered."""
     batch = PersistentBatch(num_slots=4, max_blocks_per_request=4, block_size=BLOCK)
     known = {0: [5, 6, 7], 1: [8, 9], 2: [1, 2, 3, 4, 10]}  # slot -> tokens read back
-    for slot in known:
+    for slot, tokens in known.items():
+        batch.reset(slot, tokens)
         batch.append_blocks(slot, [slot + 1, slot + 5])
     chunks = [
         ScheduledChunk(rid=20 + slot, start=len(tokens) - 1, num_tokens=1, new_block_ids=[], sample=True)
         for slot, tokens in known.items()
     ]
     slots = np.array(list(known))
-    inputs = prepare(batch, chunks, slots, np.array([len(t) for t in known.values()]), lambda rid: known[rid - 20])
+    inputs = prepare(batch, chunks, slots, lambda rid: known[rid - 20])
     assert inputs.input_ids.tolist() == [7, 9, 10]
     assert inputs.positions.tolist() == [2, 1, 4]
     assert len(inputs.pending_rows) == 0
 
 
+def test_a_prompt_chunk_behind_its_last_token_and_a_one_token_chunk_of_an_older_position():
+    """A chunk whose last input the step in flight samples takes it from the device; a one-token chunk of a
+    position before the host's last token takes that position's token."""
+    batch = PersistentBatch(num_slots=2, max_blocks_per_request=4, block_size=BLOCK)
+    known = {0: [5, 6, 7, 8], 1: [1, 2, 3, 4, 9]}
+    for slot, tokens in known.items():
+        batch.reset(slot, tokens)
+        batch.append_blocks(slot, [slot + 1, slot + 3])
+    chunks = [
+        ScheduledChunk(rid=30, start=2, num_tokens=1, new_block_ids=[], sample=False),  # slot 1: token 3
+        ScheduledChunk(rid=40, start=2, num_tokens=3, new_block_ids=[], sample=True),  # slot 0: 7, 8, pending
+    ]
+    slot_of = {30: 1, 40: 0}
+    inputs = prepare(batch, chunks, np.array([1, 0]), lambda rid: known[slot_of[rid]])
+    assert inputs.input_ids.tolist() == [7, 8, 0, 3]
+    assert inputs.pending_rows.tolist() == [2] and inputs.pending_slots.tolist() == [0]
+
+
 def test_a_position_further_ahead_of_the_host_than_the_steps_in_flight_is_refused():
     batch = PersistentBatch(num_slots=2, max_blocks_per_request=4, block_size=BLOCK)
+    batch.reset(0, [0] * 4)
     batch.append_blocks(0, [1, 2])
     # The host holds 4 tokens; each step in flight but the one being prepared sampled one more.
     position = 4 + PIPELINE_DEPTH - 1
     chunk = ScheduledChunk(rid=9, start=position, num_tokens=1, new_block_ids=[], sample=True)
     with pytest.raises(ValueError, match=f"request 9: position {position} is ahead of the host's 4 tokens"):
-        prepare(batch, [chunk], np.array([0]), np.array([4]), lambda rid: [0] * 4)
+        prepare(batch, [chunk], np.array([0]), lambda rid: [0] * 4)
     allowed = ScheduledChunk(rid=9, start=position - 1, num_tokens=1, new_block_ids=[], sample=True)
-    assert prepare(batch, [allowed], np.array([0]), np.array([4]), lambda rid: [0] * 4).pending_rows.tolist() == [0]
+    assert prepare(batch, [allowed], np.array([0]), lambda rid: [0] * 4).pending_rows.tolist() == [0]
 
 
 def test_a_prompt_chunk_needs_every_input_but_its_last_on_the_host():
     batch = PersistentBatch(num_slots=2, max_blocks_per_request=4, block_size=BLOCK)
+    batch.reset(0, [0] * 4)
     batch.append_blocks(0, [1, 2])
     chunk = ScheduledChunk(rid=9, start=2, num_tokens=4, new_block_ids=[], sample=True)
     with pytest.raises(ValueError, match="request 9: position 5"):
-        prepare(batch, [chunk], np.array([0]), np.array([4]), lambda rid: [0] * 4)
+        prepare(batch, [chunk], np.array([0]), lambda rid: [0] * 4)
+
+
+def test_a_finished_step_counts_its_tokens_only_for_the_requests_it_sampled_for():
+    """A slot released and given to another request while a step that sampled for it was in flight: the new
+    request's tokens are left as they were; then its decode's input is its own last token."""
+    batch = PersistentBatch(num_slots=2, max_blocks_per_request=4, block_size=BLOCK)
+    batch.reset(0, [5, 6])
+    batch.reset(1, [7])
+    slots = np.array([0, 1])
+    occupants = batch.occupant[slots]
+    batch.reset(1, [8, 9, 10])
+    batch.record_samples(slots, occupants, np.array([11, 12]))
+    assert batch.num_held.tolist() == [3, 3] and batch.last_held.tolist() == [11, 10]
+    batch.append_blocks(1, [1])
+    decode = ScheduledChunk(rid=4, start=2, num_tokens=1, new_block_ids=[], sample=True)
+    assert prepare(batch, [decode], np.array([1]), lambda rid: [8, 9, 10]).input_ids.tolist() == [10]
 
 
 def test_a_request_cannot_hold_more_blocks_than_its_context_allows():
