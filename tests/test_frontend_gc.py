@@ -9,7 +9,7 @@ import asyncio
 import collections
 import gc
 
-from common.garbage import freeze_startup_objects
+from common.garbage import YOUNG_THRESHOLD, freeze_startup_objects
 from frontend.process import collect_request_garbage
 
 STARTUP_OBJECTS = 400_000  # about 6 times a real frontend's; unfrozen, ~100,000 garbage objects would pile up
@@ -43,13 +43,31 @@ def peak_uncollected_garbage() -> int:
 
 def test_request_garbage_does_not_pile_up_in_proportion_to_what_startup_left_alive():
     startup = [[] for _ in range(STARTUP_OBJECTS)]
+    thresholds = gc.get_threshold()
     freeze_startup_objects()
     try:
         peak = peak_uncollected_garbage()
     finally:
         gc.unfreeze()
+        gc.set_threshold(*thresholds)
         del startup
     assert peak < STARTUP_OBJECTS / 10  # ~28,000 frozen (the collector's own pace), ~98,000 unfrozen
+
+
+def test_objects_that_live_a_few_steps_are_gone_before_a_young_collection_after_startup():
+    """A step's worth of short-lived containers (CPython's default would collect every 700) leaves nothing for
+    the collector: freed by their counts before the raised threshold is reached."""
+    thresholds = gc.get_threshold()
+    freeze_startup_objects()
+    try:
+        young_collections = gc.get_stats()[0]["collections"]
+        for _ in range(50):
+            step = [[token] for token in range(YOUNG_THRESHOLD // 10)]  # a step's lists, dropped with it
+            del step
+        assert gc.get_stats()[0]["collections"] == young_collections
+    finally:
+        gc.unfreeze()
+        gc.set_threshold(*thresholds)
 
 
 def test_garbage_left_in_cycles_is_collected_within_the_period():
