@@ -1,12 +1,13 @@
-"""The decode step's all-reduces on CUDA, one-shot over NVLink peer memory: every rank copies its tensor into a
-buffer the other ranks' GPUs can read (torch's symmetric memory), and in the same kernel loads every rank's copy
-and sums them, in rank order, so that every rank holds the same bits (the kernels: all_reduce_kernels.py, one
-program per SM). NCCL's ring takes several steps per all-reduce, each a few microseconds of latency; a decode
-step of an 8B model holds 65 all-reduces of a few KiB to 2 MiB, where that latency, not the bandwidth, is what
-they cost. Where the sum feeds a residual add and an RMSNorm (every row-parallel projection of the Llama-style
-layers: models/norms.py), the same kernel ends in the norm, and the sum is never written.
+"""The decode step's all-reduces on CUDA, one-shot over NVLink peer memory: every rank writes its tensor into its
+slot of every other rank's buffer (torch's symmetric memory), and in the same kernel, once they have written
+theirs, sums every rank's, in rank order, so that every rank holds the same bits (the kernels:
+all_reduce_kernels.py, one program per SM). NCCL's ring takes several steps per all-reduce, each a few
+microseconds of latency; a decode step of an 8B model holds 65 all-reduces of a few KiB to 2 MiB, where that
+latency, not the bandwidth, is what they cost. Where the sum feeds a residual add and an RMSNorm (every
+row-parallel projection of the Llama-style layers: models/norms.py), the same kernel ends in the norm, and the sum
+is never written.
 
-    x (this rank) --one kernel: copy into peer buffer, rendezvous, load every rank's, sum [, + residual, norm]--> out
+    x (this rank) --one kernel: write into the peers' buffers, rendezvous, sum every rank's [, + residual, norm]--> out
 
 NCCL stays for tensors above PEER_ALL_REDUCE_MAX_BYTES (the ring's bandwidth wins there), for dtypes or
 layouts the kernel lacks, and wherever the buffers could not be set up (no peer access, ranks on different
@@ -32,10 +33,11 @@ if TYPE_CHECKING:  # the kernels import Triton: only a CUDA group with peer memo
 
 log = logging.getLogger(__name__)
 
-# One-shot reads every peer's whole tensor, so its cost grows with size x ranks while NCCL's ring moves
-# 2(n-1)/n of it. On two H100s (benchmarks/tensor_parallel.py prints both for these sizes) one-shot took
-# 14 / 22 / 37 µs at 2 / 4 / 8 MiB against NCCL's 36 / 41 / 55: 8 MiB covers a decode batch of 1,024 at
-# Llama-3-8B's hidden size and of 512 at the 70B's.
+# One-shot moves every rank's whole tensor to every peer, so its cost grows with size x ranks while NCCL's ring
+# moves 2(n-1)/n of it. On two H100s (benchmarks/tensor_parallel.py prints both for these sizes) one-shot, then
+# reading the peers' copies, took 14 / 22 / 37 µs at 2 / 4 / 8 MiB against NCCL's 36 / 41 / 55: 8 MiB covers a
+# decode batch of 1,024 at Llama-3-8B's hidden size and of 512 at the 70B's. Writing into the peers' buffers
+# instead: 5.2-6.5 µs against reading's 7.6-8.2 for 8-512 KiB (two H200s, one call).
 PEER_ALL_REDUCE_MAX_BYTES = 8 * 2**20
 # The dtypes the kernels sum (in float32, rounded once).
 PEER_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
@@ -92,7 +94,7 @@ class PeerAllReduce:
         os.environ.setdefault("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1")
         import torch.distributed._symmetric_memory as symm_mem
 
-        from gpu_worker.all_reduce_kernels import PeerState
+        from gpu_worker.all_reduce_kernels import PeerState, buffer_bytes
 
         global _peer_memory_group
         rank, world = dist.get_rank(), dist.get_world_size()
@@ -100,14 +102,15 @@ class PeerAllReduce:
         programs = torch.tensor([torch.cuda.get_device_properties(device).multi_processor_count], device=device)
         dist.all_reduce(programs, op=dist.ReduceOp.MIN)
         flag_bytes = int(programs.item()) * world * 4
-        # Two halves for the two parities, then the flags: one allocation, one rendezvous.
-        memory = symm_mem.empty(2 * max_bytes + flag_bytes, dtype=torch.uint8, device=device)
+        # The slots (a rank's, for each parity), then the flags: one allocation, one rendezvous.
+        slots = buffer_bytes(world, max_bytes)
+        memory = symm_mem.empty(slots + flag_bytes, dtype=torch.uint8, device=device)
         handle = symm_mem.rendezvous(memory, dist.group.WORLD.group_name)
-        memory[2 * max_bytes :].zero_()
+        memory[slots:].zero_()
         torch.cuda.synchronize(device)
         _every_rank_agrees(True, device)  # a barrier: every rank's flags are zero before any rank's first signal
         bases = torch.tensor(handle.buffer_ptrs, dtype=torch.int64, device=device)
-        state = PeerState(rank, world, bases, bases + 2 * max_bytes, int(programs.item()), max_bytes)
+        state = PeerState(rank, world, bases, bases + slots, int(programs.item()), max_bytes)
         state.memory = memory
         _peer_memory_group = dist.group.WORLD.group_name
         return cls(state, max_bytes)

@@ -1,24 +1,26 @@
 """The one-shot all-reduce's kernels (Triton, CUDA; the set-up and the choice of tensors: all_reduce.py).
 
 Every rank runs the same grid of `programs` persistent programs; program p of every rank owns the same share of
-the tensor (chunks, or rows, p, p + programs, ...). One call:
+the tensor (chunks, or rows, p, p + programs, ...). Every rank's peer-readable buffer has a slot per rank. One call:
 
-    copy    program p copies its share of this rank's input into this rank's peer-readable buffer
+    push    program p writes its share of this rank's input into this rank's slot of every other rank's buffer
+            (stores over NVLink: posted, where a read waits for its round trip)
     signal  it writes the call's epoch into program p's flag on every other rank (release, system scope)
     wait    it spins until every other rank's program p has written that epoch into its own flags (acquire)
-    sum     it loads its share from every rank's buffer and sums in rank order, in float32: every rank gets the
-            same bits; the fused form then adds the residual and takes the RMSNorm of the row, as the
-            norm kernel does (models/triton_ops.py: add_rms_norm_row), so the sum is never written
+    sum     it sums its share in rank order, this rank's input read where it is, the others' from this rank's
+            own buffer (local memory), in float32: every rank gets the same bits; the fused form then adds the
+            residual and takes the RMSNorm of the row, as the norm kernel does (models/triton_ops.py:
+            add_rms_norm_row), so the sum is never written
 
-Program p waits only for the other ranks' programs p, which read only the share that program p wrote, so one
+Program p waits only for the other ranks' programs p, which wrote only the share that program p reads, so one
 rendezvous per program is the whole barrier: no grid-wide synchronisation, no second kernel. The grid is one
 program per SM, so every program is resident at once and none waits for a program that cannot start.
 
 Epochs instead of flags reset to zero: program p keeps its count of calls in this rank's memory (`epochs`),
 the same on every rank because every rank makes the same calls with the same grid. A call reads its epoch
-from there, so a CUDA graph replays with fresh epochs. Two buffers alternate by the epoch's parity: a rank
-starts call n + 1 only after its call n, which waited for every other rank's signal of call n, so the
-buffer of call n - 1 is no longer read by anyone when call n + 1 writes it.
+from there, so a CUDA graph replays with fresh epochs. Two sets of slots alternate by the epoch's parity: a rank
+starts call n + 1 only after its call n, which waited for every other rank's signal of call n, so every rank has
+read the slots of call n - 1 (its sum of call n - 1 came before its signal of call n) when call n + 1 writes them.
 """
 
 from __future__ import annotations
@@ -53,10 +55,37 @@ def _rendezvous(flag_bases_ptr, program, epoch, RANK: tl.constexpr, WORLD: tl.co
 
 
 @triton.jit
-def _rank_buffer(buffer_bases_ptr, rank, parity_offset, element_ty: tl.constexpr):
-    # 16-byte aligned (the allocation, and each half a multiple of 16 bytes): said, so that a pointer loaded
+def _slot(buffer_bases_ptr, owner, source, parity, slot_elements, WORLD: tl.constexpr, element_ty: tl.constexpr):
+    """Where rank `owner`'s buffer holds rank `source`'s share for calls of this parity."""
+    # 16-byte aligned (the allocation, and each slot a multiple of 16 bytes): said, so that a pointer loaded
     # from memory still gets 16-byte vector loads and stores, not one per element.
-    return tl.multiple_of(tl.load(buffer_bases_ptr + rank).to(tl.pointer_type(element_ty)) + parity_offset, 16)
+    offset = (parity * WORLD + source).to(tl.int64) * slot_elements
+    return tl.multiple_of(tl.load(buffer_bases_ptr + owner).to(tl.pointer_type(element_ty)) + offset, 16)
+
+
+@triton.jit
+def _push(values, offsets, mask, buffer_bases_ptr, parity, slot_elements, RANK: tl.constexpr, WORLD: tl.constexpr):
+    """This rank's values into its slot of every other rank's buffer."""
+    for rank in tl.static_range(WORLD):
+        if rank != RANK:
+            theirs = _slot(buffer_bases_ptr, rank, RANK, parity, slot_elements, WORLD, values.dtype)
+            tl.store(theirs + offsets, values, mask=mask)
+
+
+@triton.jit
+def _sum_in_rank_order(
+    mine, x_offsets, offsets, mask, buffer_bases_ptr, parity, slot_elements, RANK: tl.constexpr, WORLD: tl.constexpr
+):
+    """float32 sum over the ranks, in rank order: this rank's from its input (`mine` + x_offsets), the others'
+    from this rank's buffer (.cg: written by other GPUs, not to be read from this SM's L1)."""
+    total = tl.zeros(offsets.shape, dtype=tl.float32)
+    for rank in tl.static_range(WORLD):
+        if rank == RANK:
+            total += tl.load(mine + x_offsets, mask=mask, other=0.0).to(tl.float32)
+        else:
+            source = _slot(buffer_bases_ptr, RANK, rank, parity, slot_elements, WORLD, mine.dtype.element_ty)
+            total += tl.load(source + offsets, mask=mask, other=0.0, cache_modifier=".cg").to(tl.float32)
+    return total
 
 
 @triton.jit
@@ -67,7 +96,7 @@ def _sum_kernel(
     flag_bases_ptr,
     epochs_ptr,
     numel,
-    half_elements,
+    slot_elements,
     RANK: tl.constexpr,
     WORLD: tl.constexpr,
     PROGRAMS: tl.constexpr,
@@ -75,24 +104,19 @@ def _sum_kernel(
 ):
     program = tl.program_id(0)
     epoch = tl.load(epochs_ptr + program) + 1
-    parity_offset = (epoch % 2).to(tl.int64) * half_elements
-    element_ty = x_ptr.dtype.element_ty
-    mine = _rank_buffer(buffer_bases_ptr, RANK, parity_offset, element_ty)
+    parity = epoch % 2
     lanes = tl.arange(0, CHUNK)
     for start in range(program * CHUNK, numel, PROGRAMS * CHUNK):
         offsets = start + lanes
         mask = offsets < numel
-        tl.store(mine + offsets, tl.load(x_ptr + offsets, mask=mask), mask=mask)
+        _push(tl.load(x_ptr + offsets, mask=mask), offsets, mask, buffer_bases_ptr, parity, slot_elements, RANK, WORLD)
     _rendezvous(flag_bases_ptr, program, epoch, RANK, WORLD)
     tl.store(epochs_ptr + program, epoch)
     for start in range(program * CHUNK, numel, PROGRAMS * CHUNK):
         offsets = start + lanes
         mask = offsets < numel
-        total = tl.zeros([CHUNK], dtype=tl.float32)
-        for rank in tl.static_range(WORLD):
-            source = _rank_buffer(buffer_bases_ptr, rank, parity_offset, element_ty)
-            total += tl.load(source + offsets, mask=mask, other=0.0, cache_modifier=".cg").to(tl.float32)
-        tl.store(out_ptr + offsets, total.to(element_ty), mask=mask)
+        total = _sum_in_rank_order(x_ptr, offsets, offsets, mask, buffer_bases_ptr, parity, slot_elements, RANK, WORLD)
+        tl.store(out_ptr + offsets, total.to(x_ptr.dtype.element_ty), mask=mask)
 
 
 @triton.jit
@@ -106,7 +130,7 @@ def _sum_add_rms_norm_kernel(
     flag_bases_ptr,
     epochs_ptr,
     rows,
-    half_elements,
+    slot_elements,
     eps,
     stride_x,
     stride_r,
@@ -125,20 +149,19 @@ def _sum_add_rms_norm_kernel(
 ):
     program = tl.program_id(0)
     epoch = tl.load(epochs_ptr + program) + 1
-    parity_offset = (epoch % 2).to(tl.int64) * half_elements
+    parity = epoch % 2
     element_ty = x_ptr.dtype.element_ty
-    mine = _rank_buffer(buffer_bases_ptr, RANK, parity_offset, element_ty)
     cols = tl.arange(0, N_PAD)
     mask = cols < N
     for row in range(program, rows, PROGRAMS):
-        tl.store(mine + row * N + cols, tl.load(x_ptr + row * stride_x + cols, mask=mask), mask=mask)
+        values = tl.load(x_ptr + row * stride_x + cols, mask=mask)
+        _push(values, row * N + cols, mask, buffer_bases_ptr, parity, slot_elements, RANK, WORLD)
     _rendezvous(flag_bases_ptr, program, epoch, RANK, WORLD)
     tl.store(epochs_ptr + program, epoch)
     for row in range(program, rows, PROGRAMS):
-        total = tl.zeros([N_PAD], dtype=tl.float32)
-        for rank in tl.static_range(WORLD):
-            source = _rank_buffer(buffer_bases_ptr, rank, parity_offset, element_ty)
-            total += tl.load(source + row * N + cols, mask=mask, other=0.0, cache_modifier=".cg").to(tl.float32)
+        total = _sum_in_rank_order(
+            x_ptr, row * stride_x + cols, row * N + cols, mask, buffer_bases_ptr, parity, slot_elements, RANK, WORLD
+        )
         add_rms_norm_row(
             total.to(element_ty),  # the all-reduce's result, rounded as the unfused all-reduce returns it
             row,
@@ -162,9 +185,14 @@ def _sum_add_rms_norm_kernel(
         )
 
 
+def buffer_bytes(world: int, slot_bytes: int) -> int:
+    """A rank's peer-readable buffer: a slot of slot_bytes per rank, for each of the two parities."""
+    return 2 * world * slot_bytes
+
+
 class PeerState:
     """What one rank's kernels need: every rank's buffer and flags (addresses, as int64 on the device), this
-    rank's epochs, and the grid. The buffers hold two halves of `half_bytes` (the parity's)."""
+    rank's epochs, and the grid. A buffer holds buffer_bytes(world, slot_bytes): [parity][source rank][slot]."""
 
     def __init__(
         self,
@@ -173,14 +201,14 @@ class PeerState:
         buffer_bases: torch.Tensor,
         flag_bases: torch.Tensor,
         programs: int,
-        half_bytes: int,
+        slot_bytes: int,
     ):
         self.rank = rank
         self.world = world
         self.buffer_bases = buffer_bases
         self.flag_bases = flag_bases
         self.programs = programs
-        self.half_bytes = half_bytes
+        self.slot_bytes = slot_bytes
         self.epochs = torch.zeros(programs, dtype=torch.int32, device=buffer_bases.device)
         self.memory: torch.Tensor | None = None  # the buffers' allocation, where this rank's were allocated here
 
@@ -192,7 +220,7 @@ class PeerState:
         }
 
     def sum(self, x: torch.Tensor) -> torch.Tensor:
-        """The sum over the ranks of x (contiguous, at most half_bytes), as a new tensor."""
+        """The sum over the ranks of x (contiguous, at most slot_bytes), as a new tensor."""
         out = torch.empty_like(x)
         _sum_kernel[(self.programs,)](
             x,
@@ -201,7 +229,7 @@ class PeerState:
             self.flag_bases,
             self.epochs,
             x.numel(),
-            self.half_bytes // x.element_size(),
+            self.slot_bytes // x.element_size(),
             CHUNK=_CHUNK,
             num_warps=4,
             **self._common(),
@@ -232,7 +260,7 @@ class PeerState:
             self.flag_bases,
             self.epochs,
             rows,
-            self.half_bytes // x.element_size(),
+            self.slot_bytes // x.element_size(),
             eps,
             x.stride(0),
             residual.stride(0),

@@ -1,7 +1,8 @@
 """The one-shot all-reduce over peer memory (gpu_worker/all_reduce.py, all_reduce_kernels.py): which tensors
 it takes (the rest go to NCCL), that a CPU group never sets it up; its kernels on one rank in the Triton
-interpreter (the copy, the epochs, both parities, the fused norm bit for bit); and, on two GPUs, that it sums
-exactly as NCCL does, eagerly and replayed from a CUDA graph, and that the fused norm equals all-reduce + norm."""
+interpreter (the epochs, one rank of two pushing, signalling and summing in rank order, the fused norm bit
+for bit); and, on two GPUs, that it sums exactly as NCCL does, eagerly and replayed from a CUDA graph, and that
+the fused norm equals all-reduce + norm."""
 
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ if not torch.cuda.is_available():
 pytest.importorskip("triton", reason="triton is not installed (pip install triton)")
 
 from gpu_worker.all_reduce import PeerAllReduce  # noqa: E402
-from gpu_worker.all_reduce_kernels import PeerState  # noqa: E402
+from gpu_worker.all_reduce_kernels import PeerState, buffer_bytes  # noqa: E402
 from gpu_worker.models import triton_ops  # noqa: E402
 
 MAX_BYTES = 64 * 1024
@@ -63,15 +64,33 @@ def test_a_cpu_group_has_no_peer_memory():
     assert PeerAllReduce.create(torch.device("cpu")) is None
 
 
-def test_calls_alternate_buffers_and_count_epochs_per_program(peer):
+def test_calls_count_epochs_per_program(peer):
     x = torch.randn(5, 700, device=DEVICE)
     for call in range(1, 4):
         assert torch.equal(peer(x * call), x * call)
         assert peer.state.epochs.tolist() == [call] * PROGRAMS
-    halves = peer.state.memory[: 2 * MAX_BYTES].view(torch.float32).view(2, -1)
-    # The last call (epoch 3, odd) wrote the odd half; the one before it the even half.
-    assert torch.equal(halves[1, : x.numel()], (x * 3).flatten())
-    assert torch.equal(halves[0, : x.numel()], (x * 2).flatten())
+
+
+def test_rank_one_of_two_pushes_its_share_signals_and_sums_in_rank_order():
+    """Rank 1's kernel alone (the interpreter runs one rank): rank 0 has already pushed y into rank 1's buffer
+    and signalled. Rank 1 writes x into its slot of rank 0's buffer, for the call's parity, signals every one of
+    rank 0's programs, and returns y + x summed in rank order (rank 0's first): the bits rank 0 gets too."""
+    world, slot_elements = 2, MAX_BYTES // 4
+    slots = buffer_bytes(world, MAX_BYTES)
+    memories = [torch.zeros(slots + PROGRAMS * world * 4, dtype=torch.uint8, device=DEVICE) for _ in range(world)]
+    bases = torch.tensor([m.data_ptr() for m in memories], dtype=torch.int64, device=DEVICE)
+    state = PeerState(1, world, bases, bases + slots, PROGRAMS, MAX_BYTES)
+    x, y = torch.randn(3, 500, device=DEVICE), torch.randn(3, 500, device=DEVICE)
+    epoch, parity = 1, 1  # the first call
+    buffers = [m[:slots].view(torch.float32).view(2, world, slot_elements) for m in memories]  # [parity][source]
+    buffers[1][parity, 0, : y.numel()] = y.flatten()
+    flags = [m[slots:].view(torch.int32).view(PROGRAMS, world) for m in memories]  # [program][source]
+    flags[1][:, 0] = epoch
+    got = state.sum(x)
+    assert torch.equal(got, (y.float() + x.float()).to(x.dtype))
+    assert torch.equal(buffers[0][parity, 1, : x.numel()], x.flatten())
+    assert flags[0][:, 1].tolist() == [epoch] * PROGRAMS
+    assert not buffers[0][1 - parity].any() and not buffers[0][parity, 0].any(), "only rank 1's slot, this parity"
 
 
 NORM_STYLES = {"llama": {"offset": 0.0, "scale_in_float32": False}, "gemma": {"offset": 1.0, "scale_in_float32": True}}
