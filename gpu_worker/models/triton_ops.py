@@ -283,25 +283,25 @@ def _act_and_mul_kernel(
     GELU: tl.constexpr,
     QUANTIZE: tl.constexpr,
 ):
+    # Program (row, b) computes columns [b * BLOCK, (b + 1) * BLOCK) of the row: when quantizing, BLOCK is the whole
+    # row (the scale needs all of it), else a row is many programs, so that a decode step's few hundred rows of
+    # 14,336 still spread over every SM rather than walking each row in one program.
     row = tl.program_id(0).to(tl.int64)
-    for start in range(0, N, BLOCK):  # one block when quantizing: the scale needs the whole row
-        cols = start + tl.arange(0, BLOCK)
-        mask = cols < N
-        gate = tl.load(x_ptr + row * stride_x + cols, mask=mask, other=0.0)
-        up = tl.load(x_ptr + row * stride_x + N + cols, mask=mask, other=0.0).to(tl.float32)
-        g = gate.to(tl.float32)
-        if GELU:  # torch's tanh approximation: 0.5 x (1 + tanh(sqrt(2 / pi) (x + 0.044715 x^3)))
-            inner = 0.7978845608028654 * (g + 0.044715 * (g * g * g))
-            act = 0.5 * g * (1.0 + tanh(inner))
-        else:
-            act = g / (1.0 + tl.exp(-g))
-        out = (act.to(gate.dtype).to(tl.float32) * up).to(gate.dtype)
-        if QUANTIZE:  # out_ptr: float8 rows, scale_ptr: their scales
-            quantize_row(
-                out.to(tl.float32), out_ptr, scale_ptr, row, stride_o, cols, mask, fp8_max, inv_fp8_max, min_scale
-            )
-        else:
-            tl.store(out_ptr + row * stride_o + cols, out, mask=mask)
+    cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    mask = cols < N
+    gate = tl.load(x_ptr + row * stride_x + cols, mask=mask, other=0.0)
+    up = tl.load(x_ptr + row * stride_x + N + cols, mask=mask, other=0.0).to(tl.float32)
+    g = gate.to(tl.float32)
+    if GELU:  # torch's tanh approximation: 0.5 x (1 + tanh(sqrt(2 / pi) (x + 0.044715 x^3)))
+        inner = 0.7978845608028654 * (g + 0.044715 * (g * g * g))
+        act = 0.5 * g * (1.0 + tanh(inner))
+    else:
+        act = g / (1.0 + tl.exp(-g))
+    out = (act.to(gate.dtype).to(tl.float32) * up).to(gate.dtype)
+    if QUANTIZE:  # out_ptr: float8 rows, scale_ptr: their scales
+        quantize_row(out.to(tl.float32), out_ptr, scale_ptr, row, stride_o, cols, mask, fp8_max, inv_fp8_max, min_scale)
+    else:
+        tl.store(out_ptr + row * stride_o + cols, out, mask=mask)
 
 
 def act_and_mul(gate_up: torch.Tensor, activation: str = "silu") -> torch.Tensor:
@@ -323,7 +323,8 @@ def _launch_act_and_mul(gate_up: torch.Tensor, activation: str, out: torch.Tenso
     n = gate_up.shape[-1] // 2
     quantize = scales is not None
     row_pad = triton.next_power_of_2(n)
-    _act_and_mul_kernel[(gate_up.shape[0],)](
+    block = row_pad if quantize else min(1024, row_pad)
+    _act_and_mul_kernel[(gate_up.shape[0], triton.cdiv(n, block))](
         gate_up,
         out,
         scales,
@@ -333,7 +334,7 @@ def _launch_act_and_mul(gate_up: torch.Tensor, activation: str, out: torch.Tenso
         1.0 / FP8_MAX,
         MIN_SCALE,
         N=n,
-        BLOCK=row_pad if quantize else min(1024, row_pad),
+        BLOCK=block,
         GELU=activation == "gelu_tanh",
         QUANTIZE=quantize,
         num_warps=warps_for_row(row_pad) if quantize else 4,
