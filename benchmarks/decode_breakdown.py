@@ -27,9 +27,11 @@ from common.sampling_params import SamplingParams
 
 # First match wins: a kernel's name decides its kind. Attention before "gemm" (FlashInfer's prefill names it).
 KINDS = (
-    ("all-reduce", re.compile(r"allreduce|all_reduce|nccl|one_shot|multimem|symm", re.I)),
+    # (our one-shot kernels, all_reduce_kernels.py: _sum_kernel, and _sum_add_rms_norm_kernel with the norm in it)
+    ("all-reduce", re.compile(r"allreduce|all_reduce|nccl|one_shot|multimem|symm|_sum_kernel|_sum_add_rms", re.I)),
     ("attention", re.compile(r"attention|attn|flashinfer|decode_kernel|paged|splitk_merge|merge_state", re.I)),
-    ("matmul", re.compile(r"gemm|gemv|sm90|cutlass|nvjet|matmul|_mm_|scaled_mm|xmma|fp8_linear", re.I)),
+    # (cuBLAS's split-K products end in a reduce kernel of their own: splitKreduce_kernel)
+    ("matmul", re.compile(r"gemm|gemv|sm90|cutlass|nvjet|matmul|_mm_|scaled_mm|xmma|fp8_linear|splitkreduce", re.I)),
     ("norm", re.compile(r"norm", re.I)),
     ("rotary", re.compile(r"rotary|rope", re.I)),
     ("kv write", re.compile(r"store_kv|kv_write|write_kv|reshape_and_cache|append|scatter|index_put", re.I)),
