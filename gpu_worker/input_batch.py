@@ -89,9 +89,6 @@ class PersistentBatch:
         self.block_table[slot, start:end] = block_ids
         self.num_blocks[slot] = end
 
-    def blocks_of(self, slot: int) -> list[int]:
-        return self.block_table[slot, : self.num_blocks[slot]].tolist()
-
     def prepare(
         self,
         rids: list[int],
