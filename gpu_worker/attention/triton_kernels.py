@@ -820,6 +820,8 @@ class DecodeTiles:
     #   "q"     each entry converted to q's dtype (e4m3 -> bfloat16: three conversion instructions an entry)
     #   "f16"   bfloat16 queries converted once to float16, the entries too (one instruction for two entries)
     #   "bits"  as "f16", the entries by moving bits (_e4m3_as_f16), no conversion instruction at all
+    # ("f16" and "bits" take queries within float16's range, |q| < 65504: a projection's output after a norm, as
+    # every family here has, is orders of magnitude inside it; the entries, at most 448 / 256, always are.)
     # The kernel is not bound by conversions alone: "bits" gains 7 %, and a float8 store still reads at ~55-65 %
     # of HBM bandwidth where bfloat16's reads at 83-88 % (docs/benchmarks.md).
     fp8_products: str = "q"
