@@ -82,11 +82,12 @@ def test_rotary_rotates_q_and_k_in_place_through_their_strides(dtype, rotary_sha
     torch.testing.assert_close(k, expected_k, **close(dtype, float32_exact=True))
 
 
+@pytest.mark.parametrize("width", [80, 2500], ids=["one-block", "blocks-of-a-row"])  # a row over several programs
 @pytest.mark.parametrize("activation", ["silu", "gelu_tanh"])
 @pytest.mark.parametrize("dtype", [torch.float32, HALF])
-def test_act_and_mul_splits_the_fused_gate_up_output(dtype, activation):
-    gate_up = randn(4, 2 * 80, dtype=dtype, seed=5) * 3
-    gate, up = gate_up.split(80, dim=-1)
+def test_act_and_mul_splits_the_fused_gate_up_output(dtype, activation, width):
+    gate_up = randn(4, 2 * width, dtype=dtype, seed=5) * 3
+    gate, up = gate_up.split(width, dim=-1)
     act = F.silu(gate) if activation == "silu" else F.gelu(gate, approximate="tanh")
     torch.testing.assert_close(triton_ops.act_and_mul(gate_up, activation), act * up, **close(dtype))
 
