@@ -89,7 +89,10 @@ def test_act_and_mul_splits_the_fused_gate_up_output(dtype, activation, width):
     gate_up = randn(4, 2 * width, dtype=dtype, seed=5) * 3
     gate, up = gate_up.split(width, dim=-1)
     act = F.silu(gate) if activation == "silu" else F.gelu(gate, approximate="tanh")
-    torch.testing.assert_close(triton_ops.act_and_mul(gate_up, activation), act * up, **close(dtype))
+    tolerance = close(dtype)
+    if dtype == torch.float32:  # tanh's last bits where it saturates (gate ~ -10), times |gate x up| up to ~30
+        tolerance["atol"] = 1e-5
+    torch.testing.assert_close(triton_ops.act_and_mul(gate_up, activation), act * up, **tolerance)
 
 
 def test_each_family_runs_the_same_forward_with_the_fused_ops(tiny_family):
