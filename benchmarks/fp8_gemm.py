@@ -22,6 +22,7 @@ import triton.testing
 
 from benchmarks.roofline import gpu_peak
 from gpu_worker.models import fp8, fp8_triton
+from gpu_worker.models.matmul_tiles import Tiles
 
 # (name, N, K) of a layer's products: the fused QKV, the output projection, the fused gate-up, the down projection.
 SHAPES = {
@@ -29,13 +30,13 @@ SHAPES = {
     "llama-3.2-1b": (("qkv", 3072, 2048), ("o", 2048, 2048), ("gate_up", 16384, 2048), ("down", 2048, 8192)),
 }
 TILES = (
-    fp8_triton.MatmulTiles(64, 64, 128, 8, 4, 4),
-    fp8_triton.MatmulTiles(64, 128, 128, 8, 4, 4),
-    fp8_triton.MatmulTiles(64, 128, 128, 8, 4, 6),
-    fp8_triton.MatmulTiles(64, 256, 128, 8, 8, 3),
-    fp8_triton.MatmulTiles(128, 128, 128, 8, 8, 4),
-    fp8_triton.MatmulTiles(128, 256, 128, 8, 8, 3),
-    fp8_triton.MatmulTiles(64, 128, 256, 8, 4, 3),
+    Tiles(64, 64, 128, 4, 4, 8),
+    Tiles(64, 128, 128, 4, 4, 8),
+    Tiles(64, 128, 128, 4, 6, 8),
+    Tiles(64, 256, 128, 8, 3, 8),
+    Tiles(128, 128, 128, 8, 4, 8),
+    Tiles(128, 256, 128, 8, 3, 8),
+    Tiles(64, 128, 256, 4, 3, 8),
 )
 
 
@@ -64,8 +65,8 @@ def measure(m: int, weight, weight_scale, weight_bf16, gen, rows: list[dict], ro
     best = None
     for tiles in TILES:
 
-        def ours(t: fp8_triton.MatmulTiles = tiles) -> torch.Tensor:
-            return fp8_triton.scaled_matmul(xq, xs, weight, weight_scale, tiles=t)
+        def ours(t: Tiles = tiles) -> torch.Tensor:
+            return fp8_triton.scaled_matmul(xq, xs, weight, weight_scale, t)
 
         try:
             err = ((ours().float() - want).norm() / want.norm()).item()

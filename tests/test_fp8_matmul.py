@@ -16,9 +16,11 @@ if not torch.cuda.is_available():
 pytest.importorskip("triton", reason="triton is not installed (pip install triton)")
 
 from gpu_worker.models import fp8, fp8_triton  # noqa: E402
+from gpu_worker.models.matmul_tiles import Tiles  # noqa: E402
 
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-SMALL_TILES = fp8_triton.MatmulTiles(16, 32, 32, 2, 4, 2)  # tiles a small shape leaves remainders of
+# tiles a small shape leaves remainders of
+SMALL_TILES = Tiles(block_m=16, block_n=32, block_k=32, num_warps=4, num_stages=2, group_m=2)
 
 
 def quantized(rows: int, cols: int, seed: int, scale: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
@@ -38,7 +40,7 @@ def test_the_kernel_gives_the_emulations_product_whatever_the_remainders(m, n, k
     b_scale = b_scale.t().contiguous()  # [1, N], as a projection keeps it
     want = emulated(a, a_scale, b, b_scale)
     got = fp8_triton.scaled_matmul(
-        *(t.to(DEVICE) for t in (a, a_scale, b, b_scale)), out_dtype=torch.float32, tiles=SMALL_TILES
+        *(t.to(DEVICE) for t in (a, a_scale, b, b_scale)), SMALL_TILES, out_dtype=torch.float32
     )
     # fp8 x fp8 products are exact in float32: only the order of the sums differs from the emulation's
     torch.testing.assert_close(got.cpu(), want, rtol=1e-5, atol=1e-5)

@@ -54,6 +54,8 @@ TARGET_PROGRAMS_PER_SM = 8
 MIN_SPLIT_TOKENS = 256
 MAX_SPLITS = 32
 MAX_PREFILL_SPLITS = 8
+# Triton decides at import whether its kernels run in the CPU interpreter (TRITON_INTERPRET=1); so does this module.
+INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
 # A CUDA graph's decode launch covers this many slices beyond two per decode it may hold (decode_slice_capacity).
 EXTRA_DECODE_SLICES = 256
 
@@ -156,10 +158,6 @@ def store_kv(
         BLOCK_SIZE=k_cache.shape[1],
         FP8=_is_fp8(k_cache),
     )
-
-
-def _interpreted() -> bool:
-    return os.environ.get("TRITON_INTERPRET") == "1"
 
 
 def _is_fp8(cache: torch.Tensor) -> bool:
@@ -933,7 +931,7 @@ def decode_attention(
         FP8=fp8,
         FP8_IN_F16=fp8 and tiles.fp8_products != "q" and q.dtype == torch.bfloat16,
         FP8_BITS=fp8_bits,
-        FP8_ASM=q.is_cuda and not _interpreted(),
+        FP8_ASM=q.is_cuda and not INTERPRETED,
         num_warps=tiles.num_warps,
         num_stages=tiles.num_stages,
     )

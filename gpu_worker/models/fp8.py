@@ -94,7 +94,7 @@ def _product_on_cuda(rows: QuantizedRows, weight: torch.Tensor, weight_scale: to
 
     tiles = fp8_triton.matmul_tiles(rows.values.shape[0])
     if tiles is not None:
-        return fp8_triton.scaled_matmul(rows.values, rows.scales, weight, weight_scale, tiles=tiles)
+        return fp8_triton.scaled_matmul(rows.values, rows.scales, weight, weight_scale, tiles)
     return torch._scaled_mm(
         rows.values, weight.t(), scale_a=rows.scales, scale_b=weight_scale, out_dtype=torch.bfloat16
     )

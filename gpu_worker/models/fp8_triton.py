@@ -9,11 +9,11 @@ act-and-mul kernels (models/triton_ops.py) end in the same `quantize_row` where 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 import triton
 import triton.language as tl
+
+from gpu_worker.models.matmul_tiles import Tiles, program_tile
 
 
 @triton.jit
@@ -103,16 +103,8 @@ def _scaled_matmul_kernel(
     GROUP_M: tl.constexpr,
 ):
     """c [M, N] = (a [M, K] . b [N, K]^T) * a_scale [M] * b_scale [N], float32 accumulation, both operands
-    K-major (as fp8 tensor cores take them). Programs ordered GROUP_M rows of tiles at a time, so that the
-    weight tiles a group reads stay in L2 across its rows."""
-    pid = tl.program_id(0)
-    tiles_m = tl.cdiv(M, BLOCK_M)
-    tiles_n = tl.cdiv(N, BLOCK_N)
-    per_group = GROUP_M * tiles_n
-    first_m = (pid // per_group) * GROUP_M
-    group_m = min(tiles_m - first_m, GROUP_M)
-    pid_m = first_m + (pid % per_group) % group_m
-    pid_n = (pid % per_group) // group_m
+    K-major (as fp8 tensor cores take them). Programs in matmul_tiles.program_tile's order."""
+    pid_m, pid_n = program_tile(tl.program_id(0), tl.cdiv(M, BLOCK_M), tl.cdiv(N, BLOCK_N), GROUP_M)
     rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     ks = tl.arange(0, BLOCK_K)
@@ -132,27 +124,17 @@ def _scaled_matmul_kernel(
     tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=(rows < M)[:, None] & (cols < N)[None, :])
 
 
-@dataclass(frozen=True, slots=True)
-class MatmulTiles:
-    block_m: int = 64
-    block_n: int = 128
-    block_k: int = 128
-    group_m: int = 8
-    num_warps: int = 4
-    num_stages: int = 4
-
-
 # Our kernel against torch._scaled_mm (row-wise scales), one H100, the 8B shape's four products (QKV, output,
 # gate-up, down; `python -m benchmarks.fp8_gemm`, docs/benchmarks.md), µs for all four: 16 rows 104 against 125,
 # 64 rows 102 / 115, 2,048 rows 737 / 781, 8,192 2,963 / 3,147. Between (a decode of 256 or 512 requests) no one
 # launch shape beats _scaled_mm on all four (the best per product would, by ~4 %): _scaled_mm runs those.
-FEW_ROWS = MatmulTiles(64, 64, 128, 8, 4, 4)
-MANY_ROWS = MatmulTiles(128, 256, 128, 8, 8, 3)
+FEW_ROWS = Tiles(block_m=64, block_n=64, block_k=128, num_warps=4, num_stages=4, group_m=8)
+MANY_ROWS = Tiles(block_m=128, block_n=256, block_k=128, num_warps=8, num_stages=3, group_m=8)
 FEW_ROWS_MAX = 64
 MANY_ROWS_MIN = 2048
 
 
-def matmul_tiles(rows: int) -> MatmulTiles | None:
+def matmul_tiles(rows: int) -> Tiles | None:
     """The launch shape scaled_matmul takes for a product of this many rows, or None where _scaled_mm is faster."""
     if rows <= FEW_ROWS_MAX:
         return FEW_ROWS
@@ -166,12 +148,11 @@ def scaled_matmul(
     a_scale: torch.Tensor,
     b: torch.Tensor,
     b_scale: torch.Tensor,
+    tiles: Tiles,
     out_dtype: torch.dtype = torch.bfloat16,
-    tiles: MatmulTiles | None = None,
 ) -> torch.Tensor:
     """a float8 [M, K] with scales [M, 1], b float8 [N, K] (a weight) with scales [1, N] -> [M, N] of out_dtype:
     what torch._scaled_mm(a, b.t(), scale_a=a_scale, scale_b=b_scale) computes."""
-    tiles = tiles or MatmulTiles()
     m, k = a.shape
     n = b.shape[0]
     c = torch.empty((m, n), dtype=out_dtype, device=a.device)

@@ -26,24 +26,13 @@ scales before anything else, as fp8.weight_only_linear does on the torch path.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 import triton
 import triton.language as tl
 
+from gpu_worker.models.matmul_tiles import Tiles, program_tile
 from gpu_worker.models.moe_sort import sort_by_expert
 from gpu_worker.triton_math import tanh
-
-
-@dataclass(frozen=True, slots=True)
-class Tiles:
-    block_m: int
-    block_n: int
-    block_k: int
-    num_warps: int
-    num_stages: int
-    group_m: int = 0  # programs walk GROUP_M blocks of rows across every column before the next ones; 0: all
 
 
 def tiles_for(num_pairs: int, num_experts: int) -> Tiles:
@@ -90,18 +79,9 @@ def _expert_matmul_kernel(
     """out[p, n] for the pairs p of one block of rows and BLOCK_N columns: GATE_UP, act(a @ w[:N].T) *
     (a @ w[N:].T) with a = x[p // k]; else (a @ w.T) * weights[p] with a = h[p]. w is [E, N or 2N, K], a and w
     contiguous along K. W_FP8: w is float8 with float32 scales [E, N or 2N] (w_scale_ptr; unread otherwise).
-    GROUP_M 0: programs walk the blocks of rows first, so neighbours share a weight tile while an expert's blocks
-    last; else GROUP_M blocks of rows at a time, each across every column block."""
-    pid = tl.program_id(0)
-    if GROUP_M == 0:
-        block = pid % num_blocks
-        col_block = pid // num_blocks
-    else:
-        per_group = GROUP_M * tl.cdiv(N, BLOCK_N)
-        first = pid // per_group * GROUP_M
-        rows_in_group = tl.minimum(num_blocks - first, GROUP_M)
-        block = first + pid % per_group % rows_in_group
-        col_block = pid % per_group // rows_in_group
+    GROUP_M: the programs' order (matmul_tiles.program_tile; 0, the blocks of rows first, lets neighbours share a
+    weight tile while an expert's blocks last)."""
+    block, col_block = program_tile(tl.program_id(0), num_blocks, tl.cdiv(N, BLOCK_N), GROUP_M)
     expert = tl.load(block_experts_ptr + block).to(tl.int64)
     if expert >= NUM_EXPERTS:
         return

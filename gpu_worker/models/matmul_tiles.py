@@ -1,0 +1,36 @@
+"""A Triton matrix product's launch shape, and the order its programs walk the output's tiles in: shared by the
+fused MoE's grouped products (models/fused_moe.py) and the FP8 product (models/fp8_triton.py)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import triton
+import triton.language as tl
+
+
+@dataclass(frozen=True, slots=True)
+class Tiles:
+    block_m: int
+    block_n: int
+    block_k: int
+    num_warps: int
+    num_stages: int
+    group_m: int = 0  # programs walk GROUP_M blocks of rows across every column before the next ones; 0: all
+
+
+@triton.jit
+def program_tile(pid, row_tiles, col_tiles, GROUP_M: tl.constexpr):
+    """(row tile, column tile) of program pid. GROUP_M 0: the row tiles first, so that neighbouring programs share
+    a column tile (a weight tile); else GROUP_M row tiles at a time, each across every column tile, so that the
+    weight tiles a group reads stay in L2 across its rows."""
+    if GROUP_M == 0:
+        row_tile = pid % row_tiles
+        col_tile = pid // row_tiles
+    else:
+        per_group = GROUP_M * col_tiles
+        first = pid // per_group * GROUP_M
+        rows_in_group = tl.minimum(row_tiles - first, GROUP_M)
+        row_tile = first + pid % per_group % rows_in_group
+        col_tile = pid % per_group // rows_in_group
+    return row_tile, col_tile
