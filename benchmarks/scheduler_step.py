@@ -73,10 +73,6 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
         scheduler.add_request(TokenizedRequest(rid, prompt, sampling, StageTimes()))
     freeze_startup_objects()
 
-    def result_of(plan: StepPlan) -> bytes:
-        rids = [rid for rid, sample in zip(plan.rids, plan.samples) if sample]
-        return encode(StepResult(plan.step_id, rids, [7] * len(rids), time.time(), StepTimings()))
-
     in_flight = [p for p in (scheduler.schedule(), scheduler.schedule()) if p is not None]
     if not in_flight:
         raise SystemExit("the scheduler planned nothing: were the requests refused?")
@@ -121,12 +117,24 @@ def print_gc_pauses() -> None:
     )
 
 
+def result_of(plan: StepPlan) -> bytes:
+    """The fake worker's answer to a plan, as bytes off the wire: token 7 for every request that samples."""
+    rids = [rid for rid, sample in zip(plan.rids, plan.samples) if sample]
+    return encode(StepResult(plan.step_id, rids, [7] * len(rids), time.time(), StepTimings()))
+
+
+def w1_scheduler(args: argparse.Namespace) -> Scheduler:
+    """A scheduler for W1-shaped requests that come and go (--bursts, --arrival-rate): --max-num-seqs seats,
+    --num-blocks KV blocks."""
+    config = EngineConfig(block_size=16, max_num_seqs=args.max_num_seqs, max_num_batched_tokens=8192)
+    info = ModelInfo("gpt2", 1024, [50256], 50257)
+    return Scheduler(config, info, decide_limits(config, info, on_gpu=False, num_kv_blocks=args.num_blocks))
+
+
 def bursts(args: argparse.Namespace) -> dict[str, float]:
     import random
 
-    config = EngineConfig(block_size=16, max_num_seqs=args.max_num_seqs, max_num_batched_tokens=8192)
-    info = ModelInfo("gpt2", 1024, [50256], 50257)
-    scheduler = Scheduler(config, info, decide_limits(config, info, on_gpu=False, num_kv_blocks=args.num_blocks))
+    scheduler = w1_scheduler(args)
     sampling = SamplingParams(max_tokens=256, ignore_eos=True)
     freeze_startup_objects()
     rng = random.Random(0)
@@ -140,9 +148,7 @@ def bursts(args: argparse.Namespace) -> dict[str, float]:
         in_flight = [p for p in (scheduler.schedule(), scheduler.schedule()) if p is not None]
         spent, chain, tokens, steps = 0.0, 0.0, 0, 0
         while in_flight:
-            plan = in_flight.pop(0)
-            rids = [rid for rid, sample in zip(plan.rids, plan.samples) if sample]
-            data = encode(StepResult(plan.step_id, rids, [7] * len(rids), time.time(), StepTimings()))
+            data = result_of(in_flight.pop(0))
             start = time.perf_counter()
             batch = scheduler.process_result(decode(data))
             for finished in batch.finish_reasons:
@@ -173,9 +179,7 @@ def bursts(args: argparse.Namespace) -> dict[str, float]:
 def arrivals(args: argparse.Namespace) -> dict[str, float]:
     import random
 
-    config = EngineConfig(block_size=16, max_num_seqs=args.max_num_seqs, max_num_batched_tokens=8192)
-    info = ModelInfo("gpt2", 1024, [50256], 50257)
-    scheduler = Scheduler(config, info, decide_limits(config, info, on_gpu=False, num_kv_blocks=args.num_blocks))
+    scheduler = w1_scheduler(args)
     freeze_startup_objects()
     rng = random.Random(0)
     next_arrival, rid = rng.expovariate(args.arrival_rate), 0
@@ -194,9 +198,7 @@ def arrivals(args: argparse.Namespace) -> dict[str, float]:
         if not in_flight:  # idle: the first requests, or a lull
             in_flight += [p for p in (scheduler.schedule(),) if p is not None]
             continue
-        plan = in_flight.pop(0)
-        rids = [r for r, sample in zip(plan.rids, plan.samples) if sample]
-        data = encode(StepResult(plan.step_id, rids, [7] * len(rids), time.time(), StepTimings()))
+        data = result_of(in_flight.pop(0))
         parts = [0.0] * len(PARTS)  # seconds, in PARTS' order
         start = time.perf_counter()
         result = decode(data)
