@@ -153,6 +153,19 @@ class MixedStepLayout:
         self.fill_padding(host, bucket, t, len(logit_rows), tiles.shape[1])
         return bucket
 
+    def fill_step(self, host: dict[str, np.ndarray], inputs: StepInputs) -> int:
+        """fill with a step's inputs (input_batch.py); returns its bucket."""
+        return self.fill(
+            host,
+            inputs.input_ids,
+            inputs.positions,
+            inputs.slot_mapping,
+            inputs.layout,
+            inputs.logit_rows,
+            inputs.pending_rows,
+            inputs.pending_slots,
+        )
+
     def fill_padding(
         self, host: dict[str, np.ndarray], bucket: int, first_token: int = 0, first_row: int = 0, first_tile: int = 0
     ) -> None:
@@ -230,16 +243,7 @@ class MixedGraphs:
         """Replay the graph for this step (bucket_for must have found one); returns the logits [R, V] of its
         sampling rows, as the eager forward does (eager_forward.py). inputs.pending_rows take the last token
         sampled in their slot (on the device) instead of input_ids'."""
-        bucket = self.step_layout.fill(
-            self.inputs.fill(),
-            inputs.input_ids,
-            inputs.positions,
-            inputs.slot_mapping,
-            inputs.layout,
-            inputs.logit_rows,
-            inputs.pending_rows,
-            inputs.pending_slots,
-        )
+        bucket = self.step_layout.fill_step(self.inputs.fill(), inputs)
         layout = self.step_layout
         self.inputs.upload(  # the table's rows a bucket's graph may read, the columns the step's contexts reach
             table_rows=min(bucket, layout.max_seqs),
