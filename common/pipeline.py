@@ -11,7 +11,8 @@ is derived.
 Raising the depth raises all of them together; nothing else assumes a value (the worker's persistent batch
 accepts a decode up to PIPELINE_DEPTH - 1 steps ahead of the tokens its host holds). Depth 3 passes the CUDA
 tests but was slower on an H200 (GPT-2 W1 through HTTP, 3 runs each: 68k tok/s against 79k at depth 2;
-docs/notes/benchmark-history.md), so the depth stays 2.
+docs/notes/benchmark-history.md), and later the same under Poisson arrivals (GPT-2 sweep on one H200, ecbc958:
+goodput 1,000 req/s and saturation within 0.5 % at either depth; docs/benchmarks.md), so the depth stays 2.
 """
 
 from __future__ import annotations

@@ -166,8 +166,10 @@ def test_a_library_refusal_names_the_field_in_the_librarys_words_without_its_int
 def test_large_bodies_posted_at_once_do_not_hold_up_health(server):
     """Four 15 MB bodies of 500,000 chat content parts (under the 16 MiB default body limit): parsed on the
     frontend's event loop, each held it as long as parsing it takes, and /health waited behind them. Counted
-    off the loop, each is a 400, and /health answers meanwhile: within a quarter of what parsing one of them
-    costs on this machine (measured here, on a tenth of one: the cost is per value)."""
+    off the loop, each is a 400, and /health answers meanwhile: within half of what parsing one of them costs on
+    this machine (measured here, idle, on a tenth of one: the cost is per value). Waiting behind one parse would
+    take all of it, behind the four up to four times; the polls run beside the four bodies' transfer and
+    counting on the same cores, hence half, not less (a quarter failed once in ~10 full-suite runs on 2 cores)."""
     parts = 500_000
     tenth = json.dumps({"messages": [{"role": "user", "content": [{"type": "text", "text": "a"}] * (parts // 10)}]})
     started = time.monotonic()
@@ -198,7 +200,7 @@ def test_large_bodies_posted_at_once_do_not_hold_up_health(server):
         done.set()
         poller.join()
     assert answers == [(400, "messages")] * 4
-    assert max(health) < parse_one_s / 4, (max(health), parse_one_s)
+    assert max(health) < parse_one_s / 2, (max(health), parse_one_s)
 
 
 def test_a_model_not_served_raises_the_openai_clients_not_found_error(server):
