@@ -102,34 +102,43 @@ BASE = [
     (32, 128, 128, 4, 4, 0),
 ]
 CFGS = [b + (s,) for b in BASE for s in (1, 2, 4)]
-print(len(CFGS), "configs")
-for model, prods in SHAPES.items():
-    for rows in (256, 64):
-        tot_cub = tot_best = 0.0
-        for name, (N, K) in prods.items():
-            a = torch.randn(rows, K, device="cuda", dtype=torch.bfloat16)
-            b = torch.randn(N, K, device="cuda", dtype=torch.bfloat16) / 32
-            cub = bench(lambda: F.linear(a, b))
-            ref = F.linear(a, b).float()
-            res = []
-            for cfg in CFGS:
-                if cfg[0] > rows * 2 or K % (cfg[2] * cfg[6]):
-                    continue
-                try:
-                    out = triton_mm(a, b, cfg)
-                    err = (out.float() - ref).abs().max().item()
-                    if err > 0.05 * ref.abs().max().item():
+
+
+def main():
+    print(len(CFGS), "configs")
+    for model, prods in SHAPES.items():
+        for rows in (256, 64):
+            tot_cub = tot_best = 0.0
+            for name, (N, K) in prods.items():
+                a = torch.randn(rows, K, device="cuda", dtype=torch.bfloat16)
+                b = torch.randn(N, K, device="cuda", dtype=torch.bfloat16) / 32
+                cub = bench(lambda: F.linear(a, b))
+                ref = F.linear(a, b).float()
+                res = []
+                for cfg in CFGS:
+                    if cfg[0] > rows * 2 or K % (cfg[2] * cfg[6]):
                         continue
-                    res.append((bench(lambda: triton_mm(a, b, cfg)), cfg))
-                except Exception:
-                    pass
-            res.sort()
-            floor = max(N * K * 2 / 4.8e12, 2 * rows * N * K / 989e12) * 1e6
-            tot_cub += cub
-            tot_best += res[0][0]
+                    try:
+                        out = triton_mm(a, b, cfg)
+                        err = (out.float() - ref).abs().max().item()
+                        if err > 0.05 * ref.abs().max().item():
+                            continue
+                        res.append((bench(lambda: triton_mm(a, b, cfg)), cfg))
+                    except Exception:
+                        pass
+                res.sort()
+                floor = max(N * K * 2 / 4.8e12, 2 * rows * N * K / 989e12) * 1e6
+                tot_cub += cub
+                tot_best += res[0][0]
+                print(
+                    f"{model} {rows:4d} rows {name:8s} N {N:6d} K {K:6d}: floor {floor:6.1f} us  cuBLAS {cub:6.1f}  "
+                    f"best {res[0][0]:6.1f} {res[0][1]}  next {res[1][0]:6.1f} {res[1][1]}",
+                    flush=True,
+                )
             print(
-                f"{model} {rows:4d} rows {name:8s} N {N:6d} K {K:6d}: floor {floor:6.1f} us  cuBLAS {cub:6.1f}  "
-                f"best {res[0][0]:6.1f} {res[0][1]}  next {res[1][0]:6.1f} {res[1][1]}",
-                flush=True,
+                f"{model} {rows} rows: cuBLAS {tot_cub:.1f} us, best Triton per product {tot_best:.1f} us", flush=True
             )
-        print(f"{model} {rows} rows: cuBLAS {tot_cub:.1f} us, best Triton per product {tot_best:.1f} us", flush=True)
+
+
+if __name__ == "__main__":
+    main()
