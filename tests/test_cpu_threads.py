@@ -1,5 +1,5 @@
 """Each process's compute threads: the GPU workers split the cores, every other process takes 1, idle threads
-sleep, and an OMP_NUM_THREADS or OMP_WAIT_POLICY the launcher was given wins."""
+spin briefly then sleep, and an OMP_NUM_THREADS, OMP_WAIT_POLICY or GOMP_SPINCOUNT the launcher was given wins."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import os
 
 import pytest
 
-from common.cpu_threads import gpu_worker_threads, spawned_with_threads
+from common.cpu_threads import SHORT_SPIN, gpu_worker_threads, spawned_with_threads
 from launch import parse_args
 
 
@@ -17,12 +17,15 @@ def test_gpu_workers_split_the_cores_at_least_one_each(cores, gpu_workers, each)
     assert gpu_worker_threads(cores, gpu_workers) == each
 
 
+VARIABLES = ("OMP_NUM_THREADS", "OMP_WAIT_POLICY", "GOMP_SPINCOUNT")
+
+
 def _child_threads(queue) -> None:
-    queue.put((os.environ.get("OMP_NUM_THREADS"), os.environ.get("OMP_WAIT_POLICY")))
+    queue.put(tuple(os.environ.get(name) for name in VARIABLES))
 
 
-def spawn_and_read_threads(threads: int) -> tuple[str | None, str | None]:
-    """The child's OMP_NUM_THREADS and OMP_WAIT_POLICY."""
+def spawn_and_read_threads(threads: int) -> tuple[str | None, str | None, str | None]:
+    """The child's OMP_NUM_THREADS, OMP_WAIT_POLICY and GOMP_SPINCOUNT."""
     ctx = mp.get_context("spawn")
     queue = ctx.Queue()
     process = ctx.Process(target=_child_threads, args=(queue,))
@@ -34,22 +37,32 @@ def spawn_and_read_threads(threads: int) -> tuple[str | None, str | None]:
 
 
 def test_a_child_spawned_with_a_share_starts_with_it_and_the_launcher_keeps_its_own(monkeypatch):
-    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
-    monkeypatch.delenv("OMP_WAIT_POLICY", raising=False)
-    assert spawn_and_read_threads(3) == ("3", "PASSIVE"), "idle compute threads sleep instead of spinning"
-    assert "OMP_NUM_THREADS" not in os.environ and "OMP_WAIT_POLICY" not in os.environ
+    for name in VARIABLES:
+        monkeypatch.delenv(name, raising=False)
+    # Idle compute threads sleep instead of spinning on, after a short spin that bridges a forward's ops.
+    assert spawn_and_read_threads(3) == ("3", "PASSIVE", SHORT_SPIN)
+    assert not any(name in os.environ for name in VARIABLES)
 
 
 def test_an_omp_num_threads_given_to_the_launcher_wins(monkeypatch):
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
     monkeypatch.delenv("OMP_WAIT_POLICY", raising=False)
-    assert spawn_and_read_threads(3) == ("1", "PASSIVE")
+    monkeypatch.delenv("GOMP_SPINCOUNT", raising=False)
+    assert spawn_and_read_threads(3) == ("1", "PASSIVE", SHORT_SPIN)
 
 
-def test_an_omp_wait_policy_given_to_the_launcher_wins(monkeypatch):
+def test_an_omp_wait_policy_given_to_the_launcher_wins_and_keeps_its_own_spinning(monkeypatch):
     monkeypatch.setenv("OMP_WAIT_POLICY", "ACTIVE")
-    assert spawn_and_read_threads(3)[1] == "ACTIVE"
+    monkeypatch.delenv("GOMP_SPINCOUNT", raising=False)
+    assert spawn_and_read_threads(3)[1:] == ("ACTIVE", None), "a spin count would cap an ACTIVE policy's spinning"
     assert os.environ["OMP_WAIT_POLICY"] == "ACTIVE"
+
+
+def test_a_spin_count_given_to_the_launcher_wins(monkeypatch):
+    monkeypatch.delenv("OMP_WAIT_POLICY", raising=False)
+    monkeypatch.setenv("GOMP_SPINCOUNT", "0")
+    assert spawn_and_read_threads(3)[1:] == ("PASSIVE", "0")
+    assert os.environ["GOMP_SPINCOUNT"] == "0"
 
 
 def test_cpu_threads_must_be_at_least_one(capsys):
