@@ -310,7 +310,7 @@ class Engine:
 class Launcher:
     def __init__(self, args: argparse.Namespace):
         """Raises ClusterSecretError where replicas live on several hosts and no secret was given."""
-        from common.cpu_threads import gpu_worker_threads, machine_cores
+        from common.cpu_threads import forward_on_cpu, gpu_worker_threads, machine_cores
         from common.nodes import Nodes
         from common.transport import Endpoints, make_run_dir
         from launch_cluster import RemoteReplicas, across_hosts, cluster_keys
@@ -337,6 +337,7 @@ class Launcher:
             args.cpu_threads or machine_cores(),
             args.data_parallel_size_local * args.tensor_parallel_size // args.nnodes,
         )
+        self.short_spin = forward_on_cpu(args.device)  # the GPU workers' idle threads spin briefly before they sleep
         # On the frontend node, the replicas headless nodes serve (launch_cluster.py); None: every one is here.
         remote = across_hosts(args) and not args.headless
         self.remote = RemoteReplicas.of(args, args.tensor_parallel_size) if remote else None
@@ -528,16 +529,17 @@ class Launcher:
         roles = set()
         for rank in self.nodes.local_ranks(ranks):  # every rank, on one node
             role = replica.gpu_worker_rank_role(rank)
-            self._start(role, target, (*args, replica, rank, self.nodes), self.gpu_worker_threads)
+            self._start(role, target, (*args, replica, rank, self.nodes), self.gpu_worker_threads, self.short_spin)
             roles.add(role)
         return roles
 
-    def _start(self, role: str, target, args: tuple, threads: int | None = None) -> None:
-        """Spawn `role` with `threads` compute threads (None: a host process's; common/cpu_threads.py)."""
+    def _start(self, role: str, target, args: tuple, threads: int | None = None, short_spin: bool = False) -> None:
+        """Spawn `role` with `threads` compute threads (None: a host process's), spinning briefly when idle before
+        they sleep where `short_spin` (common/cpu_threads.py)."""
         from common.cpu_threads import HOST_PROCESS_THREADS, spawned_with_threads
 
         process = self.spawn.Process(target=target, args=args, name=role, daemon=False)
-        with spawned_with_threads(threads or HOST_PROCESS_THREADS):
+        with spawned_with_threads(threads or HOST_PROCESS_THREADS, short_spin):
             process.start()
         self.children[role] = process
 

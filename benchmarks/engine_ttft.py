@@ -20,14 +20,14 @@ from collections.abc import Callable
 
 def measure_in_child(launch_args: str, prompt_of: Callable[[int], str], together: int, rounds: int, max_tokens: int):
     """{"alone_ttft_ms_median", "together_ttft_ms_max_median", "ratio", ...} from a child process."""
-    from common.cpu_threads import machine_cores, spawned_with_threads
+    from common.cpu_threads import forward_on_cpu, machine_cores, spawned_with_threads
     from launch import parse_args
 
     args = parse_args(shlex.split(launch_args))
     ctx = mp.get_context("spawn")
     queue = ctx.Queue()
     child = ctx.Process(target=_measure, args=(queue, launch_args, prompt_of, together, rounds, max_tokens))
-    with spawned_with_threads(args.cpu_threads or machine_cores()):
+    with spawned_with_threads(args.cpu_threads or machine_cores(), forward_on_cpu(args.device)):
         child.start()
     result = queue.get(timeout=600)
     child.join()

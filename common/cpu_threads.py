@@ -25,8 +25,10 @@ later, hundreds of times a token. They spin SHORT_SPIN turns first (GOMP_SPINCOU
 wheels bring; a fraction of a millisecond), enough to bridge the gaps between one forward's ops, then sleep. The
 default SmolLM2 through the server on the 2-core CPU, alternated 6x (one request of 128 tokens / 16 at once):
 13.5-14.7 / 99-121 tok/s sleeping at once, 15.0-16.9 / 110-146 spinning 10,000 turns first (Hugging Face's
-generate in one process, 15.1-15.4 alone); 30,000 turns gave the burst back (123). A spin count the launcher was
-given wins, and none is set under a policy it was given (GNU OpenMP would cap an ACTIVE one's spinning).
+generate in one process, 15.1-15.4 alone); 30,000 turns gave the burst back (123). Only a GPU worker whose
+forward runs on the CPU spins (forward_on_cpu): one whose forward runs on a GPU enters few parallel regions, and
+its many threads spinning after each would take the cores the serving processes use. A spin count the launcher
+was given wins, and none is set under a policy it was given (GNU OpenMP would cap an ACTIVE one's spinning).
 """
 
 from __future__ import annotations
@@ -55,13 +57,21 @@ def gpu_worker_threads(total: int, gpu_workers: int) -> int:
     return max(1, total // gpu_workers)
 
 
+def forward_on_cpu(device: str) -> bool:
+    """Whether a GPU worker given --device `device` computes its forward on the CPU, decided without importing torch:
+    "cpu", or "auto" on a machine with no NVIDIA device (where "auto" could still mean CPU, e.g. every GPU hidden,
+    the answer is False: its threads sleep at once, as before the short spin)."""
+    return device == "cpu" or (device == "auto" and not os.path.exists("/dev/nvidiactl"))
+
+
 @contextmanager
-def spawned_with_threads(threads: int) -> Iterator[None]:
-    """Children spawned inside this block start with `threads` compute threads whose idle ones spin briefly, then
-    sleep, unless the launcher was given OMP_NUM_THREADS, OMP_WAIT_POLICY or GOMP_SPINCOUNT itself (then that one,
-    as given; under its own policy no spin count is set)."""
+def spawned_with_threads(threads: int, short_spin: bool = False) -> Iterator[None]:
+    """Children spawned inside this block start with `threads` compute threads whose idle ones sleep (with
+    `short_spin`, after spinning SHORT_SPIN turns: a GPU worker whose forward runs on the CPU), unless the launcher
+    was given OMP_NUM_THREADS, OMP_WAIT_POLICY or GOMP_SPINCOUNT itself (then that one, as given; under its own
+    policy no spin count is set)."""
     ours = {THREADS_VARIABLE: str(threads), WAIT_POLICY_VARIABLE: IDLE_THREADS_SLEEP}
-    if WAIT_POLICY_VARIABLE not in os.environ:
+    if short_spin and WAIT_POLICY_VARIABLE not in os.environ:
         ours[SPIN_COUNT_VARIABLE] = SHORT_SPIN
     ours = {name: value for name, value in ours.items() if name not in os.environ}
     os.environ.update(ours)

@@ -1,5 +1,6 @@
 """Each process's compute threads: the GPU workers split the cores, every other process takes 1, idle threads
-spin briefly then sleep, and an OMP_NUM_THREADS, OMP_WAIT_POLICY or GOMP_SPINCOUNT the launcher was given wins."""
+sleep (a CPU forward's after a short spin), and an OMP_NUM_THREADS, OMP_WAIT_POLICY or GOMP_SPINCOUNT the launcher
+was given wins."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import os
 
 import pytest
 
-from common.cpu_threads import SHORT_SPIN, gpu_worker_threads, spawned_with_threads
+from common.cpu_threads import SHORT_SPIN, forward_on_cpu, gpu_worker_threads, spawned_with_threads
 from launch import parse_args
 
 
@@ -24,12 +25,12 @@ def _child_threads(queue) -> None:
     queue.put(tuple(os.environ.get(name) for name in VARIABLES))
 
 
-def spawn_and_read_threads(threads: int) -> tuple[str | None, str | None, str | None]:
+def spawn_and_read_threads(threads: int, short_spin: bool = True) -> tuple[str | None, str | None, str | None]:
     """The child's OMP_NUM_THREADS, OMP_WAIT_POLICY and GOMP_SPINCOUNT."""
     ctx = mp.get_context("spawn")
     queue = ctx.Queue()
     process = ctx.Process(target=_child_threads, args=(queue,))
-    with spawned_with_threads(threads):
+    with spawned_with_threads(threads, short_spin):
         process.start()
     answer = queue.get(timeout=60)
     process.join()
@@ -39,9 +40,17 @@ def spawn_and_read_threads(threads: int) -> tuple[str | None, str | None, str | 
 def test_a_child_spawned_with_a_share_starts_with_it_and_the_launcher_keeps_its_own(monkeypatch):
     for name in VARIABLES:
         monkeypatch.delenv(name, raising=False)
-    # Idle compute threads sleep instead of spinning on, after a short spin that bridges a forward's ops.
+    # Idle compute threads sleep instead of spinning on; a CPU forward's after a short spin that bridges its ops.
     assert spawn_and_read_threads(3) == ("3", "PASSIVE", SHORT_SPIN)
+    assert spawn_and_read_threads(3, short_spin=False) == ("3", "PASSIVE", None)
     assert not any(name in os.environ for name in VARIABLES)
+
+
+def test_the_forward_runs_on_the_cpu_where_asked_or_where_no_nvidia_device_is(monkeypatch):
+    monkeypatch.setattr(os.path, "exists", lambda path: path == "/dev/nvidiactl")
+    assert forward_on_cpu("cpu") and not forward_on_cpu("cuda") and not forward_on_cpu("auto")
+    monkeypatch.setattr(os.path, "exists", lambda path: False)
+    assert forward_on_cpu("auto") and not forward_on_cpu("cuda")
 
 
 def test_an_omp_num_threads_given_to_the_launcher_wins(monkeypatch):
