@@ -169,11 +169,6 @@ def scaled_matmul(
         a.stride(0),
         b.stride(0),
         c.stride(0),
-        BLOCK_M=tiles.block_m,
-        BLOCK_N=tiles.block_n,
-        BLOCK_K=tiles.block_k,
-        GROUP_M=tiles.group_m,
-        num_warps=tiles.num_warps,
-        num_stages=tiles.num_stages,
+        **tiles.launch_options(),
     )
     return c

@@ -156,12 +156,7 @@ def _launch(a, w, w_scale, out, rows, block_experts, weights, pairs_per_a_row, g
         GELU=activation == "gelu_tanh",
         W_FP8=w_scale is not None,
         PRECISION="ieee" if a.dtype == torch.float32 else "tf32",
-        BLOCK_M=tiles.block_m,
-        BLOCK_N=tiles.block_n,
-        BLOCK_K=tiles.block_k,
-        GROUP_M=tiles.group_m,
-        num_warps=tiles.num_warps,
-        num_stages=tiles.num_stages,
+        **tiles.launch_options(),
         enable_fp_fusion=False,
     )
 

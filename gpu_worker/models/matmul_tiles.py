@@ -18,6 +18,18 @@ class Tiles:
     num_stages: int
     group_m: int = 0  # programs walk GROUP_M blocks of rows across every column before the next ones; 0: all
 
+    def launch_options(self) -> dict[str, int]:
+        """The launch's tile constexprs (BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M: every product kernel here takes these
+        names) and its warps and stages."""
+        return {
+            "BLOCK_M": self.block_m,
+            "BLOCK_N": self.block_n,
+            "BLOCK_K": self.block_k,
+            "GROUP_M": self.group_m,
+            "num_warps": self.num_warps,
+            "num_stages": self.num_stages,
+        }
+
 
 @triton.jit
 def program_tile(pid, row_tiles, col_tiles, GROUP_M: tl.constexpr):
