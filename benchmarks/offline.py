@@ -7,7 +7,8 @@ each, greedy, EOS ignored. Prints tokens/s for this engine, for Hugging Face `ge
 batches and for its continuous batching `generate_batch`, and the ratios. Every engine is warmed up first
 (ours with --warmup-requests other prompts, Hugging Face's with a short generate), so the figures are the
 steady state. Ours also reports its TTFT, its host milliseconds per step (everything but waiting for the
-device) and, on CUDA, the GPU's busy share over a torch-profiler window of --profile-steps steps.
+device) and, on CUDA, the SM clock and power the GPU held during the timed run (benchmarks/gpu_clocks.py) and
+the GPU's busy share over a torch-profiler window of --profile-steps steps.
 """
 
 from __future__ import annotations
@@ -17,12 +18,15 @@ import gc
 import json
 import sys
 import time
+from contextlib import nullcontext
 from dataclasses import replace
 from pathlib import Path
 
 import torch
 from tqdm import tqdm
 
+from benchmarks.gpu_clocks import GpuClockLog
+from benchmarks.gpu_clocks import describe as describe_clocks
 from benchmarks.host_steps import HOST_PARTS, HostStepLog
 from benchmarks.roofline import ModelCost, gpu_peak, run_floor
 from benchmarks.workloads import parse_range, random_token_prompts
@@ -65,8 +69,9 @@ def run_ours(
         # update(), not refresh(): the bar redraws at most every mininterval, not at every step's host expense
         bar.update(stats.generated_tokens - bar.n)
 
-    outs = llm.generate(prompts, params, on_step=on_step, observer=host_steps)
-    _sync()
+    with GpuClockLog() if torch.cuda.is_available() else nullcontext() as clocks:
+        outs = llm.generate(prompts, params, on_step=on_step, observer=host_steps)
+        _sync()
     elapsed = time.perf_counter() - start
     bar.close()
     generated = sum(len(o.token_ids) for o in outs)
@@ -84,6 +89,7 @@ def run_ours(
         "decode_step_host_ms": decode,
         "roofline": roofline(llm, folder, prompts, output_len, elapsed, decode),
         "gpu_busy": gpu_busy,
+        "gpu_clocks": clocks.summary() if clocks is not None else None,
         "ttft_p50_s": ttfts[len(ttfts) // 2],
         "ttft_p99_s": ttfts[min(len(ttfts) - 1, int(0.99 * len(ttfts)))],
         "num_kv_blocks": llm.runner.limits.num_kv_blocks,
@@ -349,6 +355,8 @@ def main(argv: list[str] | None = None) -> None:
                 f"{r['decode_step_floor_ms']:.2f} ms ({100 * r['decode_share']:.0f}%)"
             )
         print(line)
+    if (clocks := describe_clocks(first["gpu_clocks"])) is not None:
+        print(f"ours: {clocks}")
     if first["gpu_busy"] is not None:
         g = first["gpu_busy"]
         print(f"ours: GPU busy {100 * g['fraction']:.0f}% of a {g['window_ms']:.0f} ms window of {g['steps']} steps")

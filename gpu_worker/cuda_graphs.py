@@ -11,8 +11,9 @@ lives in static device buffers, refilled by a single host-to-device copy before 
 Inputs that only the device knows (tokens sampled by the previous step, not yet read back) are gathered
 inside the graph from the worker's last-token slots: the host writes which slot each such row takes
 (gather slots, -1 elsewhere) with the other fields. Every bucket writes its
-float32 logits into one buffer they share (a bucket's own output would stay allocated in the graph pool:
-~1.7 GB over 36 buckets of a 512-seat GPT-2, memory the KV store's sizing does not reserve).
+logits into one buffer they share (a bucket's own output would stay allocated in the graph pool: ~1.7 GB
+over 36 buckets of a 512-seat GPT-2, memory the KV store's sizing does not reserve), in the model's dtype
+(model.logits_buffer): the head's product writes them there itself, and a step that samples converts them.
 
 Batches are padded up to the next bucket; padding rows read and write a scratch KV block that no
 request owns, and their logits are ignored. Logits are computed inside the graph; sampling runs outside
@@ -94,8 +95,7 @@ class DecodeGraphs:
         self.logits: dict[int, torch.Tensor] = {}  # each bucket's rows of the shared buffer
         self.greedy: dict[int, torch.Tensor] = {}  # each bucket's greedy tokens
         self.attention_metadata: dict[int, object] = {}  # each bucket's, planned before a replay (prepare_replay)
-        vocab = model.vocab_size
-        self._logits = torch.empty(max_batch, vocab, dtype=torch.float32, device=self.device)
+        self._logits = model.logits_buffer(max_batch)
         self._capture(attention, kv_cache, max_model_len, pool)
 
     def _capture(self, attention: AttentionBackend, kv_cache: PagedKVCache, max_model_len: int, pool) -> None:

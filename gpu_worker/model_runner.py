@@ -43,7 +43,7 @@ from gpu_worker.sampler import SampledLogprobs, process_logits, sample, sampled_
 class Forward:
     """What a step's forward leaves for sampling."""
 
-    logits: torch.Tensor  # [R, V], the sampling rows' (layout order)
+    logits: torch.Tensor  # [R, V], the sampling rows' (layout order): float32, or a decode graph's model dtype
     greedy: torch.Tensor | None = None  # a decode graph's: each row's greedy token, in its last-token slot already
     prompt_hidden: torch.Tensor | None = None  # the prompt-logprob rows' hidden states (eager only)
 
@@ -255,7 +255,7 @@ class ModelRunner:
         batch = mirrors.sampling_rows.batch(
             slots, output_index, upload, None, counts, self.info.eos_token_ids, bitmasks
         )
-        logits = process_logits(logits, batch)
+        logits = process_logits(logits.float(), batch)  # a decode graph's are in the model's dtype
         drawn = sample(logits, batch)
         lp = sampled_logprobs(logits, batch, drawn)
         self.last_tokens.index_copy_(0, upload(slots, torch.long), drawn)

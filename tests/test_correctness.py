@@ -72,14 +72,17 @@ def test_block_size_does_not_change_outputs(tiny_llama, block_size):
     )
 
 
-def test_logits_written_into_a_given_buffer_are_the_fresh_ones(tiny_model):
-    # The decode CUDA graphs share one logits buffer (gpu_worker/cuda_graphs.py): the same numbers, in place.
-    model = load_model(str(tiny_model), "dummy", torch.float32, torch.device("cpu"), seed=1)
-    hidden = torch.randn(3, next(model.parameters()).shape[-1], generator=torch.Generator().manual_seed(2))
-    buffer = torch.full((5, model.vocab_size), float("nan"))
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_logits_written_into_a_given_buffer_are_the_fresh_ones(tiny_model, dtype):
+    # The decode CUDA graphs share one logits buffer (gpu_worker/cuda_graphs.py), in the model's dtype: the same
+    # numbers as the float32 logits every other path samples from, in place.
+    model = load_model(str(tiny_model), "dummy", dtype, torch.device("cpu"), seed=1)
+    hidden = torch.randn(3, next(model.parameters()).shape[-1], generator=torch.Generator().manual_seed(2)).to(dtype)
+    buffer = model.logits_buffer(5).fill_(float("nan"))
+    assert buffer.dtype == dtype and buffer.shape[1] >= model.vocab_size
     written = model.compute_logits(hidden, out=buffer[:3])
-    assert written.data_ptr() == buffer.data_ptr()
-    assert torch.equal(buffer[:3], model.compute_logits(hidden)) and buffer[3:].isnan().all()
+    assert written.data_ptr() == buffer.data_ptr() and written.shape == (3, model.vocab_size)
+    assert torch.equal(written.float(), model.compute_logits(hidden)) and buffer[3:].isnan().all()
 
 
 # Two prompts extend others' first blocks: prefix-cache hits within the batch.

@@ -268,7 +268,7 @@ def test_long_decode_contexts_are_split_and_match_reference(monkeypatch):
     """Few sequences with long contexts are cut into several slices, merged; the short one is one slice."""
     seqs = [(699, 1), (529, 1), (89, 1)]
     batch = mixed_batch(seqs, 16, 4, 2, 32, seed=7)
-    counts = np.diff(TritonAttention(16, num_kv_heads=2).decode_slices(batch.layout.context_lens).starts)
+    counts = TritonAttention(16, num_kv_heads=2).decode_slices(batch.layout.context_lens).counts
     assert counts[0] > 1 and counts[1] > 1 and counts[2] == 1
     assert_matches_reference(batch, monkeypatch)
 
@@ -384,7 +384,7 @@ def test_a_graph_sized_decode_launch_merges_its_cut_contexts_and_leaves_its_coun
     no padding row and leave every counter zero."""
     batch = mixed_batch(seqs, 16, heads, kv_heads, head_dim, seed=14)
     slices = triton_kernels.decode_slices(batch.layout.context_lens, kv_heads, 132, slice_len=64)
-    assert np.diff(slices.starts).tolist() == cuts
+    assert slices.counts.tolist() == cuts
     launch, merge_counts = graph_sized_decode_launch(batch, 64, 3, monkeypatch)
     reference = run_reference(batch)[0]
     for _ in range(2):
@@ -410,7 +410,7 @@ def test_cut_contexts_merge_to_the_same_bits_whichever_of_their_slices_finishes_
 
 
 def slice_counts(contexts, num_kv_heads: int, capacity: int | None = None) -> np.ndarray:
-    return np.diff(triton_kernels.decode_slices(np.asarray(contexts), num_kv_heads, 132, capacity).starts)
+    return triton_kernels.decode_slices(np.asarray(contexts), num_kv_heads, 132, capacity).counts
 
 
 def test_decode_slices_split_only_where_the_gpu_would_otherwise_idle_or_wait():
@@ -424,10 +424,19 @@ def test_one_long_decode_among_short_ones_is_cut_to_their_length():
     # 64 requests decoding short contexts beside one that just prefilled 7,000 tokens: a step lasts as long as
     # its longest program, so the long context is spread over as many programs as its length asks for.
     slices = triton_kernels.decode_slices(np.array([500] * 64 + [7000]), 3, 132)
-    counts = np.diff(slices.starts)
+    counts = slices.counts
     assert slices.slice_len <= 512
     assert counts[-1] == -(-7000 // slices.slice_len) and (counts[:-1] <= 2).all()
-    assert slices.seqs.tolist() == np.repeat(np.arange(65), counts).tolist()
+    # The long one launches first: the short ones fill the GPU beside it and the launch ends on them.
+    assert slices.seqs.tolist() == [64] * counts[-1] + np.repeat(np.arange(64), counts[:-1]).tolist()
+
+
+def test_decodes_launch_longest_first_each_one_s_slices_together():
+    contexts = np.array([90, 700, 300, 700, 5])
+    slices = triton_kernels.decode_slices(contexts, 8, 132, slice_len=256)
+    assert slices.counts.tolist() == [1, 3, 2, 3, 1]
+    assert slices.seqs.tolist() == [1, 1, 1, 3, 3, 3, 2, 2, 0, 4]  # ties keep their order
+    assert slices.starts.tolist() == [8, 0, 6, 3, 9, 10]  # each one's first slice; then how many in all
 
 
 def test_decode_slices_always_fit_the_launch_a_graph_sized_for_its_decodes():
@@ -494,7 +503,7 @@ def test_a_step_in_a_graph_buckets_static_inputs_matches_reference(seqs, max_con
     )
     assert bucket > num_tokens  # 121 to 126 tokens in the 128-token bucket
     num_decodes = len(seqs) - layout.num_prefill_seqs
-    slices_of_each = np.diff(host["slice_starts"][: num_decodes + 1])
+    slices_of_each = np.bincount(host["slice_seqs"][: host["slice_starts"][num_decodes]], minlength=num_decodes)
     assert (slices_of_each > 1).any() == (max(seqs)[0] > 1000)  # only the long decode is cut
     metadata = backend.static_metadata(
         step_layout.attention_buffers(field_views(step_layout.shapes, flat.to(DEVICE)), bucket), max_context

@@ -645,8 +645,8 @@ def _decode_kernel(
     first_seq, first_token, _ = _decode_span(decode_span_ptr)
     split_len = tl.load(decode_span_ptr + 3)
     first_slice = tl.load(slice_starts_ptr + seq)
-    num_slices = tl.load(slice_starts_ptr + seq + 1) - first_slice
     ctx = tl.load(context_lens_ptr + first_seq + seq)
+    num_slices = tl.cdiv(ctx, split_len)  # as decode_slices counts them (its starts follow the launch order)
     lo = (item - first_slice) * split_len
     hi = tl.minimum(lo + split_len, ctx)
     if SLIDING:  # the query (position ctx - 1) sees the last `window` keys; a slice before them, nothing
@@ -764,13 +764,22 @@ def _merged_slices(
 @dataclass(frozen=True, slots=True)
 class DecodeSlices:
     """The decodes' contexts cut into slices of one length, planned on the host: slice_len, the decode (index
-    among the decodes) each slice belongs to [slices], and each decode's first slice [decodes + 1] (offsets:
-    decode i owns slices starts[i] to starts[i + 1]). Slice j of a decode covers its keys [j * slice_len,
-    (j + 1) * slice_len)."""
+    among the decodes) each slice belongs to [slices], in the order they launch, and each decode's first slice
+    [decodes + 1; the last entry: how many in all]. A decode's slices are consecutive, ceil(context / slice_len)
+    of them, slice j covering its keys [j * slice_len, (j + 1) * slice_len).
+
+    Decodes launch longest first: programs start in launch order as earlier ones finish, so the long ones
+    overlap the rest and the launch ends on short ones (W1's spread contexts, one H200: 3-8 % off a layer's
+    decode, the more the fewer KV heads; docs/benchmarks.md)."""
 
     slice_len: int
     seqs: np.ndarray
     starts: np.ndarray
+
+    @property
+    def counts(self) -> np.ndarray:
+        """How many slices each decode is cut into."""
+        return np.bincount(self.seqs, minlength=len(self.starts) - 1)
 
 
 def decode_slices(
@@ -793,9 +802,12 @@ def decode_slices(
         slice_len = max(MIN_SPLIT_TOKENS, triton.cdiv(longest, MAX_SPLITS), triton.cdiv(int(contexts.sum()), target))
         slice_len = triton.cdiv(slice_len, DECODE_BLOCK_N) * DECODE_BLOCK_N
     counts = -(-contexts // slice_len)
-    starts = np.zeros(num_decodes + 1, dtype=np.int32)
-    np.cumsum(counts, out=starts[1:])
-    seqs = np.repeat(np.arange(num_decodes, dtype=np.int32), counts)
+    order = np.argsort(-contexts, kind="stable").astype(np.int32)  # longest first
+    ends = np.cumsum(counts[order])
+    starts = np.empty(num_decodes + 1, dtype=np.int32)
+    starts[order] = ends - counts[order]
+    starts[num_decodes] = ends[-1] if num_decodes else 0
+    seqs = np.repeat(order, counts[order])
     if capacity is not None and len(seqs) > capacity:
         raise ValueError(f"{len(seqs)} decode slices of {slice_len} tokens exceed the launch's {capacity}")
     return DecodeSlices(slice_len, seqs, starts)

@@ -103,11 +103,21 @@ class CausalLM(nn.Module):
             x, residual = layer(x, residual, positions, ctx)
         return self.norm(x, residual)[0]
 
+    @property
+    def head(self) -> VocabParallelEmbedding:
+        return self.embed_tokens if self.lm_head is None else self.lm_head
+
     def compute_logits(self, hidden: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
-        logits = (self.embed_tokens if self.lm_head is None else self.lm_head).logits(hidden, out)
+        logits = self.head.logits(hidden, out)
         if self.final_softcap is not None:  # in place: a given `out` keeps the numbers
             logits = logits.div_(self.final_softcap).tanh_().mul_(self.final_softcap)
         return logits
+
+    def logits_buffer(self, rows: int) -> torch.Tensor:
+        """Where compute_logits(out=) writes: the model's dtype, or float32 where a final soft cap is applied
+        (as on every path without a buffer: the cap's tanh in float32)."""
+        dtype = torch.float32 if self.final_softcap is not None else self.head.weight.dtype
+        return self.head.logits_buffer(rows, dtype)
 
     def load_weights(self, weights: Iterable[tuple[str, TensorSource]]) -> None:
         def place(name: str) -> Placement:

@@ -87,6 +87,9 @@ class GPT2ForCausalLM(nn.Module):
     def compute_logits(self, hidden: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
         return self.wte.logits(hidden, out)
 
+    def logits_buffer(self, rows: int) -> torch.Tensor:
+        return self.wte.logits_buffer(rows, self.wte.weight.dtype)
+
     def load_weights(self, weights: Iterable[tuple[str, TensorSource]]) -> None:
         """Hugging Face GPT-2 names -> ours. HF's Conv1D stores [in, out]; nn.Linear wants [out, in]."""
         renames = {"attn.c_attn": "qkv", "attn.c_proj": "attn_out", "mlp.c_fc": "fc_in", "mlp.c_proj": "fc_out"}
