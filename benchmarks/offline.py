@@ -7,8 +7,8 @@ each, greedy, EOS ignored. Prints tokens/s for this engine, for Hugging Face `ge
 batches and for its continuous batching `generate_batch`, and the ratios. Every engine is warmed up first
 (ours with --warmup-requests other prompts, Hugging Face's with a short generate), so the figures are the
 steady state. Ours also reports its TTFT, its host milliseconds per step (everything but waiting for the
-device) and, on CUDA, the SM clock and power the GPU held during the timed run (benchmarks/gpu_clocks.py) and
-the GPU's busy share over a torch-profiler window of --profile-steps steps.
+device) and, on CUDA, the GPU's busy share over a torch-profiler window of --profile-steps steps and, with
+--gpu-clocks, the SM clock and power the GPU held during the timed run (benchmarks/gpu_clocks.py).
 """
 
 from __future__ import annotations
@@ -45,6 +45,7 @@ def run_ours(
     warmup: list[list[int]],
     profile_prompts: list[list[int]] | None = None,
     profile_steps: int = 0,
+    log_clocks: bool = False,
 ) -> dict:
     """Our engine on `prompts`, after generating for `warmup` (other prompts: nothing they leave in the
     prefix cache helps the timed run), so the figure is the steady state a running server has."""
@@ -69,7 +70,7 @@ def run_ours(
         # update(), not refresh(): the bar redraws at most every mininterval, not at every step's host expense
         bar.update(stats.generated_tokens - bar.n)
 
-    with GpuClockLog() if torch.cuda.is_available() else nullcontext() as clocks:
+    with GpuClockLog() if log_clocks and torch.cuda.is_available() else nullcontext() as clocks:
         outs = llm.generate(prompts, params, on_step=on_step, observer=host_steps)
         _sync()
     elapsed = time.perf_counter() - start
@@ -287,6 +288,12 @@ def main(argv: list[str] | None = None) -> None:
         default=50,
         help="CUDA: after the timed run, profile this many steps of a second run and report the GPU's busy share",
     )
+    parser.add_argument(
+        "--gpu-clocks",
+        action="store_true",
+        help="CUDA: sample the SM clock and power (nvidia-smi, every 100 ms) during the timed run and report them. "
+        "Off unless asked: the sampling slowed host-bound runs (GPT-2's W1 by up to 8%% on an H200)",
+    )
     parser.add_argument("--hf-batch-size", type=int, default=64, help="static batch size for HF generate")
     parser.add_argument("--json", help="write the results here")
     add_engine_args(parser)
@@ -308,7 +315,9 @@ def main(argv: list[str] | None = None) -> None:
     prompts, warmup, profile_prompts = workload(args.num_requests, 0), workload(args.warmup_requests, 1), []
     if args.profile_steps and torch.cuda.is_available():
         profile_prompts = workload(args.num_requests, 2)
-    results = [run_ours(folder, prompts, args.output_len, engine, warmup, profile_prompts, args.profile_steps)]
+    results = [
+        run_ours(folder, prompts, args.output_len, engine, warmup, profile_prompts, args.profile_steps, args.gpu_clocks)
+    ]
     baselines = [b for b in args.baselines.split(",") if b and b != "none"]
     if baselines:
         from gpu_worker.builder import resolve_device
