@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import pytest
@@ -323,7 +323,11 @@ DECODE_CUTS = [
 
 
 def graph_sized_decode_launch(
-    batch: Batch, slice_len: int, padding_tokens: int, monkeypatch: pytest.MonkeyPatch
+    batch: Batch,
+    slice_len: int,
+    padding_tokens: int,
+    monkeypatch: pytest.MonkeyPatch,
+    tiles: triton_kernels.DecodeTiles | None = None,
 ) -> tuple[Callable[[], torch.Tensor], torch.Tensor]:
     """The batch's decodes (every sequence one) in a launch sized for a larger step, as a CUDA graph launches
     them: 16 slices -1 and stale slice starts past the step's, merge counters for twice its decodes,
@@ -368,24 +372,27 @@ def graph_sized_decode_launch(
                 slice_seqs,
                 slice_starts,
                 merge_counts,
+                tiles=tiles,
             )
         return out
 
     return launch, merge_counts
 
 
+@pytest.mark.parametrize("seq_major", [False, True], ids=["heads-in-turn", "slices-heads-together"])
 @pytest.mark.parametrize("head_dim", [64, 128])
 @pytest.mark.parametrize("heads,kv_heads", [(4, 4), (8, 2)], ids=["mha", "gqa"])
 @pytest.mark.parametrize("seqs,cuts", DECODE_CUTS)
 def test_a_graph_sized_decode_launch_merges_its_cut_contexts_and_leaves_its_counters_zero(
-    seqs, cuts, heads, kv_heads, head_dim, monkeypatch
+    seqs, cuts, heads, kv_heads, head_dim, seq_major, monkeypatch
 ):
     """Two launches with the same counters (two layers of one step) each give the reference's outputs, write
-    no padding row and leave every counter zero."""
+    no padding row and leave every counter zero, in either launch order."""
     batch = mixed_batch(seqs, 16, heads, kv_heads, head_dim, seed=14)
     slices = triton_kernels.decode_slices(batch.layout.context_lens, kv_heads, 132, slice_len=64)
     assert slices.counts.tolist() == cuts
-    launch, merge_counts = graph_sized_decode_launch(batch, 64, 3, monkeypatch)
+    tiles = replace(triton_kernels.decode_tiles(head_dim, False), seq_major=seq_major)
+    launch, merge_counts = graph_sized_decode_launch(batch, 64, 3, monkeypatch, tiles)
     reference = run_reference(batch)[0]
     for _ in range(2):
         out = launch()
