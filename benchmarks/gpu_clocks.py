@@ -6,8 +6,8 @@
 
 Why a benchmark wants it: an H200 running the 8B shape's decode at 256 requests draws its whole 700 W, and the
 driver lowers the SM clock to stay under it (1,300-1,650 MHz of 1,980 in W1; 2026-11-27, one H200), so the
-products' FLOP rate, and any floor computed from the datasheet's peak, is that share lower. A roofline share read
-without the clock blames the kernels for the power limit.
+products' FLOP rate is below the datasheet's, quoted at 1,830 MHz (GpuPeak.at_sm_clock gives the floor at the clock
+held). A roofline share read without the clock blames the kernels for the power limit.
 """
 
 from __future__ import annotations

@@ -79,6 +79,7 @@ def run_ours(
     ttfts = sorted(o.first_token_time - wall_start for o in outs)
     gpu_busy = gpu_busy_fraction(llm, profile_prompts, params, profile_steps) if profile_steps else None
     decode = host_steps.full_decode_host_ms()
+    held = clocks.summary() if clocks is not None else None
     result = {
         "name": "ours",
         "seconds": elapsed,
@@ -88,9 +89,9 @@ def run_ours(
         "warmup_requests": len(warmup),
         "host_ms_per_step": host_steps.host_ms_per_step(),
         "decode_step_host_ms": decode,
-        "roofline": roofline(llm, folder, prompts, output_len, elapsed, decode),
+        "roofline": roofline(llm, folder, prompts, output_len, elapsed, decode, held and held["sm_mhz_p50"]),
         "gpu_busy": gpu_busy,
-        "gpu_clocks": clocks.summary() if clocks is not None else None,
+        "gpu_clocks": held,
         "ttft_p50_s": ttfts[len(ttfts) // 2],
         "ttft_p99_s": ttfts[min(len(ttfts) - 1, int(0.99 * len(ttfts)))],
         "num_kv_blocks": llm.runner.limits.num_kv_blocks,
@@ -101,10 +102,19 @@ def run_ours(
     return result
 
 
-def roofline(llm, folder: str, prompts: list[list[int]], output_len: int, elapsed: float, decode: dict | None):
+def roofline(
+    llm,
+    folder: str,
+    prompts: list[list[int]],
+    output_len: int,
+    elapsed: float,
+    decode: dict | None,
+    held_sm_mhz: float | None = None,
+):
     """The run's floor on this GPU (benchmarks/roofline.py) and the share of it reached, for the whole run and
-    for the fullest decode steps (their median wall time, pipelined as the engine runs them). None on a CPU or a
-    GPU without figures in the table."""
+    for the fullest decode steps (their median wall time, pipelined as the engine runs them); with the SM clock
+    the GPU held (`held_sm_mhz`, --gpu-clocks), the same at that clock too ("held_clock"). None on a CPU or a GPU
+    without figures in the table."""
     peak = gpu_peak(torch.cuda.get_device_name()) if torch.cuda.is_available() else None
     if peak is None:
         return None
@@ -112,19 +122,45 @@ def roofline(llm, folder: str, prompts: list[list[int]], output_len: int, elapse
     kv_itemsize = llm.runner.eager.kv_cache.data.element_size()
     cost = ModelCost.of(llm.runner.model, config.get("num_attention_heads") or config["n_head"], kv_itemsize)
     fp8 = llm.config.quantization == "fp8"
-    floor = run_floor(cost, [len(p) for p in prompts], output_len, llm.runner.limits.max_num_seqs, peak, fp8)
-    out = {
-        "gpu": peak.name,
-        "floor_s": floor["seconds"],
-        "run_share": floor["seconds"] / elapsed,
-        "decode_step_floor_ms": 1000 * floor["middle_step_s"],
-        "decode_step_ms": None,
-        "decode_share": None,
-    }
-    if decode is not None and decode["batch"] == min(len(prompts), llm.runner.limits.max_num_seqs):
-        out["decode_step_ms"] = decode["step_wall"]
-        out["decode_share"] = out["decode_step_floor_ms"] / decode["step_wall"]
+    full_decode = decode is not None and decode["batch"] == min(len(prompts), llm.runner.limits.max_num_seqs)
+
+    def shares(at) -> dict:
+        floor = run_floor(cost, [len(p) for p in prompts], output_len, llm.runner.limits.max_num_seqs, at, fp8)
+        step_floor_ms = 1000 * floor["middle_step_s"]
+        return {
+            "floor_s": floor["seconds"],
+            "run_share": floor["seconds"] / elapsed,
+            "decode_step_floor_ms": step_floor_ms,
+            "decode_step_ms": decode["step_wall"] if full_decode else None,
+            "decode_share": step_floor_ms / decode["step_wall"] if full_decode else None,
+        }
+
+    out = {"gpu": peak.name, **shares(peak)}
+    if held_sm_mhz:
+        out["held_clock"] = {"sm_mhz": held_sm_mhz, **shares(peak.at_sm_clock(held_sm_mhz))}
     return out
+
+
+def describe_roofline(r: dict) -> list[str]:
+    """roofline()'s figures as the report prints them: at the datasheet's rates, then at the clock held."""
+    line = f"roofline ({r['gpu']} datasheet): the run's floor {r['floor_s']:.2f} s, reached {100 * r['run_share']:.0f}%"
+    if r["decode_step_ms"] is not None:
+        line += (
+            f"; a full decode step {r['decode_step_ms']:.2f} ms against its floor "
+            f"{r['decode_step_floor_ms']:.2f} ms ({100 * r['decode_share']:.0f}%)"
+        )
+    lines = [line]
+    if (held := r.get("held_clock")) is not None:
+        line = (
+            f"roofline at the SM clock the GPU held ({held['sm_mhz']:.0f} MHz; the datasheet's FLOP rates are at "
+            f"{gpu_peak(r['gpu']).rated_sm_mhz:.0f}): the run's floor {held['floor_s']:.2f} s, reached "
+            f"{100 * held['run_share']:.0f}%"
+        )
+        if held["decode_step_ms"] is not None:
+            step_floor, step_share = held["decode_step_floor_ms"], 100 * held["decode_share"]
+            line += f"; a full decode step's floor {step_floor:.2f} ms ({step_share:.0f}%)"
+        lines.append(line)
+    return lines
 
 
 PROFILE_AFTER_STEPS = 20  # the window opens after the prefill-heavy start of the run
@@ -355,15 +391,7 @@ def main(argv: list[str] | None = None) -> None:
             f"({parts}; ms)"
         )
     if first["roofline"] is not None:
-        r = first["roofline"]
-        share = 100 * r["run_share"]
-        line = f"roofline ({r['gpu']} datasheet): the run's floor {r['floor_s']:.2f} s, reached {share:.0f}%"
-        if r["decode_step_ms"] is not None:
-            line += (
-                f"; a full decode step {r['decode_step_ms']:.2f} ms against its floor "
-                f"{r['decode_step_floor_ms']:.2f} ms ({100 * r['decode_share']:.0f}%)"
-            )
-        print(line)
+        print("\n".join(describe_roofline(first["roofline"])))
     if (clocks := describe_clocks(first["gpu_clocks"])) is not None:
         print(f"ours: {clocks}")
     if first["gpu_busy"] is not None:

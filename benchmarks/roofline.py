@@ -14,12 +14,13 @@ picking k of E experts uniformly, an expert is missed by all with probability (1
 expected to read that share of the experts less (random weights route about uniformly; a trained router that
 favours some experts reads fewer). Figures are the vendors' datasheet peaks (dense, no sparsity), so a share of 100 % is
 out of reach: the measured ceilings on these machines are about 90 % of the bandwidth (a device-to-device
-copy) and 80 % of the bf16 rate (a large matrix product).
+copy) and 80 % of the bf16 rate (a large matrix product). The FLOP rates are quoted at a rated SM clock; under a
+power limit the card holds a lower one (benchmarks/gpu_clocks.py), and `GpuPeak.at_sm_clock` gives the floor there.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 
 @dataclass(frozen=True, slots=True)
@@ -28,13 +29,22 @@ class GpuPeak:
     hbm_bytes_per_s: float
     bf16_flops_per_s: float
     fp8_flops_per_s: float
+    rated_sm_mhz: float  # the SM clock the FLOP rates are quoted at (nvidia-smi's maximum may be higher)
+
+    def at_sm_clock(self, mhz: float) -> GpuPeak:
+        """The same GPU with its SM clock at `mhz` (as a power limit holds it: benchmarks/gpu_clocks.py): the
+        arithmetic rates scale with the clock, HBM's bandwidth (its own clock) does not."""
+        scale = mhz / self.rated_sm_mhz
+        bf16, fp8 = self.bf16_flops_per_s * scale, self.fp8_flops_per_s * scale
+        return replace(self, bf16_flops_per_s=bf16, fp8_flops_per_s=fp8)
 
 
 # Datasheet figures (SXM parts; dense). Matched by substring of torch.cuda.get_device_name(), first match wins.
+# Hopper's 989 TFLOP/s is 4,096 bf16 FLOPs per clock on each of 132 SMs at 1,830 MHz; nvidia-smi says 1,980 at most.
 GPU_PEAKS = (
-    GpuPeak("H200", 4.8e12, 989e12, 1979e12),
-    GpuPeak("H100", 3.35e12, 989e12, 1979e12),
-    GpuPeak("A100", 2.04e12, 312e12, 0.0),
+    GpuPeak("H200", 4.8e12, 989e12, 1979e12, 1830),
+    GpuPeak("H100", 3.35e12, 989e12, 1979e12, 1830),
+    GpuPeak("A100", 2.04e12, 312e12, 0.0, 1410),
 )
 
 

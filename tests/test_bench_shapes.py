@@ -6,7 +6,8 @@ import pytest
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM
 
-from benchmarks.roofline import GPU_PEAKS, ModelCost, decode_step_floor, gpu_peak, run_floor
+from benchmarks.offline import describe_roofline
+from benchmarks.roofline import GPU_PEAKS, ModelCost, decode_step_floor, decode_step_parts, gpu_peak, run_floor
 from benchmarks.shapes import write_shape
 from common.model_info import ModelInfo
 
@@ -60,6 +61,33 @@ def test_decode_floor_adds_the_products_floor_and_the_attentions_each_bound_by_b
     one = (cost.weight_bytes + cost.kv_bytes_per_token * 401) / peak.hbm_bytes_per_s
     assert decode_step_floor(cost, [400], peak) == pytest.approx(one)
     assert decode_step_floor(cost, [800] * 256, peak) > decode_step_floor(cost, contexts, peak)
+
+
+def test_a_lower_sm_clock_lengthens_the_compute_bound_part_only():
+    """A power limit holds the SM clock down (benchmarks/gpu_clocks.py): the 8B's compute-bound products take longer
+    in proportion, its memory-bound attention does not; the report says both floors."""
+    peak = gpu_peak("NVIDIA H200")
+    assert peak is not None and peak.at_sm_clock(peak.rated_sm_mhz) == peak
+    held = peak.at_sm_clock(peak.rated_sm_mhz / 2)
+    assert held.hbm_bytes_per_s == peak.hbm_bytes_per_s and held.bf16_flops_per_s == peak.bf16_flops_per_s / 2
+    cost = ModelCost(
+        weight_bytes=16 * 2**30, matmul_params=8 * 10**9, kv_bytes_per_token=131072, attention_flops_per_context_token=4
+    )
+    contexts = [400] * 256
+    rated, slowed = (decode_step_parts(cost, contexts, p) for p in (peak, held))
+    assert slowed["matmul"] == pytest.approx(2 * rated["matmul"]) and slowed["attention"] == rated["attention"]
+    figures = {
+        "floor_s": 3.0,
+        "run_share": 0.6,
+        "decode_step_floor_ms": 6.65,
+        "decode_step_ms": 10.0,
+        "decode_share": 0.665,
+    }
+    held_figures = {**figures, "sm_mhz": 1550.0, "decode_step_floor_ms": 7.5, "decode_share": 0.75}
+    lines = describe_roofline({"gpu": "H200", **figures, "held_clock": held_figures})
+    assert len(lines) == 2 and "6.65 ms (66%)" in lines[0]
+    assert "held (1550 MHz; the datasheet's FLOP rates are at 1830)" in lines[1] and "7.50 ms (75%)" in lines[1]
+    assert len(describe_roofline({"gpu": "H200", **figures})) == 1
 
 
 def test_run_floor_adds_a_decode_step_per_output_token_per_wave():
