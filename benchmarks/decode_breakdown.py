@@ -14,6 +14,7 @@ The batch decodes --warm-steps tokens before the profiled steps, so the contexts
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import re
 import statistics
@@ -54,9 +55,16 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--steps", type=int, default=20, help="decode steps profiled")
     parser.add_argument("--top", type=int, default=12, help="kernels listed by name")
     parser.add_argument("--json", help="write the breakdown here")
+    parser.add_argument(
+        "--gpu-clocks",
+        action="store_true",
+        help="sample the SM clock and power over the profiled steps (nvidia-smi); print the floors at the clock held",
+    )
     add_engine_args(parser)
     args = parser.parse_args(argv)
     config = EngineConfig.from_args(args)
+    from benchmarks.gpu_clocks import GpuClockLog
+    from benchmarks.gpu_clocks import describe as describe_clocks
     from benchmarks.roofline import gpu_peak
     from offline import LLM
 
@@ -75,7 +83,8 @@ def main(argv: list[str] | None = None) -> dict:
         sync()
         walls = []
         activities = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
-        with torch.profiler.profile(activities=activities) as prof:
+        clocks = GpuClockLog() if args.gpu_clocks and cuda else None
+        with torch.profiler.profile(activities=activities) as prof, clocks or contextlib.nullcontext():
             for _ in range(args.steps):
                 sync()
                 start = time.perf_counter()
@@ -113,6 +122,19 @@ def main(argv: list[str] | None = None) -> dict:
             at = f"   {floor_of:.3f} ms, reached {100 * floor_of / ms:.0f}%" if floor_of else ""
             print(f"{kind:<12} {ms:8.3f} {100 * ms / wall_ms:5.1f}%{at}")
         print(f"{'idle':<12} {wall_ms - busy_ms:8.3f} {100 * (wall_ms - busy_ms) / wall_ms:5.1f}%")
+        held = clocks.summary() if clocks is not None else None
+        held_floors = None
+        if held is not None:
+            print(describe_clocks(held))
+        if held is not None and peak is not None:
+            mhz, rated = held["sm_mhz_p50"], peak.rated_sm_mhz
+            held_floors = _floor_parts_ms(llm, args.model, context_lens, peak.at_sm_clock(mhz)) or {}
+            reached = ", ".join(
+                f"{kind} {ms:.3f} ms ({100 * ms * steps * 1e3 / by_kind[kind]:.0f}% reached)"
+                for kind, ms in held_floors.items()
+                if by_kind.get(kind)
+            )
+            print(f"floors at the SM clock held ({mhz:.0f} MHz; the FLOP rates are rated at {rated:.0f}): {reached}")
         print(f"top {args.top} kernels (ms/step, launches/step):")
         top = sorted(by_name.items(), key=lambda kv: -kv[1][0])[: args.top]
         for name, (us, count) in top:
@@ -126,6 +148,8 @@ def main(argv: list[str] | None = None) -> dict:
             "gpu_busy_ms": busy_ms,
             "floor_ms": floor,
             "floor_parts_ms": floors,
+            "gpu_clocks": held,
+            "floor_parts_at_held_clock_ms": held_floors,
             "kinds_ms": {k: us / steps / 1e3 for k, us in rows},
             "top_kernels": [{"name": n, "ms": us / steps / 1e3, "launches": c / steps} for n, (us, c) in top],
         }
