@@ -357,7 +357,7 @@ class Launcher:
         clock = PhaseClock(log)
         chat_template = read_chat_template(args.chat_template) if args.chat_template else None
         folder = resolve_model(args.model)
-        if args.load_format != "null":  # an architecture without model code fails here, in one line
+        if args.load_format != "null":  # an architecture without model code, or a quantization, fails here
             check_folder_supported(folder)
         if args.load_format == "auto":
             checkpoint_files(folder)  # a folder without weights fails here, in one line, before any child starts
@@ -911,6 +911,7 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
     from common.process import configure_logging
 
     configure_logging("launcher", args.log_level)
+    from common.checkpoint_quantization import UnsupportedQuantization
     from common.cluster_secret import ClusterSecretError
     from common.model_info import TensorParallelError, UnsupportedModel
     from common.model_source import ModelNotFound
@@ -933,7 +934,14 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
     try:
         launcher.start()
         launcher.watch()
-    except (ModelNotFound, ChatTemplateError, TensorParallelError, UnsupportedModel, NodeRefusedError) as exc:
+    except (
+        ModelNotFound,
+        ChatTemplateError,
+        TensorParallelError,
+        UnsupportedModel,
+        UnsupportedQuantization,
+        NodeRefusedError,
+    ) as exc:
         log.error("%s", exc)
         launcher.exit_code = 2
     except ChildDied as exc:

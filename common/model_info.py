@@ -7,6 +7,8 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
+from common.checkpoint_quantization import checkpoint_quantization
+
 # The Hugging Face model types the GPU worker has model code for (gpu_worker/models/__init__.py maps each to its
 # class). Here, so that the launcher refuses another before starting a process, without importing torch.
 SUPPORTED_MODEL_TYPES = (
@@ -82,9 +84,11 @@ def check_gguf_supported(path: str | Path) -> None:
 
 
 def check_folder_supported(folder: str | Path) -> None:
-    """UnsupportedModel unless the engine runs the architecture of the model in `folder` (its config.json)."""
+    """UnsupportedModel unless the engine runs the architecture of the model in `folder` (its config.json);
+    UnsupportedQuantization unless it serves the checkpoint's quantization, if any."""
     config = json.loads((Path(folder) / "config.json").read_text())
     check_supported(config.get("model_type", "?"), config.get("architectures"))
+    checkpoint_quantization(config)
 
 
 @dataclass(slots=True)

@@ -4,15 +4,22 @@ the device, each rank its part: checkpoint_reader.py), or random (dummy)."""
 from __future__ import annotations
 
 import contextlib
+import json
+import logging
+from pathlib import Path
 
 import torch
 from transformers import AutoConfig, PretrainedConfig
 
+from common.checkpoint_quantization import checkpoint_quantization
 from common.model_source import checkpoint_files
 from gpu_worker.checkpoint_reader import CheckpointReader
+from gpu_worker.fp8_checkpoint import dequantized, read_weight_scales
 from gpu_worker.models import fp8, model_class_for
 from gpu_worker.models.weights import load_tensor
 from gpu_worker.parallel import SINGLE, TensorParallel
+
+log = logging.getLogger(__name__)
 
 
 def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
@@ -35,14 +42,19 @@ def load_model(
     """fused_kernels: the model's Triton kernels for elementwise steps (CUDA) instead of torch ops.
     tp: this rank's share of the model (each layer takes its share of the whole tensors it is given).
     quantization: "fp8" quantizes the projections' loaded (or random) weights, each rank its own shard; the
-    experts' rows as they load (models/moe.py: a mixture of experts is too large to build whole first)."""
+    experts' rows as they load (models/moe.py: a mixture of experts is too large to build whole first). A
+    checkpoint saved in FP8 (common/checkpoint_quantization.py) is served so whether or not it is asked for."""
+    saved_as = checkpoint_quantization(json.loads((Path(folder) / "config.json").read_text()))
+    if saved_as is not None and quantization is None:
+        log.info("the checkpoint is quantized (%s): serving it with --quantization %s", saved_as, saved_as)
+        quantization = saved_as
     if quantization is not None:
         fp8.check_method(quantization, device)
     model, hf_config = build_model(folder, dtype, device, fused_kernels, tp, quantization)
     if load_format == "dummy":
         _init_dummy(model, hf_config, seed, dtype)
     else:
-        read_weights(model, folder, device, progress)
+        read_weights(model, folder, device, progress, dequantize=saved_as is not None)
     if quantization is not None:
         fp8.quantize_weights(model, quantization)
     return model.eval().requires_grad_(False)
@@ -64,11 +76,15 @@ def build_model(
     return model, hf_config
 
 
-def read_weights(model: torch.nn.Module, folder: str, device: torch.device, progress: bool = False) -> int:
+def read_weights(
+    model: torch.nn.Module, folder: str, device: torch.device, progress: bool = False, dequantize: bool = False
+) -> int:
     """Fill the model from the folder's weight files, each tensor's part this rank keeps read straight onto
-    `device` (gpu_worker/checkpoint_reader.py). Returns the bytes read."""
-    reader = CheckpointReader(checkpoint_files(folder), device, progress)
-    model.load_weights(reader)
+    `device` (gpu_worker/checkpoint_reader.py); dequantize: an FP8 checkpoint's weights read as the values
+    they stand for (fp8_checkpoint.py). Returns the bytes read."""
+    files = checkpoint_files(folder)
+    reader = CheckpointReader(files, device, progress)
+    model.load_weights(dequantized(reader, read_weight_scales(files, device)) if dequantize else reader)
     return reader.bytes_read
 
 

@@ -191,6 +191,17 @@ def test_a_model_folder_without_weights_fails_in_one_line_before_any_process_sta
     assert "no *.safetensors" in error and "--load-format dummy" in error
 
 
+def test_a_quantization_the_engine_does_not_serve_fails_in_one_line_before_any_process_starts(tmp_path):
+    from tests.tiny_models import build_model
+
+    folder = build_model("gpt2", tmp_path / "model")
+    config = json.loads((folder / "config.json").read_text())
+    awq = {"quant_method": "awq", "bits": 4, "group_size": 128}
+    (folder / "config.json").write_text(json.dumps({**config, "quantization_config": awq}))
+    error, stderr = launch_refused([str(folder)])
+    assert "the checkpoint is quantized (quant_method 'awq')" in error and "starting" not in stderr
+
+
 def test_an_architecture_the_engine_does_not_run_fails_in_one_line_before_any_process_starts(tmp_path):
     from common.model_info import SUPPORTED_MODEL_TYPES
     from tests.tiny_models import build_model
