@@ -11,7 +11,9 @@ generated greedily, up to --max-tokens each, by the base engine (bfloat16) and b
   prompt logprobs), so all score the same tokens; the mean over those tokens of |logprob - the base's|.
 Compared: fp8 (weights e4m3 with per-channel scales, activations per token, the rest bfloat16); kv_fp8 (the KV
 store in e4m3 with one calibrated scale per layer for K and for V: gpu_worker/kv_scales.py), alone and with
-fp8 weights; float32 (no quantization: how much precision alone moves the outputs, the yardstick). On a CPU fp8
+fp8 weights; float32 (no quantization: how much precision alone moves the outputs, the yardstick). With
+--fp8-checkpoints, the model saved as FP8 checkpoints too (128 x 128 block scales as Qwen3's FP8 releases, and one
+scale per tensor), served as the engine serves them, and the block checkpoint's own values unquantized. On a CPU fp8
 weights run the emulation with the same numbers (gpu_worker/models/fp8.py), on CUDA torch._scaled_mm; the e4m3
 store is the same bits on both (the torch backend on a CPU, the Triton kernels on CUDA).
 """
@@ -22,7 +24,9 @@ import argparse
 import json
 import statistics
 import subprocess
+import tempfile
 from dataclasses import dataclass
+from pathlib import Path
 
 from common.model_source import resolve_model
 from common.sampling_params import SamplingParams
@@ -106,6 +110,22 @@ def run_engine(model: str, device: str, engine_args: dict, max_tokens: int, base
     return EngineRun(outputs, scored)
 
 
+def fp8_checkpoint_runs(model: Path, scratch: Path) -> dict[str, tuple[str, dict]]:
+    """The model saved as FP8 checkpoints, each served as the engine serves such a checkpoint (no flag: the
+    checkpoint's quantization_config turns FP8 on), and the block checkpoint's values unquantized."""
+    from benchmarks.fp8_checkpoints import save_fp8_checkpoint, save_with_weights
+
+    stands_for = save_fp8_checkpoint(model, scratch / "block", "block", (128, 128))
+    save_with_weights(model, scratch / "block_values", stands_for)
+    save_fp8_checkpoint(model, scratch / "tensor", "tensor")
+    bf16 = dict(dtype="bfloat16")
+    return {
+        "fp8 checkpoint, 128x128 blocks (served: re-quantized per channel)": (str(scratch / "block"), bf16),
+        "its values in bfloat16 (the block checkpoint's own quality)": (str(scratch / "block_values"), bf16),
+        "fp8 checkpoint, one scale per tensor (served: re-quantized per channel)": (str(scratch / "tensor"), bf16),
+    }
+
+
 def compare(run: EngineRun, base: EngineRun) -> dict:
     shared = 0
     for got, want in zip(run.outputs, base.outputs, strict=True):
@@ -126,15 +146,29 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto")
     parser.add_argument("--max-tokens", type=int, default=64, help="greedy tokens per prompt (fewer at EOS)")
     parser.add_argument("--out", help="write the report here as JSON")
+    parser.add_argument(
+        "--engines", default=",".join(n for n in ENGINES if n != BASE), help="which of ENGINES to compare"
+    )
+    parser.add_argument(
+        "--fp8-checkpoints",
+        action="store_true",
+        help="also serve the model saved as FP8 checkpoints (benchmarks/fp8_checkpoints.py): with 128 x 128 block "
+        "scales and with one scale per tensor (each re-quantized per channel as it loads), and the block "
+        "checkpoint's own values in bfloat16",
+    )
     args = parser.parse_args(argv)
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
     model = str(resolve_model(args.model))
+    runs = {name: (model, ENGINES[name]) for name in args.engines.split(",") if name}
+    scratch = tempfile.TemporaryDirectory()
+    if args.fp8_checkpoints:
+        runs |= fp8_checkpoint_runs(Path(model), Path(scratch.name))
     base = run_engine(model, args.device, ENGINES[BASE], args.max_tokens, None)
     compared = {
-        name: compare(run_engine(model, args.device, engine, args.max_tokens, base), base)
-        for name, engine in ENGINES.items()
-        if name != BASE
+        name: compare(run_engine(folder, args.device, engine, args.max_tokens, base), base)
+        for name, (folder, engine) in runs.items()
     }
+    scratch.cleanup()
     print(f"against {BASE}, {len(base.outputs)} prompts, greedy up to {args.max_tokens} tokens")
     print("| engine | greedy agreement | exact outputs | mean abs Δ logprob | max abs Δ logprob |")
     print("| --- | --- | --- | --- | --- |")

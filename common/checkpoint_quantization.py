@@ -2,21 +2,23 @@
 serves, and how. Here, not in the GPU worker, so that the launcher refuses one it cannot serve in one line before
 starting a process (common/model_info.py's check_folder_supported), as it refuses an architecture.
 
-Served: FP8 e4m3 weights with one scale per output channel or per tensor, the schemes vLLM's FP8 checkpoints come
-in (llm-compressor's `compressed-tensors` "float-quantized" with `strategy` channel or tensor, `fbgemm_fp8`, and
-vLLM's own `fp8` without block scales). They run as `--quantization fp8` runs (gpu_worker/models/fp8.py): the
-worker reads each weight dequantized (gpu_worker/fp8_checkpoint.py) and quantizes it again with one scale per
-output channel, which gives back a per-channel checkpoint's own values; activations are quantized per token at
-every matmul whatever the checkpoint's activation scheme says (a static `input_scale` is not used). Not served,
-and named in the refusal: block-scaled FP8 (`weight_block_size`, `strategy: block`), integer weights (GPTQ, AWQ,
-bitsandbytes, int8 compressed-tensors), anything else.
+Served: FP8 e4m3 weights with one scale per output channel, per tensor or per block, the schemes FP8 checkpoints
+come in (llm-compressor's `compressed-tensors` "float-quantized" with `strategy` channel, tensor or block;
+`fbgemm_fp8`; `fp8`: vLLM's own per-tensor one, and Hugging Face's with `weight_block_size`, as Qwen3's and
+DeepSeek's FP8 releases). They run as `--quantization fp8` runs (gpu_worker/models/fp8.py): the worker reads each
+weight dequantized (gpu_worker/fp8_checkpoint.py) and quantizes it again with one scale per output channel. That
+gives back a per-channel checkpoint's own values; a per-tensor or block-scaled one's are rounded again on the
+channel's grid (its quality against the block scales: docs/benchmarks.md, "FP8 weights and KV store").
+Activations are quantized per token at every matmul whatever the checkpoint's activation scheme says (a static
+`input_scale` is not used). Not served, and named in the refusal: integer weights (GPTQ, AWQ, bitsandbytes, int8
+compressed-tensors), anything else.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-FP8_BY_CHANNEL_OR_TENSOR = ("channel", "tensor")
+FP8_SCALE_STRATEGIES = ("channel", "tensor", "block")
 
 
 class UnsupportedQuantization(ValueError):
@@ -38,21 +40,33 @@ def checkpoint_quantization(config: dict[str, Any]) -> str | None:
             kind = f"{weights.get('type', '?')}{weights.get('num_bits', '?')}, strategy {weights.get('strategy')!r}"
             if weights.get("type") != "float" or weights.get("num_bits") != 8:
                 raise _unsupported(f"compressed-tensors group {name!r} has {kind} weights")
-            if weights.get("strategy") not in FP8_BY_CHANNEL_OR_TENSOR:
+            if weights.get("strategy") not in FP8_SCALE_STRATEGIES:
                 raise _unsupported(f"compressed-tensors group {name!r} has {kind} weights")
         if not quantization.get("config_groups"):
             raise _unsupported("compressed-tensors without config_groups")
         return "fp8"
-    if method == "fp8":  # vLLM's own serialization: per-tensor scales; Hugging Face's adds block scales
-        if quantization.get("weight_block_size"):
-            raise _unsupported(f"FP8 with block scales (weight_block_size {quantization['weight_block_size']})")
+    if method == "fp8":  # vLLM's own serialization (per-tensor scales), or Hugging Face's (block scales)
         return "fp8"
     raise _unsupported(f"quant_method {method!r}")
 
 
+def fp8_block_size(config: dict[str, Any]) -> tuple[int, int] | None:
+    """The [rows, columns] of weight each scale covers in a block-scaled FP8 checkpoint; None for any other."""
+    quantization = config.get("quantization_config") or {}
+    if quantization.get("quant_method") == "fp8" and quantization.get("weight_block_size"):
+        rows, cols = quantization["weight_block_size"]
+        return int(rows), int(cols)
+    for group in (quantization.get("config_groups") or {}).values():
+        weights = group.get("weights") or {}
+        if weights.get("strategy") == "block":
+            rows, cols = weights.get("block_structure") or (128, 128)
+            return int(rows), int(cols)
+    return None
+
+
 def _unsupported(found: str) -> UnsupportedQuantization:
     return UnsupportedQuantization(
-        f"the checkpoint is quantized ({found}); served: FP8 e4m3 weights with one scale per output channel or "
-        "per tensor (compressed-tensors float-quantized, fbgemm_fp8, fp8 without block scales). For another, "
-        "serve the unquantized checkpoint (with --quantization fp8 to quantize it at load)"
+        f"the checkpoint is quantized ({found}); served: FP8 e4m3 weights with scales per output channel, per "
+        "tensor or per block (compressed-tensors float-quantized, fbgemm_fp8, fp8). For another, serve the "
+        "unquantized checkpoint (with --quantization fp8 to quantize it at load)"
     )

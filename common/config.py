@@ -128,7 +128,7 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
         help="fp8: the decoder layers' linear weights quantized at load to float8 e4m3 with one scale per output "
         "channel, activations per token at each matmul (Hopper's FP8 matmul on CUDA, emulated on a CPU); "
         "embeddings and the head stay in --dtype (default: none, the weights in --dtype; a checkpoint saved in FP8 "
-        "with per-channel or per-tensor scales is served as fp8 without it)",
+        "with per-channel, per-tensor or block scales is served as fp8 without it)",
     )
     model.add_argument("--device", choices=["auto", "cpu", "cuda"], default=d.device, help="auto: cuda when available")
     model.add_argument("--seed", type=int, default=d.seed, help="random weights and unseeded requests")

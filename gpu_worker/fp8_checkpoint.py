@@ -2,7 +2,8 @@
 `--quantization fp8` (models/fp8.py) quantizes them again once loaded (common/checkpoint_quantization.py says
 which checkpoints are served so).
 
-    its weight scales (`<weight>_scale`: [N, 1], [N], [1] or [] float32) ──read first, whole: a few KB a layer
+    its weight scales (`<weight>_scale` or `<weight>_scale_inv`, float32: [N, 1], [N], [1] or [] for a channel's or
+    the tensor's; [ceil(N / rows), ceil(K / cols)] for blocks) ──read first, whole: KBs a layer
     (name, float8 weight [N, K]) ──DequantizedWeight──▶ a layer's `load` indexes it ──▶ q[part] * scale[part]
 
 Indexing reads only that part's bytes, as CheckpointTensor does (a tensor-parallel rank its shard), and scales
@@ -21,7 +22,7 @@ import torch
 from gpu_worker.checkpoint_reader import CheckpointReader
 from gpu_worker.models.weights import TensorSource
 
-SCALE_SUFFIX = "_scale"  # a weight's: "<...>.weight_scale"
+SCALE_SUFFIXES = ("_scale", "_scale_inv")  # a weight's: "<...>.weight_scale" (Hugging Face's fp8: "_scale_inv")
 # Tensors of FP8 checkpoints that scale what the engine quantizes its own way.
 SKIPPED_SUFFIXES = (".input_scale", ".input_scale_ub", ".k_scale", ".v_scale", ".q_scale", ".output_scale")
 
@@ -30,18 +31,24 @@ class DequantizedWeight:
     """A checkpoint's float8 weight [N, K] with its scale (one per output channel, or one for the tensor) as a
     TensorSource of the values they stand for, float32."""
 
-    def __init__(self, name: str, values: TensorSource, scale: torch.Tensor):
+    def __init__(self, name: str, values: TensorSource, scale: torch.Tensor, block: tuple[int, int] | None = None):
         self.name = name
         self.values = values
-        channels = values.shape[0]
-        if scale.numel() == 1:
+        self.block = block
+        channels, inputs = values.shape
+        if block is not None:
+            blocks = (-(-channels // block[0]), -(-inputs // block[1]))
+            if tuple(scale.shape) != blocks:
+                raise ValueError(f"{name}: scales {tuple(scale.shape)} for blocks of {block}: expected {blocks}")
+            self.scale = scale
+        elif scale.numel() == 1:
             self.scale = scale.reshape(())
         elif scale.numel() == channels:
             self.scale = scale.reshape(channels, 1)
         else:
             raise ValueError(
-                f"{name}: {scale.numel()} scales for {channels} output channels (served: one per channel or "
-                "one per tensor)"
+                f"{name}: {scale.numel()} scales for {channels} output channels (served: one per channel, one "
+                "per tensor, or blocks)"
             )
 
     @property
@@ -52,8 +59,14 @@ class DequantizedWeight:
         part = self.values[index].float()
         if self.scale.dim() == 0:
             return part * self.scale.to(part.device)
-        rows = index[0] if isinstance(index, tuple) else index  # t[rows], t[:, cols], t[rows, cols], t[...]
-        return part * (self.scale if rows is Ellipsis else self.scale[rows]).to(part.device)
+        rows, cols = (*index, slice(None))[:2] if isinstance(index, tuple) else (index, slice(None))
+        rows = slice(None) if rows is Ellipsis else rows  # t[rows], t[:, cols], t[rows, cols], t[...]
+        if self.block is None:
+            return part * self.scale[rows].to(part.device)
+        channels, inputs = self.values.shape
+        row_blocks = torch.arange(channels)[rows] // self.block[0]
+        col_blocks = torch.arange(inputs)[cols] // self.block[1]
+        return part * self.scale[row_blocks][:, col_blocks].to(part.device)
 
     def t(self) -> TensorSource:
         raise ValueError(f"{self.name}: an FP8 weight stored transposed (GPT-2's Conv1D layout) is not supported")
@@ -74,29 +87,43 @@ class UnscaledWeight:
     def __getitem__(self, index) -> torch.Tensor:
         part = self.values[index]
         if part.dtype in (torch.float8_e4m3fn, torch.float8_e5m2):
-            raise ValueError(f"{self.name}: a float8 tensor without a {self.name}{SCALE_SUFFIX} beside it")
+            raise ValueError(f"{self.name}: a float8 tensor without a {self.name}_scale beside it")
         return part
 
     def t(self) -> TensorSource:
         return UnscaledWeight(self.name, self.values.t())
 
 
+def _weight_of(name: str) -> str | None:
+    """The weight a scale tensor's name belongs to; None for any other name."""
+    for suffix in SCALE_SUFFIXES:
+        if name.endswith(".weight" + suffix):
+            return name.removesuffix(suffix)
+    return None
+
+
 def read_weight_scales(files: list[str], device: torch.device) -> dict[str, torch.Tensor]:
     """Every weight's scale tensor in the checkpoint, whole, float32, by its weight's name."""
     return {
-        name.removesuffix(SCALE_SUFFIX): tensor[...].float()
+        weight: tensor[...].float()
         for name, tensor in CheckpointReader(files, device)
-        if name.endswith(".weight" + SCALE_SUFFIX)
+        if (weight := _weight_of(name)) is not None
     }
 
 
 def dequantized(
-    weights: Iterable[tuple[str, TensorSource]], scales: dict[str, torch.Tensor]
+    weights: Iterable[tuple[str, TensorSource]],
+    scales: dict[str, torch.Tensor],
+    block: tuple[int, int] | None = None,
 ) -> Iterator[tuple[str, TensorSource]]:
-    """The checkpoint's tensors as the layers load them: each scaled weight dequantized, its scale and the
-    scales the engine does not use left out."""
+    """The checkpoint's tensors as the layers load them: each scaled weight dequantized (block: the [rows,
+    columns] each scale covers, for a block-scaled checkpoint), its scale and the scales the engine does not use
+    left out."""
     for name, tensor in weights:
-        if name.endswith(SKIPPED_SUFFIXES) or name.endswith(".weight" + SCALE_SUFFIX):
+        if name.endswith(SKIPPED_SUFFIXES) or _weight_of(name) is not None:
             continue
         scale = scales.get(name)
-        yield name, (UnscaledWeight(name, tensor) if scale is None else DequantizedWeight(name, tensor, scale))
+        if scale is None:
+            yield name, UnscaledWeight(name, tensor)
+        else:
+            yield name, DequantizedWeight(name, tensor, scale, block)

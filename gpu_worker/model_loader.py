@@ -11,7 +11,7 @@ from pathlib import Path
 import torch
 from transformers import AutoConfig, PretrainedConfig
 
-from common.checkpoint_quantization import checkpoint_quantization
+from common.checkpoint_quantization import checkpoint_quantization, fp8_block_size
 from common.model_source import checkpoint_files
 from gpu_worker.checkpoint_reader import CheckpointReader
 from gpu_worker.fp8_checkpoint import dequantized, read_weight_scales
@@ -44,7 +44,8 @@ def load_model(
     quantization: "fp8" quantizes the projections' loaded (or random) weights, each rank its own shard; the
     experts' rows as they load (models/moe.py: a mixture of experts is too large to build whole first). A
     checkpoint saved in FP8 (common/checkpoint_quantization.py) is served so whether or not it is asked for."""
-    saved_as = checkpoint_quantization(json.loads((Path(folder) / "config.json").read_text()))
+    config = json.loads((Path(folder) / "config.json").read_text())
+    saved_as = checkpoint_quantization(config)
     if saved_as is not None and quantization is None:
         log.info("the checkpoint is quantized (%s): serving it with --quantization %s", saved_as, saved_as)
         quantization = saved_as
@@ -54,7 +55,7 @@ def load_model(
     if load_format == "dummy":
         _init_dummy(model, hf_config, seed, dtype)
     else:
-        read_weights(model, folder, device, progress, dequantize=saved_as is not None)
+        read_weights(model, folder, device, progress, dequantize=saved_as is not None, block=fp8_block_size(config))
     if quantization is not None:
         fp8.quantize_weights(model, quantization)
     return model.eval().requires_grad_(False)
@@ -77,14 +78,19 @@ def build_model(
 
 
 def read_weights(
-    model: torch.nn.Module, folder: str, device: torch.device, progress: bool = False, dequantize: bool = False
+    model: torch.nn.Module,
+    folder: str,
+    device: torch.device,
+    progress: bool = False,
+    dequantize: bool = False,
+    block: tuple[int, int] | None = None,
 ) -> int:
     """Fill the model from the folder's weight files, each tensor's part this rank keeps read straight onto
     `device` (gpu_worker/checkpoint_reader.py); dequantize: an FP8 checkpoint's weights read as the values
-    they stand for (fp8_checkpoint.py). Returns the bytes read."""
+    they stand for (fp8_checkpoint.py; block: its scales' blocks, if so). Returns the bytes read."""
     files = checkpoint_files(folder)
     reader = CheckpointReader(files, device, progress)
-    model.load_weights(dequantized(reader, read_weight_scales(files, device)) if dequantize else reader)
+    model.load_weights(dequantized(reader, read_weight_scales(files, device), block) if dequantize else reader)
     return reader.bytes_read
 
 
