@@ -120,8 +120,8 @@ def fp8_checkpoint_runs(model: Path, scratch: Path) -> dict[str, tuple[str, dict
     save_fp8_checkpoint(model, scratch / "tensor", "tensor")
     bf16 = dict(dtype="bfloat16")
     return {
-        "fp8 checkpoint, 128x128 blocks (served: re-quantized per channel)": (str(scratch / "block"), bf16),
-        "its values in bfloat16 (the block checkpoint's own quality)": (str(scratch / "block_values"), bf16),
+        "fp8 checkpoint, 128x128 blocks (served with its block scales)": (str(scratch / "block"), bf16),
+        "its values in bfloat16 (no activation quantization)": (str(scratch / "block_values"), bf16),
         "fp8 checkpoint, one scale per tensor (served: re-quantized per channel)": (str(scratch / "tensor"), bf16),
     }
 
@@ -153,8 +153,8 @@ def main(argv: list[str] | None = None) -> dict:
         "--fp8-checkpoints",
         action="store_true",
         help="also serve the model saved as FP8 checkpoints (benchmarks/fp8_checkpoints.py): with 128 x 128 block "
-        "scales and with one scale per tensor (each re-quantized per channel as it loads), and the block "
-        "checkpoint's own values in bfloat16",
+        "scales (served with them) and with one scale per tensor (re-quantized per channel as it loads), and the "
+        "block checkpoint's values in bfloat16",
     )
     args = parser.parse_args(argv)
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()

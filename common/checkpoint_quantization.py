@@ -6,9 +6,11 @@ Served: FP8 e4m3 weights with one scale per output channel, per tensor or per bl
 come in (llm-compressor's `compressed-tensors` "float-quantized" with `strategy` channel, tensor or block;
 `fbgemm_fp8`; `fp8`: vLLM's own per-tensor one, and Hugging Face's with `weight_block_size`, as Qwen3's and
 DeepSeek's FP8 releases). They run as `--quantization fp8` runs (gpu_worker/models/fp8.py): the worker reads each
-weight dequantized (gpu_worker/fp8_checkpoint.py) and quantizes it again with one scale per output channel. That
-gives back a per-channel checkpoint's own values; a per-tensor or block-scaled one's are rounded again on the
-channel's grid (its quality against the block scales: docs/benchmarks.md, "FP8 weights and KV store").
+weight dequantized (gpu_worker/fp8_checkpoint.py) and quantizes it again: per output channel, or per block for a
+block-scaled one (its scales applied in the FP8 product: models/fp8.py). That gives back a per-channel or
+block-scaled checkpoint's own values (where its blocks line up with each layer's fused parts and shards, as real
+models' do); a per-tensor one's are rounded again on each channel's grid (docs/benchmarks.md, "FP8 weights and KV
+store").
 Activations are quantized per token at every matmul whatever the checkpoint's activation scheme says (a static
 `input_scale` is not used). Not served, and named in the refusal: integer weights (GPTQ, AWQ, bitsandbytes, int8
 compressed-tensors), anything else.

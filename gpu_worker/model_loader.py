@@ -46,6 +46,7 @@ def load_model(
     checkpoint saved in FP8 (common/checkpoint_quantization.py) is served so whether or not it is asked for."""
     config = json.loads((Path(folder) / "config.json").read_text())
     saved_as = checkpoint_quantization(config)
+    block = fp8_block_size(config)  # random weights too: a shape served as its checkpoint would be
     if saved_as is not None and quantization is None:
         log.info("the checkpoint is quantized (%s): serving it with --quantization %s", saved_as, saved_as)
         quantization = saved_as
@@ -55,9 +56,9 @@ def load_model(
     if load_format == "dummy":
         _init_dummy(model, hf_config, seed, dtype)
     else:
-        read_weights(model, folder, device, progress, dequantize=saved_as is not None, block=fp8_block_size(config))
+        read_weights(model, folder, device, progress, dequantize=saved_as is not None, block=block)
     if quantization is not None:
-        fp8.quantize_weights(model, quantization)
+        fp8.quantize_weights(model, quantization, block)  # a block-scaled checkpoint: its own blocks again
     return model.eval().requires_grad_(False)
 
 

@@ -13,15 +13,19 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from benchmarks.fp8_checkpoints import compressed_tensors, save_fp8_checkpoint, save_with_weights
+from benchmarks.fp8_checkpoints import by_block, compressed_tensors, save_fp8_checkpoint, save_with_weights
 from common.checkpoint_quantization import UnsupportedQuantization, checkpoint_quantization, fp8_block_size
 from common.model_info import check_folder_supported
 from common.sampling_params import SamplingParams
+from gpu_worker.fp8_checkpoint import DequantizedWeight
 from gpu_worker.model_loader import load_model
+from gpu_worker.models import fp8
 from offline import LLM
 from tests.tiny_models import random_prompts
 
-BLOCK = (24, 40)  # rows, columns: neither divides the tiny model's sides, so edge blocks are partial
+# The checkpoints' blocks: 16 rows, whole blocks of every fused part (q, k, v; gate, up), as 128 are of real models';
+# 24 inputs, which leave partial blocks at the edge of each side (64, 128).
+BLOCK = (16, 24)
 
 
 def saved_in_fp8(folder: Path, out: Path, strategy: str) -> dict[str, torch.Tensor]:
@@ -49,27 +53,54 @@ def test_a_per_channel_fp8_checkpoint_serves_as_its_float_one_does_with_quantiza
     assert greedy(tmp_path / "fp8") == greedy(tiny_llama, quantization="fp8")
 
 
-@pytest.mark.parametrize("strategy", ["tensor", "block"])
-def test_a_per_tensor_or_block_scaled_checkpoint_serves_as_its_dequantized_weights_do(tiny_llama, tmp_path, strategy):
-    stands_for = saved_in_fp8(tiny_llama, tmp_path / "fp8", strategy)
+def test_a_per_tensor_checkpoint_serves_as_its_dequantized_weights_do_on_one_rank_or_two(tiny_llama, tmp_path):
+    # Two ranks read their rows (q|k|v, gate|up) or columns (o, down) of each dequantized weight.
+    stands_for = saved_in_fp8(tiny_llama, tmp_path / "fp8", "tensor")
     dequantized = save_with_weights(tiny_llama, tmp_path / "dequantized", stands_for)
     cpu = torch.device("cpu")
-    served = dict(load_model(str(tmp_path / "fp8"), "auto", torch.float32, cpu, quantization=None).named_buffers())
+    served = dict(load_model(str(tmp_path / "fp8"), "auto", torch.float32, cpu).named_buffers())
     reference = load_model(str(dequantized), "auto", torch.float32, cpu, quantization="fp8")
     for name, scale in reference.named_buffers():
         torch.testing.assert_close(served[name], scale, rtol=0, atol=0)
     assert greedy(tmp_path / "fp8") == greedy(dequantized, quantization="fp8")
-
-
-def test_a_block_scaled_checkpoint_splits_over_tensor_parallel_ranks_as_its_dequantized_weights_do(
-    tiny_llama, tmp_path
-):
-    # Each rank reads its rows (q|k|v, gate|up) or columns (o, down) of the weights, and their blocks' scales.
-    dequantized = save_with_weights(
-        tiny_llama, tmp_path / "dequantized", saved_in_fp8(tiny_llama, tmp_path / "fp8", "block")
+    assert greedy(tmp_path / "fp8", tensor_parallel_size=2) == greedy(
+        dequantized, quantization="fp8", tensor_parallel_size=2
     )
-    two = greedy(tmp_path / "fp8", tensor_parallel_size=2)
-    assert two == greedy(dequantized, quantization="fp8", tensor_parallel_size=2)
+
+
+def test_a_block_scaled_checkpoint_comes_back_as_its_own_values_and_block_scales(tiny_llama, tmp_path):
+    """Quantized again per block of the layers' own weights, the blocks of each fused part lining up with the
+    checkpoint's: its e4m3 values bit for bit, its scales (each repeated over its block's rows) within a rounding
+    of the float32 products they came back through; far closer to its values than one scale per channel."""
+    stands_for = saved_in_fp8(tiny_llama, tmp_path / "fp8", "block")
+    cpu = torch.device("cpu")
+    served = load_model(str(tmp_path / "fp8"), "auto", torch.float32, cpu)
+    checkpoint = load_file(tmp_path / "fp8" / "model.safetensors")
+    for name in ("model.layers.0.mlp.down_proj.weight", "model.layers.1.self_attn.o_proj.weight"):
+        layer = served.get_submodule(name.removeprefix("model.").removesuffix(".weight"))
+        assert torch.equal(layer.weight.view(torch.uint8), checkpoint[name].view(torch.uint8)), name
+        own_scales = checkpoint[name + "_scale_inv"].repeat_interleave(BLOCK[0], dim=0)[: layer.weight.shape[0]]
+        torch.testing.assert_close(layer.weight_scale, own_scales, rtol=2e-7, atol=0)
+        assert layer.weight_group == BLOCK[1]
+    fused = served.layers[0].self_attn.qkv_proj  # q | k | v rows, each part its own blocks
+    parts = [checkpoint[f"model.layers.0.self_attn.{p}_proj.weight"] for p in "qkv"]
+    assert torch.equal(fused.weight.view(torch.uint8), torch.cat(parts).view(torch.uint8))
+    values = stands_for["model.layers.0.mlp.down_proj.weight"]
+    layer = served.layers[0].mlp.down_proj
+    grouped = layer.weight.float() * layer.weight_scale.repeat_interleave(BLOCK[1], dim=1)[:, : values.shape[1]]
+    per_channel, scale = fp8.quantize_rows(values)
+    assert (grouped - values).norm() < 1e-3 * (per_channel.float() * scale - values).norm()
+    assert len(greedy(tmp_path / "fp8")[0]) == 12  # and it generates (on the CPU: the emulated product)
+
+
+def test_a_block_scaled_weight_reads_any_part_as_the_whole_reads_it():
+    # What a tensor-parallel rank reads: rows of a column-parallel weight, columns of a row-parallel one.
+    edges = (24, 40)  # blocks partial at both edges of a 70 x 90 weight
+    values, scales, each = by_block(torch.randn(70, 90, generator=torch.Generator().manual_seed(3)), edges)
+    weight = DequantizedWeight("w", values, scales, edges)
+    whole = values.float() * each
+    for index in (..., slice(10, 47), (slice(None), slice(33, 81)), (slice(24, 60), slice(0, 45))):
+        assert torch.equal(weight[index], whole[index]), index
 
 
 def test_a_float8_weight_without_its_scale_is_refused(tiny_llama, tmp_path):

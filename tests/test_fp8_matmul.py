@@ -46,11 +46,30 @@ def test_the_kernel_gives_the_emulations_product_whatever_the_remainders(m, n, k
     torch.testing.assert_close(got.cpu(), want, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("m,n,k", [(5, 48, 80), (37, 70, 200), (1, 16, 64)])
+def test_with_a_scale_per_channel_and_block_of_inputs_the_kernel_gives_the_emulations_product(m, n, k):
+    # A block-scaled checkpoint's weights (fp8.quantize_blocks): each tile's sums scaled by its inputs' block.
+    a, a_scale = quantized(m, k, seed=1)
+    w = torch.randn(n, k, generator=torch.Generator().manual_seed(2)) * torch.linspace(0.01, 1, k)  # blocks differ
+    b, b_scale = fp8.quantize_blocks(w, (16, 64))
+    assert b_scale.shape == (n, -(-k // 64))
+    x = a.float() * a_scale
+    want = fp8.linear(x, b, None, b_scale, group=64)  # the CPU's emulation (x quantized again: the same bits)
+    got = fp8_triton.scaled_matmul(
+        *(t.to(DEVICE) for t in (a, a_scale, b, b_scale)), SMALL_TILES, out_dtype=torch.float32, group=64
+    )
+    torch.testing.assert_close(got.cpu(), want, rtol=1e-5, atol=1e-5)
+    with pytest.raises(ValueError, match="must divide it"):
+        fp8_triton.scaled_matmul(a, a_scale, b, b_scale, SMALL_TILES, group=48)
+
+
 def test_few_and_many_rows_take_the_kernel_and_a_decode_batch_between_takes_scaled_mm():
     assert fp8_triton.matmul_tiles(1) == fp8_triton.matmul_tiles(fp8_triton.FEW_ROWS_MAX) == fp8_triton.FEW_ROWS
     assert fp8_triton.matmul_tiles(fp8_triton.FEW_ROWS_MAX + 1) is None
     assert fp8_triton.matmul_tiles(fp8_triton.MANY_ROWS_MIN - 1) is None
     assert fp8_triton.matmul_tiles(fp8_triton.MANY_ROWS_MIN) == fp8_triton.MANY_ROWS
+    # block-scaled weights (scales along K) take ours at every size: _scaled_mm scales whole rows
+    assert fp8_triton.matmul_tiles(fp8_triton.FEW_ROWS_MAX + 1, grouped=True) == fp8_triton.MANY_ROWS
 
 
 @pytest.mark.skipif(

@@ -6,6 +6,10 @@ quantized once, after loading, with one scale per output channel; each activatio
     x      [M, K]:  x_scale[m] = max_k |x[m, k]| / 448    x_q = e4m3(x / x_scale)    (every matmul)
     y[m, n] = x_scale[m] * w_scale[n] * sum_k x_q[m, k] * w_q[n, k]  (+ bias)
 
+A checkpoint saved with block scales (gpu_worker/fp8_checkpoint.py) is quantized per block of [rows, inputs]
+instead (quantize_blocks), each block's scale kept for each of its rows: weight_scale [N, ceil(K / inputs)] and
+the layer's `weight_group` = inputs; the product scales each group of inputs' sums before they add up.
+
 CUDA (Hopper) quantizes the activations in one Triton kernel (models/fp8_triton.py, the same bits as
 quantize_rows) and runs the product as torch._scaled_mm with row-wise scales (fp8 tensor cores, float32
 accumulation); the CPU runs the same quantization and multiplies the rounded values in float32, so quality
@@ -75,6 +79,21 @@ def quantize_rows(t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return (t / scale).clamp_(-FP8_MAX, FP8_MAX).to(FP8), scale
 
 
+def quantize_blocks(t: torch.Tensor, block: tuple[int, int]) -> tuple[torch.Tensor, torch.Tensor]:
+    """t [R, K] -> (float8 [R, K], float32 scales [R, ceil(K / block[1])]): each block of block[0] rows by block[1]
+    inputs scaled so that its largest magnitude becomes 448 (edge blocks partial), its scale repeated for each of
+    its rows. On a block-scaled checkpoint's values, with blocks that line up with its own, that is its own
+    scale and e4m3 values again."""
+    rows, k = t.shape
+    block_rows, block_cols = block
+    padded = torch.zeros(-(-rows // block_rows) * block_rows, -(-k // block_cols) * block_cols, device=t.device)
+    padded[:rows, :k] = t.float().abs()
+    grid = padded.reshape(padded.shape[0] // block_rows, block_rows, padded.shape[1] // block_cols, block_cols)
+    scale = grid.amax(dim=(1, 3)).mul_(1.0 / FP8_MAX).clamp_(min=MIN_SCALE).repeat_interleave(block_rows, dim=0)[:rows]
+    each = scale.repeat_interleave(block_cols, dim=1)[:, :k]
+    return (t.float() / each).clamp_(-FP8_MAX, FP8_MAX).to(FP8), scale
+
+
 def quantize_activation(x: torch.Tensor) -> QuantizedRows:
     """x [M, K] per token: one Triton kernel on CUDA, quantize_rows elsewhere (the same bits)."""
     if x.is_cuda:
@@ -86,29 +105,40 @@ def quantize_activation(x: torch.Tensor) -> QuantizedRows:
     return QuantizedRows(values, scales, x.dtype)
 
 
-def _product_on_cuda(rows: QuantizedRows, weight: torch.Tensor, weight_scale: torch.Tensor) -> torch.Tensor:
+def _product_on_cuda(rows: QuantizedRows, weight: torch.Tensor, weight_scale: torch.Tensor, group: int) -> torch.Tensor:
     """The bfloat16 product (other model dtypes are converted from it): our Triton kernel where it measured faster
-    than _scaled_mm (fp8_triton.matmul_tiles: few rows, a decode of a few requests; many, a prefill), else
-    _scaled_mm, whose second operand weight.t() is [K, N] column-major, the layout it wants."""
+    than _scaled_mm (fp8_triton.matmul_tiles: few rows, a decode of a few requests; many, a prefill), and for
+    every grouped weight (_scaled_mm scales whole rows); else _scaled_mm, whose second operand weight.t() is
+    [K, N] column-major, the layout it wants."""
     from gpu_worker.models import fp8_triton
 
-    tiles = fp8_triton.matmul_tiles(rows.values.shape[0])
+    tiles = fp8_triton.matmul_tiles(rows.values.shape[0], grouped=group > 0)
     if tiles is not None:
-        return fp8_triton.scaled_matmul(rows.values, rows.scales, weight, weight_scale, tiles)
+        return fp8_triton.scaled_matmul(rows.values, rows.scales, weight, weight_scale, tiles, group=group)
     return torch._scaled_mm(
         rows.values, weight.t(), scale_a=rows.scales, scale_b=weight_scale, out_dtype=torch.bfloat16
     )
 
 
-def linear(x: Activation, weight: torch.Tensor, bias: torch.Tensor | None, weight_scale: torch.Tensor | None):
-    """x @ weight.T + bias in x's dtype: F.linear, or with an FP8 weight ([N, K], weight_scale [1, N] float32)
-    the activations quantized per token (unless they come quantized) and the product scaled back."""
+def linear(
+    x: Activation,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    weight_scale: torch.Tensor | None,
+    group: int = 0,
+):
+    """x @ weight.T + bias in x's dtype: F.linear, or with an FP8 weight ([N, K]; weight_scale float32 [1, N], one
+    per output channel, or with `group` > 0 [N, ceil(K / group)], one per channel and group of inputs) the
+    activations quantized per token (unless they come quantized) and the product scaled back."""
     if weight_scale is None:
         assert isinstance(x, torch.Tensor), "quantized rows are only for FP8 projections"
         return F.linear(x, weight, bias)
     rows = x if isinstance(x, QuantizedRows) else quantize_activation(x.reshape(-1, x.shape[-1]))
     if rows.values.is_cuda:
-        y = _product_on_cuda(rows, weight, weight_scale)
+        y = _product_on_cuda(rows, weight, weight_scale, group)
+    elif group:
+        each = weight_scale.repeat_interleave(group, dim=1)[:, : weight.shape[1]]
+        y = (rows.values.float() @ (weight.float() * each).t()) * rows.scales
     else:
         y = (rows.values.float() @ weight.float().t()) * rows.scales * weight_scale
     y = y.to(rows.dtype)
@@ -137,10 +167,13 @@ def check_method(method: str, device: torch.device) -> None:
         )
 
 
-def quantize_weights(model: nn.Module, method: str) -> None:
+def quantize_weights(model: nn.Module, method: str, block: tuple[int, int] | None = None) -> None:
     """Quantize in place every layer that declares a `weight_scale` (the decoder layers' projections): its
-    weight becomes float8 rows, its weight_scale their scales as one row [1, N]. (The experts quantized as they
-    loaded.)"""
+    weight becomes float8 rows, its weight_scale their scales as one row [1, N]; with `block` (a checkpoint
+    saved with scales per block of [rows, inputs]: gpu_worker/fp8_checkpoint.py), one scale per such block of
+    the layer's own weight (quantize_blocks: the checkpoint's, where its parts and shards are whole blocks, as
+    real models' are), kept per channel and group of block[1] inputs [N, ceil(K / block[1])], its
+    `weight_group` set to block[1]. (The experts quantized as they loaded.)"""
     check_method(method, next(model.parameters()).device)
     for name, module in model.named_modules():
         if not hasattr(module, "weight_scale") or module.weight_scale is not None:
@@ -149,9 +182,13 @@ def quantize_weights(model: nn.Module, method: str) -> None:
         n, k = weight.shape
         if weight.is_cuda and (n % 16 or k % 16):
             raise ValueError(f"{name}: FP8 on CUDA needs both sides of a weight to be multiples of 16, not {n} x {k}")
-        q, scale = quantize_rows(weight.data)
+        if block is not None:
+            q, scale = quantize_blocks(weight.data, block)
+            module.weight_scale, module.weight_group = scale, block[1]
+        else:
+            q, scale = quantize_rows(weight.data)
+            module.weight_scale = scale.t().contiguous()
         module.weight = nn.Parameter(q, requires_grad=False)
-        module.weight_scale = scale.t().contiguous()
     for module in model.modules():
         fuse = getattr(module, "fuse_fp8_inputs", None)
         if fuse is not None:

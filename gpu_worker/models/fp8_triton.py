@@ -97,13 +97,17 @@ def _scaled_matmul_kernel(
     stride_am,
     stride_bn,
     stride_cm,
+    stride_bs,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
     GROUP_M: tl.constexpr,
+    SCALE_GROUP: tl.constexpr,
 ):
     """c [M, N] = (a [M, K] . b [N, K]^T) * a_scale [M] * b_scale [N], float32 accumulation, both operands
-    K-major (as fp8 tensor cores take them). Programs in matmul_tiles.program_tile's order."""
+    K-major (as fp8 tensor cores take them). With SCALE_GROUP > 0, b_scale is [N, K / SCALE_GROUP] (row stride
+    stride_bs): each tile's products are scaled by their inputs' group before they add up (BLOCK_K divides
+    SCALE_GROUP). Programs in matmul_tiles.program_tile's order."""
     pid_m, pid_n = program_tile(tl.program_id(0), tl.cdiv(M, BLOCK_M), tl.cdiv(N, BLOCK_N), GROUP_M)
     rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -114,12 +118,17 @@ def _scaled_matmul_kernel(
     for k in range(0, K, BLOCK_K):
         a = tl.load(a_ptrs, mask=(rows < M)[:, None] & (ks < K - k)[None, :], other=0.0)
         b = tl.load(b_ptrs, mask=(cols < N)[:, None] & (ks < K - k)[None, :], other=0.0)
-        acc = tl.dot(a, tl.trans(b), acc)
+        if SCALE_GROUP:
+            group_scale = tl.load(b_scale_ptr + cols * stride_bs + k // SCALE_GROUP, mask=cols < N, other=0.0)
+            acc += tl.dot(a, tl.trans(b)) * group_scale[None, :]
+        else:
+            acc = tl.dot(a, tl.trans(b), acc)
         a_ptrs += BLOCK_K
         b_ptrs += BLOCK_K
     a_scale = tl.load(a_scale_ptr + rows, mask=rows < M, other=0.0)
-    b_scale = tl.load(b_scale_ptr + cols, mask=cols < N, other=0.0)
-    acc = acc * a_scale[:, None] * b_scale[None, :]
+    acc = acc * a_scale[:, None]
+    if not SCALE_GROUP:
+        acc = acc * tl.load(b_scale_ptr + cols, mask=cols < N, other=0.0)[None, :]
     c_ptrs = c_ptr + rows.to(tl.int64)[:, None] * stride_cm + cols[None, :]
     tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=(rows < M)[:, None] & (cols < N)[None, :])
 
@@ -134,11 +143,13 @@ FEW_ROWS_MAX = 64
 MANY_ROWS_MIN = 2048
 
 
-def matmul_tiles(rows: int) -> Tiles | None:
-    """The launch shape scaled_matmul takes for a product of this many rows, or None where _scaled_mm is faster."""
+def matmul_tiles(rows: int, grouped: bool = False) -> Tiles | None:
+    """The launch shape scaled_matmul takes for a product of this many rows, or None where _scaled_mm is faster.
+    A weight with scales per group of inputs (grouped) takes ours at every size: _scaled_mm scales whole rows.
+    (Its launch shapes are the row-wise ones, not measured apart.)"""
     if rows <= FEW_ROWS_MAX:
         return FEW_ROWS
-    if rows >= MANY_ROWS_MIN:
+    if rows >= MANY_ROWS_MIN or grouped:
         return MANY_ROWS
     return None
 
@@ -150,11 +161,15 @@ def scaled_matmul(
     b_scale: torch.Tensor,
     tiles: Tiles,
     out_dtype: torch.dtype = torch.bfloat16,
+    group: int = 0,
 ) -> torch.Tensor:
     """a float8 [M, K] with scales [M, 1], b float8 [N, K] (a weight) with scales [1, N] -> [M, N] of out_dtype:
-    what torch._scaled_mm(a, b.t(), scale_a=a_scale, scale_b=b_scale) computes."""
+    what torch._scaled_mm(a, b.t(), scale_a=a_scale, scale_b=b_scale) computes. With group > 0, b's scales are
+    [N, ceil(K / group)], one per channel and `group` inputs (fp8.quantize_groups), a multiple of tiles.block_k."""
     m, k = a.shape
     n = b.shape[0]
+    if group and group % tiles.block_k:
+        raise ValueError(f"scales per {group} inputs: the product's tiles of {tiles.block_k} inputs must divide it")
     c = torch.empty((m, n), dtype=out_dtype, device=a.device)
     grid = (triton.cdiv(m, tiles.block_m) * triton.cdiv(n, tiles.block_n),)
     _scaled_matmul_kernel[grid](
@@ -169,6 +184,8 @@ def scaled_matmul(
         a.stride(0),
         b.stride(0),
         c.stride(0),
+        b_scale.stride(0),
+        SCALE_GROUP=group,
         **tiles.launch_options(),
     )
     return c

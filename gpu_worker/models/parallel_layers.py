@@ -35,9 +35,10 @@ class ColumnParallelLinear(nn.Linear):
         self.parts = parts
         self.local_parts = local_parts
         self.register_buffer("weight_scale", None)  # per output channel, once the weight is FP8
+        self.weight_group = 0  # inputs per scale where a row has several (fp8.quantize_weights); 0: one a row
 
     def forward(self, x: fp8.Activation) -> torch.Tensor:
-        return fp8.linear(x, self.weight, self.bias, self.weight_scale)
+        return fp8.linear(x, self.weight, self.bias, self.weight_scale, self.weight_group)
 
     def full_shape(self, name: str) -> tuple[int, ...]:
         return (sum(self.parts), self.in_features) if name == "weight" else (sum(self.parts),)
@@ -71,12 +72,13 @@ class RowParallelLinear(nn.Linear):
         self.tp = tp
         self.full_in_features = in_features
         self.register_buffer("weight_scale", None)  # per output channel (of this rank's inputs), once FP8
+        self.weight_group = 0  # inputs per scale where a row has several (fp8.quantize_weights); 0: one a row
         self.sum_in_next_norm = False
 
     def forward(self, x: fp8.Activation) -> torch.Tensor | UnreducedSum:
         if self.tp.size == 1:
-            return fp8.linear(x, self.weight, self.bias, self.weight_scale)
-        partial = fp8.linear(x, self.weight, None, self.weight_scale)
+            return fp8.linear(x, self.weight, self.bias, self.weight_scale, self.weight_group)
+        partial = fp8.linear(x, self.weight, None, self.weight_scale, self.weight_group)
         if self.sum_in_next_norm and self.bias is None:
             return UnreducedSum(partial, self.tp)
         y = self.tp.all_reduce(partial)
