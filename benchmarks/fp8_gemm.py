@@ -2,7 +2,7 @@
 kernel (gpu_worker/models/fp8_triton.py: scaled_matmul, its launch shapes swept) and the bf16 product, side by side
 on one GPU, by token count (a decode step's rows through a prefill's).
 
-    python -m benchmarks.fp8_gemm [--shape llama-3-8b] [--tokens 64,256,1024,8192] [--json FILE]
+    python -m benchmarks.fp8_gemm [--shape llama-3-8b] [--tokens 64,256,1024,8192] [--block-scales] [--json FILE]
 
 Each product is captured in a CUDA graph and timed by its replays (median), as the engine runs it; the figure
 beside it is its floor, the larger of its bytes (weights, activations, output) at the HBM bandwidth and its FLOPs
@@ -50,9 +50,11 @@ def time_us(run) -> float:
     return 1000 * triton.testing.do_bench_cudagraph(run, rep=100, return_mode="median")
 
 
-def measure(m: int, weight, weight_scale, weight_bf16, gen, rows: list[dict], row: dict) -> tuple:
+def measure(m: int, weight, weight_scale, weight_bf16, gen, rows: list[dict], row: dict, blocks=None) -> tuple:
     """One token count against one weight: bf16, _scaled_mm, and the Triton kernel at each launch shape (its rows
-    appended to `rows`). Returns (bf16 µs, _scaled_mm µs, (best Triton µs, its tiles) or None)."""
+    appended to `rows`). Returns (bf16 µs, _scaled_mm µs, (best Triton µs, its tiles) or None). blocks: the same
+    weight quantized per block instead (fp8.quantize_blocks: values, scales [N, groups], inputs per group), which
+    ours multiplies with its block scales; _scaled_mm keeps the row-wise one, the speed to compare with."""
     x = torch.randn(m, weight.shape[1], generator=gen, device=weight.device, dtype=torch.bfloat16)
     xq, xs = fp8.quantize_rows(x)
 
@@ -60,18 +62,23 @@ def measure(m: int, weight, weight_scale, weight_bf16, gen, rows: list[dict], ro
         return torch._scaled_mm(xq, weight.t(), scale_a=xs, scale_b=weight_scale, out_dtype=torch.bfloat16)
 
     want = scaled_mm().float()
+    group = 0
+    if blocks is not None:
+        weight, weight_scale, group = blocks
+        each = weight_scale.repeat_interleave(group, dim=1)[:, : weight.shape[1]]
+        want = (xq.float() @ (weight.float() * each).t()) * xs
     bf16_us = time_us(lambda: F.linear(x, weight_bf16))
     mm_us = time_us(scaled_mm)
     best = None
     for tiles in TILES:
 
         def ours(t: Tiles = tiles) -> torch.Tensor:
-            return fp8_triton.scaled_matmul(xq, xs, weight, weight_scale, t)
+            return fp8_triton.scaled_matmul(xq, xs, weight, weight_scale, t, group=group)
 
         try:
             err = ((ours().float() - want).norm() / want.norm()).item()
             if err > 1e-2:
-                raise AssertionError(f"relative error {err:.3g} against _scaled_mm")
+                raise AssertionError(f"relative error {err:.3g} against the reference")
             us = time_us(ours)
         except Exception as error:  # a launch shape that does not fit (shared memory): skipped
             rows.append(row | {"tiles": dataclasses.asdict(tiles), "error": str(error).splitlines()[0][:200]})
@@ -87,6 +94,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--shape", choices=sorted(SHAPES), default="llama-3-8b")
     parser.add_argument("--tokens", type=ints, default=(16, 64, 256, 512, 2048, 8192))
     parser.add_argument("--json", help="write every timing here")
+    parser.add_argument(
+        "--block-scales",
+        action="store_true",
+        help="ours with the weights quantized per 128 x 128 block (a block-scaled checkpoint's: quantize_blocks)",
+    )
     args = parser.parse_args(argv)
     device = torch.device("cuda")
     peak = gpu_peak(torch.cuda.get_device_name())
@@ -99,11 +111,14 @@ def main(argv: list[str] | None = None) -> None:
         weight, weight_scale = fp8.quantize_rows(torch.randn(n, k, generator=gen, device=device) * 0.02)
         weight_scale = weight_scale.t().contiguous()  # [1, N], as models/fp8.py keeps it
         weight_bf16 = torch.randn(n, k, generator=gen, device=device, dtype=torch.bfloat16)
+        blocks = (
+            (*fp8.quantize_blocks(weight.float() * weight_scale.t(), (128, 128)), 128) if args.block_scales else None
+        )
         for m in args.tokens:
             fp8_bytes = n * k + m * k + 2 * m * n
             floor_us = 1e6 * max(fp8_bytes / peak.hbm_bytes_per_s, 2 * m * n * k / peak.fp8_flops_per_s)
             row = {"product": name, "n": n, "k": k, "tokens": m, "floor_us": floor_us}
-            bf16_us, mm_us, best = measure(m, weight, weight_scale, weight_bf16, gen, rows, row)
+            bf16_us, mm_us, best = measure(m, weight, weight_scale, weight_bf16, gen, rows, row, blocks)
             table.append((name, m, floor_us, bf16_us, mm_us, best))
             ours = f"{best[0]:7.1f} {best[1]}" if best else "-"
             print(
