@@ -35,6 +35,8 @@ class DequantizedWeight:
         self.name = name
         self.values = values
         self.block = block
+        if len(values.shape) != 2:
+            raise ValueError(f"{name}: an FP8 weight of shape {tuple(values.shape)} (served: [out, in] matrices)")
         channels, inputs = values.shape
         if block is not None:
             blocks = (-(-channels // block[0]), -(-inputs // block[1]))

@@ -101,6 +101,8 @@ def test_a_block_scaled_weight_reads_any_part_as_the_whole_reads_it():
     whole = values.float() * each
     for index in (..., slice(10, 47), (slice(None), slice(33, 81)), (slice(24, 60), slice(0, 45))):
         assert torch.equal(weight[index], whole[index]), index
+    with pytest.raises(ValueError, match=r"stacked|\[out, in\] matrices"):
+        DequantizedWeight("experts", values[None], scales[None], edges)  # stacked experts: not served
 
 
 def test_a_float8_weight_without_its_scale_is_refused(tiny_llama, tmp_path):
