@@ -9,8 +9,8 @@ DeepSeek's FP8 releases). They run as `--quantization fp8` runs (gpu_worker/mode
 weight dequantized (gpu_worker/fp8_checkpoint.py) and quantizes it again: per output channel, or per block for a
 block-scaled one (its scales applied in the FP8 product: models/fp8.py). That gives back a per-channel or
 block-scaled checkpoint's own values (where its blocks line up with each layer's fused parts and shards, as real
-models' do); a per-tensor one's are rounded again on each channel's grid (docs/benchmarks.md, "FP8 weights and KV
-store").
+models' do); a per-tensor one's, and a mixture of experts' experts (quantized per channel as they load), are
+rounded again on each channel's grid (docs/benchmarks.md, "FP8 weights and KV store").
 Activations are quantized per token at every matmul whatever the checkpoint's activation scheme says (a static
 `input_scale` is not used). Not served, and named in the refusal: integer weights (GPTQ, AWQ, bitsandbytes, int8
 compressed-tensors), anything else.
