@@ -42,15 +42,10 @@ def compressed_tensors(strategy: str, weight_type: str = "float", num_bits: int 
 
 
 def by_block(w: torch.Tensor, block: tuple[int, int]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """w [N, K] in e4m3 with one scale per block (edge blocks partial): (values, scales [ceil(N/rows),
-    ceil(K/cols)], each entry's scale [N, K])."""
-    rows, cols = block
-    padded = torch.zeros(-(-w.shape[0] // rows) * rows, -(-w.shape[1] // cols) * cols)
-    padded[: w.shape[0], : w.shape[1]] = w.abs()
-    blocks = padded.reshape(padded.shape[0] // rows, rows, padded.shape[1] // cols, cols)
-    scales = (blocks.amax(dim=(1, 3)) / fp8.FP8_MAX).clamp(min=fp8.MIN_SCALE)
-    each = scales.repeat_interleave(rows, 0).repeat_interleave(cols, 1)[: w.shape[0], : w.shape[1]]
-    return (w / each).clamp(-fp8.FP8_MAX, fp8.FP8_MAX).to(fp8.FP8), scales, each
+    """w [N, K] in e4m3 with one scale per block (edge blocks partial; fp8.quantize_blocks): (values, scales
+    [ceil(N/rows), ceil(K/cols)], each entry's scale [N, K])."""
+    values, per_row = fp8.quantize_blocks(w, block)
+    return values, per_row[:: block[0]].contiguous(), fp8.scale_of_each(per_row, block[1], w.shape[1])
 
 
 def save_fp8_checkpoint(

@@ -65,7 +65,7 @@ def measure(m: int, weight, weight_scale, weight_bf16, gen, rows: list[dict], ro
     group = 0
     if blocks is not None:
         weight, weight_scale, group = blocks
-        each = weight_scale.repeat_interleave(group, dim=1)[:, : weight.shape[1]]
+        each = fp8.scale_of_each(weight_scale, group, weight.shape[1])
         want = (xq.float() @ (weight.float() * each).t()) * xs
     bf16_us = time_us(lambda: F.linear(x, weight_bf16))
     mm_us = time_us(scaled_mm)

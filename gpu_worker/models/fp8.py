@@ -90,8 +90,12 @@ def quantize_blocks(t: torch.Tensor, block: tuple[int, int]) -> tuple[torch.Tens
     padded[:rows, :k] = t.float().abs()
     grid = padded.reshape(padded.shape[0] // block_rows, block_rows, padded.shape[1] // block_cols, block_cols)
     scale = grid.amax(dim=(1, 3)).mul_(1.0 / FP8_MAX).clamp_(min=MIN_SCALE).repeat_interleave(block_rows, dim=0)[:rows]
-    each = scale.repeat_interleave(block_cols, dim=1)[:, :k]
-    return (t.float() / each).clamp_(-FP8_MAX, FP8_MAX).to(FP8), scale
+    return (t.float() / scale_of_each(scale, block_cols, k)).clamp_(-FP8_MAX, FP8_MAX).to(FP8), scale
+
+
+def scale_of_each(scale: torch.Tensor, group: int, k: int) -> torch.Tensor:
+    """Scales per row and group of `group` inputs [R, ceil(k / group)] -> each entry's scale [R, k]."""
+    return scale.repeat_interleave(group, dim=1)[:, :k]
 
 
 def quantize_activation(x: torch.Tensor) -> QuantizedRows:
@@ -137,7 +141,7 @@ def linear(
     if rows.values.is_cuda:
         y = _product_on_cuda(rows, weight, weight_scale, group)
     elif group:
-        each = weight_scale.repeat_interleave(group, dim=1)[:, : weight.shape[1]]
+        each = scale_of_each(weight_scale, group, weight.shape[1])
         y = (rows.values.float() @ (weight.float() * each).t()) * rows.scales
     else:
         y = (rows.values.float() @ weight.float().t()) * rows.scales * weight_scale
