@@ -161,8 +161,9 @@ def written_slots(cache: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
 
 @needs_fp8_triton
 @pytest.mark.parametrize("options", [{}, {"sliding_window": 24, "softcap": 5.0}], ids=["plain", "window-softcap"])
-def test_the_triton_kernels_store_torchs_bits_and_attend_as_the_torch_backend_does(options):
-    batch = mixed_batch(MIXED, 16, 8, 2, head_dim=32, seed=5)
+@pytest.mark.parametrize("head_dim", [32, 80, 16], ids=["pairs", "pairs-padded", "too-narrow-for-pairs"])
+def test_the_triton_kernels_store_torchs_bits_and_attend_as_the_torch_backend_does(options, head_dim):
+    batch = mixed_batch(MIXED, 16, 8, 2, head_dim=head_dim, seed=5)
     out, k_cache, v_cache = triton_fp8(batch, **options)
     want, want_k, want_v = torch_fp8(batch, **options)
     for cache, want_cache in ((k_cache, want_k), (v_cache, want_v)):
@@ -173,15 +174,16 @@ def test_the_triton_kernels_store_torchs_bits_and_attend_as_the_torch_backend_do
 
 
 @needs_fp8_triton
-@pytest.mark.parametrize("products", ["q", "bits"])
+@pytest.mark.parametrize("products", ["q", "pairs"])
 @pytest.mark.parametrize("options", [{}, {"sliding_window": 24, "softcap": 5.0}], ids=["plain", "window-softcap"])
 def test_the_triton_kernels_over_an_e4m3_store_give_the_bits_of_a_full_precision_store_of_its_values(
     options, products, monkeypatch
 ):
     """The kernels apply the power-of-two scales outside their tile loops (K's in the score scale, V's on the
-    output): exactly what scaling each entry gives, so a store of e4m3 values attends bit for bit as a
-    full-precision store holding the same values; whether the decode kernel converts its entries or places their
-    bits (1/256 of each, the 256 folded into the same scales)."""
+    output): exactly what scaling each entry gives, so a store of e4m3 values attends as a full-precision store
+    holding the same values: bit for bit where the decode kernel converts its entries; where it places their
+    bits as 16-bit pairs (1/256 of each, the 256 folded into the same scales) its products sum the even and the
+    odd dims apart, so only float32's rounding of the sums' order differs."""
     monkeypatch.setitem(kernels.DECODE_TILES, (32, True), kernels.DecodeTiles(fp8_products=products))
     batch = mixed_batch(MIXED, 16, 8, 2, head_dim=32, seed=7)
     _, k, v = batch.qkv_views()
@@ -191,7 +193,10 @@ def test_the_triton_kernels_over_an_e4m3_store_give_the_bits_of_a_full_precision
     out, _, _ = triton_fp8(batch, **options)
     backend = TritonAttention(batch.k_cache.shape[1], batch.k_cache.shape[2])
     want = attend(backend, batch, batch.k_cache.clone(), batch.v_cache.clone(), **options)
-    assert torch.equal(out, want)
+    if products == "q":
+        assert torch.equal(out, want)
+    else:
+        torch.testing.assert_close(out, want, rtol=1e-5, atol=1e-6)
 
 
 @pytest.mark.skipif(
@@ -207,25 +212,30 @@ def test_bfloat16_queries_over_an_e4m3_store_stay_within_its_precision_of_full_p
 
 
 @triton.jit
-def _place_e4m3_bits(src_ptr, dst_ptr, N: tl.constexpr, ASM: tl.constexpr):
-    offsets = tl.arange(0, N)
-    tl.store(dst_ptr + offsets, kernels._e4m3_as_f16(tl.load(src_ptr + offsets), ASM))
+def _place_e4m3_pairs(src_ptr, even_ptr, odd_ptr, BLOCK: tl.constexpr, ASM: tl.constexpr):
+    offsets = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    even, odd = kernels._e4m3_pairs_as_f16(tl.load(src_ptr + offsets), ASM)
+    tl.store(even_ptr + offsets, even)
+    tl.store(odd_ptr + offsets, odd)
 
 
 @needs_fp8_triton
-def test_every_e4m3_value_placed_as_float16_bits_is_its_value_over_256():
-    """The decode kernel's float8 entries by moving bits (_e4m3_as_f16), subnormals and signed zeros included;
-    on a GPU also its PTX, which must give the same bits. (0x7F and 0xFF are NaN in e4m3fn: a store never
-    holds them, quantize saturates.)"""
-    codes = torch.tensor([c for c in range(256) if c & 0x7F != 0x7F], dtype=torch.uint8, device=DEVICE)
-    values = codes.view(FP8)
-    want = (values.float() / kernels.E4M3_IN_F16_UNIT).to(torch.float16)
+def test_every_pair_of_e4m3_values_placed_as_float16_bits_is_their_values_over_256():
+    """The decode kernel's float8 entries, read two at a time as 16-bit pairs and their bits moved
+    (_e4m3_pairs_as_f16): every pair of codes, subnormals and signed zeros included, in either byte; on a GPU
+    also its PTX, which must give the same bits. (0x7F and 0xFF are NaN in e4m3fn: a store never holds them,
+    quantize saturates; here they stand in as zeros.)"""
+    codes = torch.arange(256, dtype=torch.int32)
+    codes = torch.where(codes & 0x7F == 0x7F, 0, codes)
+    low, high = codes.repeat(256), codes.repeat_interleave(256)  # every (low byte, high byte)
+    pairs = (low | (high << 8)).to(torch.int32).to(torch.int16)
+    bytes_ = torch.stack([low, high], dim=1).to(torch.uint8).view(FP8)
+    want_even, want_odd = ((bytes_[:, i].float() / kernels.E4M3_IN_F16_UNIT).to(torch.float16) for i in (0, 1))
     for asm in (False, True) if DEVICE.type == "cuda" else (False,):
-        got = torch.empty(256, dtype=torch.float16, device=DEVICE)
-        padded = torch.zeros(256, dtype=torch.uint8, device=DEVICE)
-        padded[: len(codes)] = codes
-        _place_e4m3_bits[(1,)](padded.view(FP8), got, N=256, ASM=asm)
-        assert torch.equal(got[: len(codes)].view(torch.int16), want.view(torch.int16)), f"asm={asm}"
+        even, odd = (torch.empty(len(pairs), dtype=torch.float16, device=DEVICE) for _ in range(2))
+        _place_e4m3_pairs[(len(pairs) // 1024,)](pairs.to(DEVICE), even, odd, BLOCK=1024, ASM=asm)
+        assert torch.equal(even.cpu().view(torch.int16), want_even.view(torch.int16)), f"asm={asm}"
+        assert torch.equal(odd.cpu().view(torch.int16), want_odd.view(torch.int16)), f"asm={asm}"
 
 
 # ---------------------------------------------------------------------------------- engine and server

@@ -22,9 +22,11 @@ scores (Gemma 2: cap * tanh(score / cap), taken before the mask, as the referenc
 
 A float8 store (--kv-cache-dtype fp8, constexpr FP8) holds K and V in units of the layer's two scales
 (gpu_worker/kv_cache.py): store_kv quantizes (times 1 / scale, clamped to +-448, rounded to nearest even). The
-attention kernels convert each tile as they load it into q's dtype (exact: every e4m3 value is a bfloat16) and
-apply the scales outside the tile loop: K's folded into the score scale, V's on the output (with power-of-two
-scales, kv_scales.py, the same bits as scaling every element, at none of its per-element work).
+prefill kernel converts each tile as it loads it into q's dtype (exact: every e4m3 value is a bfloat16); the
+decode kernel reads 16-bit pairs of entries and moves their bits into float16 (_e4m3_pairs_as_f16: 1/256 of each
+value, exact too). Both apply the scales outside the tile loop: K's folded into the score scale, V's on the
+output (with power-of-two scales, kv_scales.py, the same bits as scaling every element, at none of its
+per-element work).
 
 Head dims that are not a power of two (and group sizes, head counts) are padded to one with masked
 loads; tl.dot wants every side at least 16, hence the floors of 16 below.
@@ -185,12 +187,9 @@ def _load_kv_tile(
     HEAD_DIM_PAD: tl.constexpr,
     BLOCK_N: tl.constexpr,
     FP8: tl.constexpr,
-    FP8_BITS: tl.constexpr = False,
-    FP8_ASM: tl.constexpr = False,
 ):
     """K and V [BLOCK_N, HEAD_DIM_PAD] of context positions start.., zero outside [begin, end) (never read).
-    FP8: converted to q's dtype, still in units of the layer's scales (the caller applies them); FP8_BITS: to
-    float16 by placing the bits (_e4m3_as_f16: 1/256 of the value; q must be float16)."""
+    FP8: converted to q's dtype, still in units of the layer's scales (the caller applies them)."""
     pos = start + tl.arange(0, BLOCK_N)
     in_context = (pos >= begin) & (pos < end)
     block = tl.load(table_ptr + pos // BLOCK_SIZE, mask=in_context, other=0).to(tl.int64)
@@ -200,10 +199,7 @@ def _load_kv_tile(
     mask = in_context[:, None] & (dims < HEAD_DIM)[None, :]
     k = tl.load(k_cache_ptr + offsets, mask=mask, other=0.0)
     v = tl.load(v_cache_ptr + offsets, mask=mask, other=0.0)
-    if FP8_BITS:  # (float16 is exact in q's dtype, float32 under the CPU tests: a no-op for float16 queries)
-        k = _e4m3_as_f16(k, FP8_ASM).to(q.dtype)
-        v = _e4m3_as_f16(v, FP8_ASM).to(q.dtype)
-    elif FP8:
+    if FP8:
         k = k.to(q.dtype)
         v = v.to(q.dtype)
     return pos, k, v
@@ -215,40 +211,82 @@ E4M3_IN_F16_UNIT = 256.0
 
 
 @triton.jit
-def _e4m3_as_f16(x, ASM: tl.constexpr):
-    """float8 e4m3 entries -> float16 holding value / E4M3_IN_F16_UNIT, by moving bits, not by converting: a
-    conversion instruction's throughput bounds a decode kernel reading a float8 store at HBM speed, where integer
-    instructions on four entries at once (ASM: one byte permute and two logic ops per two entries) do not. The
-    same bits either way; ASM on CUDA only (the CPU interpreter runs no PTX)."""
-    bits = x.to(tl.uint8, bitcast=True)
+def _e4m3_pairs_as_f16(pairs, ASM: tl.constexpr):
+    """int16 entries, each two e4m3 bytes (a head's dims 2j and 2j + 1, little-endian) -> (even, odd): float16
+    holding each value / E4M3_IN_F16_UNIT, by moving bits, not by converting (a conversion instruction's
+    throughput, and repacking bytes, bound a decode kernel reading a float8 store).
+
+    Why pairs: a 16-bit entry is what the GPU's matrix loads move and transpose (ldmatrix), so V's tile reaches
+    the products' layout (keys paired along the reduction) from shared memory as bfloat16's does; single bytes
+    took a byte load and permutes each (one H200, W1: 1.39x faster, docs/benchmarks.md). ASM: two 16-bit
+    entries per 32-bit register, four integer instructions for the odd bytes' pair and five for the even's
+    (the odd bytes already sit in each half's high byte); CUDA only (the CPU interpreter runs no PTX): the
+    same bits in plain Triton."""
     if ASM:
-        # prmt spreads bytes b0, b1 into the high bytes of two 16-bit lanes (b << 8); then the sign stays at bit
-        # 15 and the 7 magnitude bits move one right, to bits 7..13.
+        # In each 16-bit half, the byte in the high half-byte position keeps its sign bit at 15 and moves its
+        # 7 magnitude bits one right (to 13..7); the low byte is first shifted up by 8 (7 for the magnitude).
         return tl.inline_asm_elementwise(
             asm="""
             {
-            .reg .b32 lo, hi, zero, t;
-            mov.b32 zero, 0;
-            prmt.b32 lo, $2, zero, 0x1404;
-            prmt.b32 hi, $2, zero, 0x3424;
-            shr.b32 t, lo, 1;
+            .reg .b32 t, u;
+            shr.b32 t, $2, 1;
             and.b32 t, t, 0x3F803F80;
-            and.b32 lo, lo, 0x80008000;
-            or.b32 $0, lo, t;
-            shr.b32 t, hi, 1;
+            and.b32 u, $2, 0x80008000;
+            or.b32 $1, u, t;
+            shl.b32 t, $2, 7;
             and.b32 t, t, 0x3F803F80;
-            and.b32 hi, hi, 0x80008000;
-            or.b32 $1, hi, t;
+            shl.b32 u, $2, 8;
+            and.b32 u, u, 0x80008000;
+            or.b32 $0, u, t;
             }
             """,
             constraints="=r,=r,r",
-            args=[bits],
-            dtype=tl.float16,
+            args=[pairs],
+            dtype=(tl.float16, tl.float16),
             is_pure=True,
-            pack=4,
+            pack=2,
         )
-    wide = bits.to(tl.uint16)
-    return (((wide & 0x80) << 8) | ((wide & 0x7F) << 7)).to(tl.float16, bitcast=True)
+    wide = pairs.to(tl.uint16, bitcast=True)
+    low = wide & 0xFF
+    high = wide >> 8
+    even = (((low & 0x80) << 8) | ((low & 0x7F) << 7)).to(tl.float16, bitcast=True)
+    odd = (((high & 0x80) << 8) | ((high & 0x7F) << 7)).to(tl.float16, bitcast=True)
+    return even, odd
+
+
+@triton.jit
+def _load_kv_pairs(
+    k_cache_ptr,
+    v_cache_ptr,
+    table_ptr,
+    kv_head,
+    start,
+    begin,
+    end,
+    stride_cb,
+    stride_cs,
+    stride_ch,
+    BLOCK_SIZE: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    HEAD_DIM_PAD: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    ASM: tl.constexpr,
+):
+    """A float8 store's K and V tiles of positions start.., as _load_kv_tile reads them, but each split into its
+    even and odd dims [BLOCK_N, HEAD_DIM_PAD // 2], float16 at 1/E4M3_IN_F16_UNIT of the entries
+    (_e4m3_pairs_as_f16); an even HEAD_DIM, so that a row is whole 16-bit pairs."""
+    pos = start + tl.arange(0, BLOCK_N)
+    in_context = (pos >= begin) & (pos < end)
+    block = tl.load(table_ptr + pos // BLOCK_SIZE, mask=in_context, other=0).to(tl.int64)
+    rows = (block * stride_cb + (pos % BLOCK_SIZE) * stride_cs + kv_head * stride_ch) // 2  # in pairs
+    pairs = tl.arange(0, HEAD_DIM_PAD // 2)
+    offsets = rows[:, None] + pairs[None, :]
+    mask = in_context[:, None] & (pairs < HEAD_DIM // 2)[None, :]
+    k = tl.load(k_cache_ptr.to(tl.pointer_type(tl.int16), bitcast=True) + offsets, mask=mask, other=0)
+    v = tl.load(v_cache_ptr.to(tl.pointer_type(tl.int16), bitcast=True) + offsets, mask=mask, other=0)
+    k_even, k_odd = _e4m3_pairs_as_f16(k, ASM)
+    v_even, v_odd = _e4m3_pairs_as_f16(v, ASM)
+    return pos, k_even, k_odd, v_even, v_odd
 
 
 @triton.jit
@@ -271,9 +309,15 @@ def _store_slice(part_out_ptr, part_lse_ptr, part, acc, m_i, l_i, dims, rows, HE
 
 @triton.jit
 def _scores(q, k, qk_scale, softcap, SOFTCAP: tl.constexpr):
-    """q [M, D] . k [N, D]^T in float32, in log2 units. ieee: float32 inputs must not drop to tf32.
-    SOFTCAP: softcap * tanh(s / softcap), softcap in log2 units too (cap * log2(e): the same capping)."""
-    s = tl.dot(q, tl.trans(k), input_precision="ieee") * qk_scale
+    """q [M, D] . k [N, D]^T in float32, in log2 units. ieee: float32 inputs must not drop to tf32."""
+    return _scaled_scores(tl.dot(q, tl.trans(k), input_precision="ieee"), qk_scale, softcap, SOFTCAP)
+
+
+@triton.jit
+def _scaled_scores(s, qk_scale, softcap, SOFTCAP: tl.constexpr):
+    """Products q . k in log2 units. SOFTCAP: softcap * tanh(s / softcap), softcap in log2 units too (cap *
+    log2(e): the same capping)."""
+    s = s * qk_scale
     if SOFTCAP:
         s = softcap * tanh(s / softcap)
     return s
@@ -291,13 +335,20 @@ def _online_softmax_step(acc, m_i, l_i, s, v):
 
     A row that has seen no visible key yet (a slice of the context that starts past its position) keeps
     max -inf, sum 0 and acc 0: its exponents are taken against 0 rather than -inf (exp2(-inf - -inf) is NaN)."""
+    p, alpha, m_new, l_i = _softmax_weights(m_i, l_i, s)
+    acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision="ieee")
+    return acc, m_new, l_i
+
+
+@triton.jit
+def _softmax_weights(m_i, l_i, s):
+    """_online_softmax_step's weights: (p = exp2(s - new max) [M, N], alpha: the old state's rescaling, the new
+    max, the new sum)."""
     m_new = tl.maximum(m_i, tl.max(s, 1))
     m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
     alpha = tl.exp2(m_i - m_safe)
     p = tl.exp2(s - m_safe[:, None])
-    l_i = l_i * alpha + tl.sum(p, 1)
-    acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision="ieee")
-    return acc, m_new, l_i
+    return p, alpha, m_new, l_i * alpha + tl.sum(p, 1)
 
 
 # ------------------------------------------------------------------------------------------ prefill
@@ -633,8 +684,7 @@ def _decode_kernel(
     SLIDING: tl.constexpr,
     SOFTCAP: tl.constexpr,
     FP8: tl.constexpr,
-    FP8_IN_F16: tl.constexpr,
-    FP8_BITS: tl.constexpr,
+    FP8_PAIRS: tl.constexpr,
     FP8_ASM: tl.constexpr,
     SEQ_MAJOR: tl.constexpr,
 ):
@@ -666,36 +716,72 @@ def _decode_kernel(
     heads = kv_head * GROUP + members
     dims = tl.arange(0, HEAD_DIM_PAD)
     io_mask = (members < GROUP)[:, None] & (dims < HEAD_DIM)[None, :]
-    q = tl.load(q_ptr + token * stride_qt + heads[:, None] * stride_qh + dims[None, :], mask=io_mask, other=0.0)
-    if FP8_IN_F16:  # K and V tiles follow q's dtype (_load_kv_tile), the weights p too (_online_softmax_step)
-        q = q.to(tl.float16)
-
-    acc = tl.zeros([GROUP_PAD, HEAD_DIM_PAD], dtype=tl.float32)
+    q_rows = q_ptr + token * stride_qt + heads[:, None] * stride_qh
     m_i = tl.full([GROUP_PAD], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([GROUP_PAD], dtype=tl.float32)
-    for start in range(lo, hi, BLOCK_N):
-        k_pos, k, v = _load_kv_tile(
-            k_cache_ptr,
-            v_cache_ptr,
-            table_ptr,
-            kv_head,
-            start,
-            lo,
-            hi,
-            stride_cb,
-            stride_cs,
-            stride_ch,
-            q,
-            BLOCK_SIZE,
-            HEAD_DIM,
-            HEAD_DIM_PAD,
-            BLOCK_N,
-            FP8,
-            FP8_BITS,
-            FP8_ASM,
-        )
-        s = tl.where(k_pos[None, :] < hi, _scores(q, k, qk_scale, softcap, SOFTCAP), float("-inf"))
-        acc, m_i, l_i = _online_softmax_step(acc, m_i, l_i, s, v)
+    if FP8_PAIRS:
+        # The store's tiles split into even and odd dims (_load_kv_pairs), so the query and the output are too:
+        # scores = q_even . k_even + q_odd . k_odd, and each half of the output its own accumulator, joined at
+        # the end. bfloat16 queries take float16 products (the entries are float16 bits).
+        pairs = tl.arange(0, HEAD_DIM_PAD // 2)
+        pair_mask = (members < GROUP)[:, None] & (pairs < HEAD_DIM // 2)[None, :]
+        q_even = tl.load(q_rows + 2 * pairs[None, :], mask=pair_mask, other=0.0)
+        q_odd = tl.load(q_rows + 2 * pairs[None, :] + 1, mask=pair_mask, other=0.0)
+        if q_even.dtype == tl.bfloat16:
+            q_even = q_even.to(tl.float16)
+            q_odd = q_odd.to(tl.float16)
+        acc_even = tl.zeros([GROUP_PAD, HEAD_DIM_PAD // 2], dtype=tl.float32)
+        acc_odd = tl.zeros([GROUP_PAD, HEAD_DIM_PAD // 2], dtype=tl.float32)
+        for start in range(lo, hi, BLOCK_N):
+            k_pos, k_even, k_odd, v_even, v_odd = _load_kv_pairs(
+                k_cache_ptr,
+                v_cache_ptr,
+                table_ptr,
+                kv_head,
+                start,
+                lo,
+                hi,
+                stride_cb,
+                stride_cs,
+                stride_ch,
+                BLOCK_SIZE,
+                HEAD_DIM,
+                HEAD_DIM_PAD,
+                BLOCK_N,
+                FP8_ASM,
+            )
+            s = tl.dot(q_even, tl.trans(k_even.to(q_even.dtype)), input_precision="ieee")
+            s = tl.dot(q_odd, tl.trans(k_odd.to(q_odd.dtype)), s, input_precision="ieee")
+            s = tl.where(k_pos[None, :] < hi, _scaled_scores(s, qk_scale, softcap, SOFTCAP), float("-inf"))
+            p, alpha, m_i, l_i = _softmax_weights(m_i, l_i, s)
+            p = p.to(q_even.dtype)
+            acc_even = acc_even * alpha[:, None] + tl.dot(p, v_even.to(p.dtype), input_precision="ieee")
+            acc_odd = acc_odd * alpha[:, None] + tl.dot(p, v_odd.to(p.dtype), input_precision="ieee")
+        acc = tl.reshape(tl.join(acc_even, acc_odd), [GROUP_PAD, HEAD_DIM_PAD])  # dims interleaved again
+    else:
+        q = tl.load(q_rows + dims[None, :], mask=io_mask, other=0.0)
+        acc = tl.zeros([GROUP_PAD, HEAD_DIM_PAD], dtype=tl.float32)
+        for start in range(lo, hi, BLOCK_N):
+            k_pos, k, v = _load_kv_tile(
+                k_cache_ptr,
+                v_cache_ptr,
+                table_ptr,
+                kv_head,
+                start,
+                lo,
+                hi,
+                stride_cb,
+                stride_cs,
+                stride_ch,
+                q,
+                BLOCK_SIZE,
+                HEAD_DIM,
+                HEAD_DIM_PAD,
+                BLOCK_N,
+                FP8,
+            )
+            s = tl.where(k_pos[None, :] < hi, _scores(q, k, qk_scale, softcap, SOFTCAP), float("-inf"))
+            acc, m_i, l_i = _online_softmax_step(acc, m_i, l_i, s, v)
     if FP8:
         acc = acc * v_scale  # V's scale, applied once (K's is in qk_scale)
 
@@ -834,14 +920,14 @@ class DecodeTiles:
     num_warps: int = 4
     num_stages: int = 2
     # How a float8 store's tiles meet the queries (FP8_PRODUCTS):
-    #   "q"     each entry converted to q's dtype (e4m3 -> bfloat16: three conversion instructions an entry)
-    #   "f16"   bfloat16 queries converted once to float16, the entries too (one instruction for two entries)
-    #   "bits"  as "f16", the entries by moving bits (_e4m3_as_f16), no conversion instruction at all
-    # ("f16" and "bits" take queries within float16's range, |q| < 65504: a projection's output after a norm, as
-    # every family here has, is orders of magnitude inside it; the entries, at most 448 / 256, always are.)
-    # The kernel is not bound by conversions alone: "bits" gains 7 %, and a float8 store still reads at ~55-65 %
-    # of HBM bandwidth where bfloat16's reads at 83-88 % (docs/benchmarks.md).
-    fp8_products: str = "q"
+    #   "q"      each entry converted to q's dtype (e4m3 -> bfloat16: three conversion instructions an entry)
+    #   "pairs"  the entries read as 16-bit pairs and their bits moved into float16 (_e4m3_pairs_as_f16), the
+    #            even and odd dims products of their own; bfloat16 queries converted once to float16. Taken
+    #            where the head dim is even and its padded width at least 32 (tl.dot's 16 a half); else "q".
+    # ("pairs" takes queries within float16's range, |q| < 65504: a projection's output after a norm, as every
+    # family here has, is orders of magnitude inside it; the entries, at most 448 / 256, always are.) One H200:
+    # "pairs" 1.3-1.45x the bytes-at-a-time placing it replaced, 1.39x on W1's 8B batch (docs/benchmarks.md).
+    fp8_products: str = "pairs"
     # Launch order: every KV head of one slice together (True), or each KV head's slices in turn (False). A
     # token's KV heads lie side by side in the store, so programs reading them at once read its rows whole: one
     # H200, longest first both ways, the 8B's heads 113.6 against 114.3 us (W1), 281 against 302 (128 x
@@ -850,17 +936,19 @@ class DecodeTiles:
     seq_major: bool = True
 
 
-FP8_PRODUCTS = ("q", "f16", "bits")
+FP8_PRODUCTS = ("q", "pairs")
 
 
 # Launch shapes measured faster than the default on Hopper for a (padded head dim, float8 store), W1's short
 # contexts through 32k ones (`python -m benchmarks.decode_tiles`, docs/benchmarks.md).
 DECODE_TILES: dict[tuple[int, bool], DecodeTiles] = {
     (128, False): DecodeTiles(64, 4, 4),  # H200, 8B shape: 1.02x the default
-    # 1.21x the default (H200, 1111b31); placing the entries' bits instead of converting them, 1.07x more (one
-    # H100, the 8B's four cases 120 / 287 / 124 / 240 µs against 129 / 309 / 132 / 254; 2-4 stages alike)
-    (128, True): DecodeTiles(128, 4, 4, "bits"),
     (64, False): DecodeTiles(64, 2, 3),  # 1B shape: 1.12x (long contexts 1.2x)
+    # Float8 stores, "pairs" (H200, this repository's s23 sweep, docs/benchmarks.md): 128-wide heads (the 8B's 8
+    # KV heads and the 70B's 4 of TP=2 alike) within 4 % of the best of 12 shapes in every case, the best at W1;
+    # 64-wide (the 1B's) the best geometric mean, long contexts 1.2x ahead of 64 keys a tile, W1 10 % behind.
+    (128, True): DecodeTiles(64, 4, 2, "pairs"),
+    (64, True): DecodeTiles(128, 4, 2, "pairs"),
 }
 
 
@@ -918,8 +1006,8 @@ def decode_attention(
         )
     fp8 = _is_fp8(k_cache)
     tiles = tiles or decode_tiles(head_dim, fp8)
-    fp8_bits = fp8 and tiles.fp8_products == "bits"
-    unit = E4M3_IN_F16_UNIT if fp8_bits else 1.0  # bits-placed entries hold 1/unit of their value
+    fp8_pairs = fp8 and tiles.fp8_products == "pairs" and head_dim % 2 == 0 and head_dim_pad >= 32
+    unit = E4M3_IN_F16_UNIT if fp8_pairs else 1.0  # entries placed as float16 bits hold 1/unit of their value
     part_out = torch.empty(num_slices, num_heads, head_dim_pad, dtype=torch.float32, device=q.device)
     part_lse = torch.empty(num_slices, num_heads, dtype=torch.float32, device=q.device)
     seq_major = tiles.seq_major and num_slices < 65536  # a grid's second axis holds at most 65,535
@@ -955,8 +1043,7 @@ def decode_attention(
         SLIDING=bool(sliding_window),
         SOFTCAP=bool(softcap),
         FP8=fp8,
-        FP8_IN_F16=fp8 and tiles.fp8_products != "q" and q.dtype == torch.bfloat16,
-        FP8_BITS=fp8_bits,
+        FP8_PAIRS=fp8_pairs,
         FP8_ASM=q.is_cuda and not INTERPRETED,
         SEQ_MAJOR=seq_major,
         num_warps=tiles.num_warps,
