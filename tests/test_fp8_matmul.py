@@ -63,24 +63,34 @@ def test_with_a_scale_per_channel_and_block_of_inputs_the_kernel_gives_the_emula
         fp8_triton.scaled_matmul(a, a_scale, b, b_scale, SMALL_TILES, group=48)
 
 
-def test_few_and_many_rows_take_the_kernel_and_a_decode_batch_between_takes_scaled_mm():
-    assert fp8_triton.matmul_tiles(1) == fp8_triton.matmul_tiles(fp8_triton.FEW_ROWS_MAX) == fp8_triton.FEW_ROWS
-    assert fp8_triton.matmul_tiles(fp8_triton.FEW_ROWS_MAX + 1) is None
-    assert fp8_triton.matmul_tiles(fp8_triton.MANY_ROWS_MIN - 1) is None
-    assert fp8_triton.matmul_tiles(fp8_triton.MANY_ROWS_MIN) == fp8_triton.MANY_ROWS
+def test_few_and_many_rows_take_the_kernel_and_a_decode_batch_between_takes_what_measured_faster():
+    few, many = fp8_triton.FEW_ROWS_MAX, fp8_triton.MANY_ROWS_MIN
+    unmeasured = (1000, 3000)  # a weight shape no table entry holds
+    assert fp8_triton.matmul_tiles(1, *unmeasured) == fp8_triton.matmul_tiles(few, *unmeasured) == fp8_triton.FEW_ROWS
+    assert fp8_triton.matmul_tiles(few + 1, *unmeasured) is None
+    assert fp8_triton.matmul_tiles(many - 1, *unmeasured) is None
+    assert fp8_triton.matmul_tiles(many, *unmeasured) == fp8_triton.MANY_ROWS
     # block-scaled weights (scales along K) take ours at every size: _scaled_mm scales whole rows
-    assert fp8_triton.matmul_tiles(fp8_triton.FEW_ROWS_MAX + 1, grouped=True) == fp8_triton.MANY_ROWS
+    assert fp8_triton.matmul_tiles(few + 1, *unmeasured, grouped=True) == fp8_triton.MANY_ROWS
+    # a measured weight shape: each row count takes the entry of the least measured count at or above it
+    for shape, entries in fp8_triton.DECODE_ROWS.items():
+        bounds = [few] + [most for most, _ in entries]
+        for (most, tiles), low in zip(entries, bounds):
+            assert fp8_triton.matmul_tiles(low + 1, *shape) == tiles == fp8_triton.matmul_tiles(most, *shape)
+        assert fp8_triton.matmul_tiles(bounds[-1] + 1, *shape) is None
 
 
 @pytest.mark.skipif(
     not torch.cuda.is_available() or torch.cuda.get_device_capability() < (8, 9),
     reason="FP8 matmuls need a CUDA device of compute capability 8.9 or more (Ada, Hopper)",
 )
-@pytest.mark.parametrize("m", [3, 64, 256, 2048])
-def test_the_cuda_product_agrees_with_scaled_mm_at_every_row_count(m):
-    """fp8.linear's CUDA path, kernel or _scaled_mm by row count, against _scaled_mm itself: bfloat16's rounding."""
-    a, a_scale = quantized(m, 4096, seed=3)
-    b, b_scale = quantized(1024, 4096, seed=4, scale=0.02)
+@pytest.mark.parametrize("m,n,k", [(3, 1024, 4096), (64, 1024, 4096), (256, 1024, 4096), (2048, 1024, 4096),
+                                   (100, 2048, 2048), (256, 2048, 2048), (512, 2048, 8192)])  # fmt: skip
+def test_the_cuda_product_agrees_with_scaled_mm_at_every_row_count(m, n, k):
+    """fp8.linear's CUDA path, kernel or _scaled_mm by row count and weight shape (DECODE_ROWS' among them),
+    against _scaled_mm itself: bfloat16's rounding."""
+    a, a_scale = quantized(m, k, seed=3)
+    b, b_scale = quantized(n, k, seed=4, scale=0.02)
     a, a_scale, b, b_scale = a.cuda(), a_scale.cuda(), b.cuda(), b_scale.t().contiguous().cuda()
     got = fp8._product_on_cuda(fp8.QuantizedRows(a, a_scale, torch.bfloat16), b, b_scale, group=0)
     want = torch._scaled_mm(a, b.t(), scale_a=a_scale, scale_b=b_scale, out_dtype=torch.bfloat16)

@@ -111,12 +111,12 @@ def quantize_activation(x: torch.Tensor) -> QuantizedRows:
 
 def _product_on_cuda(rows: QuantizedRows, weight: torch.Tensor, weight_scale: torch.Tensor, group: int) -> torch.Tensor:
     """The bfloat16 product (other model dtypes are converted from it): our Triton kernel where it measured faster
-    than _scaled_mm (fp8_triton.matmul_tiles: few rows, a decode of a few requests; many, a prefill), and for
-    every grouped weight (_scaled_mm scales whole rows); else _scaled_mm, whose second operand weight.t() is
-    [K, N] column-major, the layout it wants."""
+    than _scaled_mm (fp8_triton.matmul_tiles: few rows, a decode of a few requests; many, a prefill; between, for
+    the weight shapes measured), and for every grouped weight (_scaled_mm scales whole rows); else _scaled_mm,
+    whose second operand weight.t() is [K, N] column-major, the layout it wants."""
     from gpu_worker.models import fp8_triton
 
-    tiles = fp8_triton.matmul_tiles(rows.values.shape[0], grouped=group > 0)
+    tiles = fp8_triton.matmul_tiles(rows.values.shape[0], *weight.shape, grouped=group > 0)
     if tiles is not None:
         return fp8_triton.scaled_matmul(rows.values, rows.scales, weight, weight_scale, tiles, group=group)
     return torch._scaled_mm(

@@ -135,22 +135,48 @@ def _scaled_matmul_kernel(
 
 # Our kernel against torch._scaled_mm (row-wise scales), one H100, the 8B shape's four products (QKV, output,
 # gate-up, down; `python -m benchmarks.fp8_gemm`, docs/benchmarks.md), µs for all four: 16 rows 104 against 125,
-# 64 rows 102 / 115, 2,048 rows 737 / 781, 8,192 2,963 / 3,147. Between (a decode of 256 or 512 requests) no one
-# launch shape beats _scaled_mm on all four (the best per product would, by ~4 %): _scaled_mm runs those.
+# 64 rows 102 / 115, 2,048 rows 737 / 781, 8,192 2,963 / 3,147.
 FEW_ROWS = Tiles(block_m=64, block_n=64, block_k=128, num_warps=4, num_stages=4, group_m=8)
 MANY_ROWS = Tiles(block_m=128, block_n=256, block_k=128, num_warps=8, num_stages=3, group_m=8)
 FEW_ROWS_MAX = 64
 MANY_ROWS_MIN = 2048
 
+# Between (a decode of 65-512 requests) no one launch shape beats _scaled_mm on every product, but for a given
+# weight shape one often does: cuBLAS's 128-row tiles leave a narrow product's grid short of the SMs (the 8B's
+# output projection at 256 rows: 64 programs on 132 SMs), where 64-row tiles fill them. Per weight shape (N, K),
+# for up to each row count measured, the shape that beat _scaled_mm by more than 3 %, None where none did. One
+# H200 (`python -m benchmarks.fp8_gemm --shape S --tokens 128,256,512`, docs/results/fp8_gemm_decode_h200/), µs
+# of ours against _scaled_mm; shapes not measured (tensor-parallel ranks' halves, other models) take _scaled_mm.
+_NARROW_128 = Tiles(block_m=64, block_n=64, block_k=256, num_warps=4, num_stages=3, group_m=8)
+_NARROW_256 = Tiles(block_m=64, block_n=128, block_k=256, num_warps=4, num_stages=3, group_m=8)
+_WIDE = MANY_ROWS
+DECODE_ROWS: dict[tuple[int, int], tuple[tuple[int, Tiles | None], ...]] = {
+    # Llama-3-8B: QKV 9.7 / 12.9 at 128 rows, 25.3 / 27.9 at 512; output 7.2 / 12.7, 10.4 / 13.0; gate-up
+    # 63.9 / 67.7 at 256; down 30.9 / 36.8, 37.7 / 41.1
+    (6144, 4096): ((128, _NARROW_256), (256, None), (512, _WIDE)),
+    (4096, 4096): ((128, _NARROW_128), (256, _NARROW_256), (512, None)),
+    (28672, 4096): ((128, None), (256, _WIDE), (512, None)),
+    (4096, 14336): ((128, _NARROW_128), (256, _NARROW_256), (512, None)),
+    # Llama-3.2-1B: QKV 4.6 / 8.1, 6.3 / 8.3; output 4.5 / 8.1, 4.8 / 8.2, 6.5 / 8.3; gate-up 17.0 / 19.4,
+    # 35.8 / 38.7; down 10.6 / 21.7, 11.6 / 21.9, 17.7 / 22.2
+    (3072, 2048): ((128, _NARROW_128), (256, _NARROW_256), (512, None)),
+    (2048, 2048): ((128, _NARROW_128), (256, _NARROW_128), (512, _NARROW_256)),
+    (16384, 2048): ((128, None), (256, _WIDE), (512, _WIDE)),
+    (2048, 8192): ((128, _NARROW_128), (256, _NARROW_128), (512, _NARROW_256)),
+}
 
-def matmul_tiles(rows: int, grouped: bool = False) -> Tiles | None:
-    """The launch shape scaled_matmul takes for a product of this many rows, or None where _scaled_mm is faster.
-    A weight with scales per group of inputs (grouped) takes ours at every size: _scaled_mm scales whole rows.
-    (Its launch shapes are the row-wise ones, not measured apart.)"""
+
+def matmul_tiles(rows: int, n: int, k: int, grouped: bool = False) -> Tiles | None:
+    """The launch shape scaled_matmul takes for a product of `rows` rows with an [n, k] weight, or None where
+    _scaled_mm is faster. A weight with scales per group of inputs (grouped) takes ours at every size:
+    _scaled_mm scales whole rows. (Its launch shapes are the row-wise ones, not measured apart.)"""
     if rows <= FEW_ROWS_MAX:
         return FEW_ROWS
     if rows >= MANY_ROWS_MIN or grouped:
         return MANY_ROWS
+    for most_rows, tiles in DECODE_ROWS.get((n, k), ()):
+        if rows <= most_rows:
+            return tiles
     return None
 
 
