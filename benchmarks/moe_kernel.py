@@ -2,6 +2,7 @@
 
     python -m benchmarks.moe_kernel [--shapes qwen3-30b-a3b,mixtral-8x7b] [--tp 2] [--tokens 1,8,64,256,1024,4096]
     python -m benchmarks.moe_kernel --quantization fp8   # the experts in FP8 (weight-only), as the engine holds them
+    python -m benchmarks.moe_kernel -q fp8 --block-scales  # ... as from a checkpoint with 128 x 128 block scales
     python -m benchmarks.moe_kernel --sweep-tiles     # which tiles are fastest, against the ones tiles_for picks
 
 For each shape (benchmarks/shapes.py; one layer of it, random weights, this rank's 1/--tp of every expert's
@@ -53,10 +54,16 @@ SWEEP_PREFILL = [
 
 
 def moe_layer(
-    shape: dict, tp: int, dtype: torch.dtype, device: torch.device, quantization: str | None = None
+    shape: dict,
+    tp: int,
+    dtype: torch.dtype,
+    device: torch.device,
+    quantization: str | None = None,
+    block: tuple[int, int] | None = None,
 ) -> SparseMoE:
     """One MoE layer of `shape` as rank 0 of `tp` holds it, weights ~N(0, 0.02) as an initialised model's, loaded
-    one expert's tensor at a time as a checkpoint's are (FP8 experts quantize them as they load)."""
+    one expert's tensor at a time as a checkpoint's are (FP8 experts quantize them as they load: per block, as a
+    block-scaled checkpoint's, with `block`)."""
     qwen = shape["model_type"] == "qwen3_moe"
     with default_dtype(dtype), device:
         layer = SparseMoE(
@@ -73,6 +80,8 @@ def moe_layer(
         )
         torch.nn.init.normal_(layer.gate.weight, std=0.02)
         e = layer.experts
+        if block is not None:
+            e.use_weight_blocks(block)
         for expert in range(e.num_experts):
             for which in (0, 1):  # gate, up
                 e.load("gate_up_proj", torch.randn(e.intermediate, e.hidden) * 0.02, (expert, which))
@@ -92,6 +101,7 @@ def run_fused(experts: MoEExperts, x, ids, weights, tiles: Tiles | None = None) 
         tiles,
         gate_up_scale=experts.gate_up_proj_scale,
         down_scale=experts.down_proj_scale,
+        group=experts.weight_group,
     )
 
 
@@ -175,19 +185,26 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--quantization", "-q", choices=["fp8"], default=None, help="the experts' weights in FP8 (weight-only)"
     )
+    parser.add_argument(
+        "--block-scales", action="store_true", help="FP8 experts scaled per 128 x 128 block (a checkpoint saved so)"
+    )
     parser.add_argument("--sweep-tiles", action="store_true", help="time the fused graph under each tile size")
     parser.add_argument(
         "--every-expert-up-to", type=int, default=4096, help="time the every-expert path up to this many tokens"
     )
     args = parser.parse_args(argv)
+    if args.block_scales and args.quantization is None:
+        parser.error("--block-scales scales FP8 experts: add --quantization fp8")
     if not torch.cuda.is_available():
         parser.error("the kernels are timed on CUDA")
     device, dtype = torch.device("cuda"), getattr(torch, args.dtype)
     peak = gpu_peak(torch.cuda.get_device_name())
     weights = "fp8 experts" if args.quantization else "experts in the dtype"
+    weights += ", 128 x 128 block scales" if args.block_scales else ""
     print(f"{torch.cuda.get_device_name()}, {args.dtype}, {weights}, TP={args.tp} (rank 0's share); ms per layer")
     for name in args.shapes.split(","):
-        layer = moe_layer(SHAPES[name], args.tp, dtype, device, args.quantization)
+        block = (128, 128) if args.block_scales else None
+        layer = moe_layer(SHAPES[name], args.tp, dtype, device, args.quantization, block)
         e = layer.experts
         print(f"\n{name}: {e.num_experts} experts, top-{layer.top_k}, hidden {e.hidden}, width {e.local} per rank")
         if args.sweep_tiles:

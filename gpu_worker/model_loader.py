@@ -16,6 +16,7 @@ from common.model_source import checkpoint_files
 from gpu_worker.checkpoint_reader import CheckpointReader
 from gpu_worker.fp8_checkpoint import dequantized, read_weight_scales
 from gpu_worker.models import fp8, model_class_for
+from gpu_worker.models.moe import MoEExperts
 from gpu_worker.models.weights import load_tensor
 from gpu_worker.parallel import SINGLE, TensorParallel
 
@@ -42,7 +43,8 @@ def load_model(
     """fused_kernels: the model's Triton kernels for elementwise steps (CUDA) instead of torch ops.
     tp: this rank's share of the model (each layer takes its share of the whole tensors it is given).
     quantization: "fp8" quantizes the projections' loaded (or random) weights, each rank its own shard; the
-    experts' rows as they load (models/moe.py: a mixture of experts is too large to build whole first). A
+    experts' rows as they load (models/moe.py: a mixture of experts is too large to build whole first), per
+    block where the checkpoint was saved with block scales. A
     checkpoint saved in FP8 (common/checkpoint_quantization.py) is served so whether or not it is asked for."""
     config = json.loads((Path(folder) / "config.json").read_text())
     saved_as = checkpoint_quantization(config)
@@ -53,6 +55,9 @@ def load_model(
     if quantization is not None:
         fp8.check_method(quantization, device)
     model, hf_config = build_model(folder, dtype, device, fused_kernels, tp, quantization)
+    if quantization is not None and block is not None:
+        for experts in (module for module in model.modules() if isinstance(module, MoEExperts)):
+            experts.use_weight_blocks(block)  # quantized per block as they load (the dense layers after loading)
     if load_format == "dummy":
         _init_dummy(model, hf_config, seed, dtype)
     else:

@@ -93,6 +93,32 @@ def test_a_block_scaled_checkpoint_comes_back_as_its_own_values_and_block_scales
     assert len(greedy(tmp_path / "fp8")[0]) == 12  # and it generates (on the CPU: the emulated product)
 
 
+def test_a_block_scaled_mixture_of_experts_keeps_its_experts_own_values_and_block_scales(tmp_path):
+    """Each expert's gate, up and down quantized per block as it loads (models/moe.py use_weight_blocks), the
+    blocks of each lining up with the checkpoint's: its e4m3 values bit for bit, its scales within a rounding."""
+    from tests.tiny_models import build_model
+
+    folder = build_model("qwen3_moe", tmp_path / "float")
+    saved_in_fp8(folder, tmp_path / "fp8", "block")
+    served = load_model(str(tmp_path / "fp8"), "auto", torch.float32, torch.device("cpu"))
+    checkpoint = load_file(tmp_path / "fp8" / "model.safetensors")
+    experts = served.layers[0].mlp.experts
+    assert experts.weight_group == BLOCK[1]
+    n = experts.local
+    for e in (0, experts.num_experts - 1):
+        for weight, rows, part in (
+            ("gate_up_proj", slice(0, n), "gate_proj"),
+            ("gate_up_proj", slice(n, 2 * n), "up_proj"),
+            ("down_proj", slice(None), "down_proj"),
+        ):
+            name = f"model.layers.0.mlp.experts.{e}.{part}.weight"
+            values, scales = getattr(experts, weight)[e, rows], getattr(experts, f"{weight}_scale")[e, rows]
+            assert torch.equal(values.view(torch.uint8), checkpoint[name].view(torch.uint8)), name
+            own_scales = checkpoint[name + "_scale_inv"].repeat_interleave(BLOCK[0], dim=0)[: values.shape[0]]
+            torch.testing.assert_close(scales, own_scales, rtol=2e-7, atol=0), name
+    assert len(greedy(tmp_path / "fp8")[0]) == 12  # and it generates (the torch path's dequantized products)
+
+
 def test_a_block_scaled_weight_reads_any_part_as_the_whole_reads_it():
     # What a tensor-parallel rank reads: rows of a column-parallel weight, columns of a row-parallel one.
     edges = (24, 40)  # blocks partial at both edges of a 70 x 90 weight

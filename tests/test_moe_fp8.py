@@ -2,7 +2,9 @@
 they load, one scale per expert and output channel (models/fp8.py's quantize_rows); the fused kernel
 (models/fused_moe.py) reads the float8 weights and computes what the torch path does, which is what experts of
 the dequantized weights compute; a tensor-parallel rank holds its share's rows and scales; a tiny Mixtral and
-Qwen3-MoE generate what their float models mostly do; without quantization nothing changes. Without CUDA the
+Qwen3-MoE generate what their float models mostly do; without quantization nothing changes. Experts of a
+block-scaled checkpoint (use_weight_blocks) are quantized per block of each expert's matrix instead, and the fused
+kernel scales each tile's sums by their group. Without CUDA the
 kernels run in the Triton interpreter on CPU (see test_triton_attention.py)."""
 
 from __future__ import annotations
@@ -47,9 +49,11 @@ def moe_layer(
     quantization: str | None = "fp8",
     tp: TensorParallel = SINGLE,
     weights: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
+    block: tuple[int, int] | None = None,
 ) -> SparseMoE:
     """A layer built as the loader builds one (under the model dtype, on the device) and loaded with `weights`
-    (whole_weights' unless given): "mixtral" routing or "qwen3_moe" (norm_topk_prob off)."""
+    (whole_weights' unless given): "mixtral" routing or "qwen3_moe" (norm_topk_prob off); block: quantized per
+    block, as from a checkpoint saved so."""
     router, gate_up, down = weights or whole_weights(num_experts)
     with default_dtype(dtype), DEVICE:
         moe = SparseMoE(
@@ -64,6 +68,8 @@ def moe_layer(
             weights_in_model_dtype=style == "qwen3_moe",
             quantization=quantization,
         )
+    if block is not None:
+        moe.experts.use_weight_blocks(block)
     moe.gate.weight.data.copy_(router)
     moe.experts.load("gate_up_proj", gate_up.to(DEVICE))
     moe.experts.load("down_proj", down.to(DEVICE))
@@ -84,6 +90,7 @@ def fused(moe: SparseMoE, x: torch.Tensor, ids: torch.Tensor, weights: torch.Ten
         weights,
         gate_up_scale=e.gate_up_proj_scale,
         down_scale=e.down_proj_scale,
+        group=e.weight_group,
     )
 
 
@@ -153,6 +160,48 @@ def test_the_fused_kernel_on_fp8_weights_gives_the_torch_paths_numbers(dtype, st
     step = {torch.float32: 1e-5, torch.float16: 1e-2, torch.bfloat16: 4e-2}[dtype]
     tight = {"rtol": step, "atol": step}
     torch.testing.assert_close(got, expected, **tight)
+
+
+# Blocks of 16 rows by 16 inputs: the gate and up parts (40 rows each) and down's 40 inputs end in partial blocks.
+BLOCK = (16, 16)
+
+
+def test_block_scaled_experts_quantize_each_experts_gate_up_and_down_per_block():
+    _, gate_up, down = whole_weights(4)
+    experts = moe_layer(4, 2, "mixtral", torch.float32, block=BLOCK).experts
+    assert experts.weight_group == BLOCK[1]
+    gate, up, every_row = slice(0, INTERMEDIATE), slice(INTERMEDIATE, None), slice(None)
+    # gate and up each their own blocks, as a checkpoint's separate tensors are
+    for name, whole, parts in (("gate_up_proj", gate_up, (gate, up)), ("down_proj", down, (every_row,))):
+        q, scale = getattr(experts, name).cpu(), getattr(experts, f"{name}_scale").cpu()
+        assert scale.shape == (*whole.shape[:2], -(-whole.shape[2] // BLOCK[1]))
+        for e in range(4):
+            for rows in parts:
+                want_q, want_scale = fp8.quantize_blocks(whole[e, rows], BLOCK)
+                assert torch.equal(q[e, rows].view(torch.uint8), want_q.view(torch.uint8))
+                assert torch.equal(scale[e, rows], want_scale)
+
+
+@pytest.mark.parametrize("num_tokens", [3, 40])
+@pytest.mark.parametrize("dtype", [torch.float32, HALF])
+def test_block_scaled_experts_compute_their_dequantized_weights_fused_or_not(dtype, num_tokens):
+    """The torch path multiplies by the dequantized weights; the fused kernel scales each tile's sums by their
+    inputs' group before they add: the same numbers up to the order of the sums."""
+    router, _, _ = whole_weights(6)
+    quantized = moe_layer(6, 2, "qwen3_moe", dtype, block=BLOCK)
+    e = quantized.experts
+    dequantized = (
+        router,
+        e.gate_up_proj.float() * e.gate_up_proj_scale.repeat_interleave(BLOCK[1], dim=2)[..., :HIDDEN],
+        e.down_proj.float() * e.down_proj_scale.repeat_interleave(BLOCK[1], dim=2)[..., :INTERMEDIATE],
+    )
+    reference = moe_layer(6, 2, "qwen3_moe", torch.float32, quantization=None, weights=dequantized)
+    x = tokens(num_tokens, dtype)
+    ids, weights = reference.route(x.float())
+    want = reference.experts(x.float(), ids, weights)
+    step = {torch.float32: 1e-5, torch.float16: 1e-2, torch.bfloat16: 4e-2}[dtype]
+    torch.testing.assert_close(e(x, ids, weights.to(dtype)).float(), want, rtol=step, atol=step)
+    torch.testing.assert_close(fused(quantized, x, ids, weights.to(dtype)).float(), want, rtol=step, atol=step)
 
 
 def test_the_whole_layer_runs_fused_on_fp8_experts_when_asked():

@@ -151,12 +151,18 @@ def linear(
     return y if bias is None else y + bias
 
 
-def weight_only_linear(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor | None) -> torch.Tensor:
+def weight_only_linear(
+    x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor | None, group: int = 0
+) -> torch.Tensor:
     """x [M, K] @ weight.T in x's dtype; with an FP8 weight [N, K] and its scales [N] float32, the product of x
     and the float8 values summed in float32, times each channel's scale, then rounded: the numbers of the fused
-    MoE kernel (models/fused_moe.py), whose weight tiles convert to x's dtype exactly (e4m3 fits in it)."""
+    MoE kernel (models/fused_moe.py), whose weight tiles convert to x's dtype exactly (e4m3 fits in it). With
+    `group` > 0 the scales are [N, ceil(K / group)], one per channel and group of inputs: the product of the
+    dequantized weight (the kernel scales each group's sums instead: the same up to the order of the sums)."""
     if weight_scale is None:
         return F.linear(x, weight)
+    if group:
+        return F.linear(x.float(), weight.float() * scale_of_each(weight_scale, group, weight.shape[1])).to(x.dtype)
     return (F.linear(x.float(), weight.float()) * weight_scale).to(x.dtype)
 
 

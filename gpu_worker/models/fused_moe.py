@@ -21,10 +21,14 @@ last bits of sums taken in another order (the matmuls' own, and the k experts' s
 FP8 weights (--quantization fp8, weight-only: models/fp8.py): each weight tile is loaded as float8 (half the
 bytes of bfloat16: decode steps are bound by reading them) and converted to the activations' dtype, exactly
 (e4m3 values fit in bfloat16, float16 and float32); the float32 sums are multiplied by each expert's channel
-scales before anything else, as fp8.weight_only_linear does on the torch path.
+scales before anything else, as fp8.weight_only_linear does on the torch path. Block-scaled experts (a checkpoint
+saved so: models/moe.py use_weight_blocks) scale each tile's sums by their inputs' group before they add up.
 """
 
 from __future__ import annotations
+
+import dataclasses
+import math
 
 import torch
 import triton
@@ -62,6 +66,7 @@ def _expert_matmul_kernel(
     stride_we,
     stride_wn,
     stride_se,
+    stride_sn,
     stride_o,
     N: tl.constexpr,
     K: tl.constexpr,
@@ -70,6 +75,7 @@ def _expert_matmul_kernel(
     GATE_UP: tl.constexpr,
     GELU: tl.constexpr,
     W_FP8: tl.constexpr,
+    SCALE_GROUP: tl.constexpr,
     PRECISION: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
@@ -78,7 +84,8 @@ def _expert_matmul_kernel(
 ):
     """out[p, n] for the pairs p of one block of rows and BLOCK_N columns: GATE_UP, act(a @ w[:N].T) *
     (a @ w[N:].T) with a = x[p // k]; else (a @ w.T) * weights[p] with a = h[p]. w is [E, N or 2N, K], a and w
-    contiguous along K. W_FP8: w is float8 with float32 scales [E, N or 2N] (w_scale_ptr; unread otherwise).
+    contiguous along K. W_FP8: w is float8 with float32 scales [E, N or 2N] (w_scale_ptr; unread otherwise), or
+    with SCALE_GROUP > 0 [E, N or 2N, K / SCALE_GROUP] (row stride stride_sn; BLOCK_K divides SCALE_GROUP).
     GROUP_M: the programs' order (matmul_tiles.program_tile; 0, the blocks of rows first, lets neighbours share a
     weight tile while an expert's blocks last)."""
     block, col_block = program_tile(tl.program_id(0), num_blocks, tl.cdiv(N, BLOCK_N), GROUP_M)
@@ -94,6 +101,7 @@ def _expert_matmul_kernel(
     a_ptrs = a_ptr + a_rows[:, None] * stride_a + ks[None, :]
     # The weight tile as [BLOCK_K, BLOCK_N]: w[e, n, k] at column n, row k.
     w_ptrs = w_ptr + expert * stride_we + cols[None, :].to(tl.int64) * stride_wn + ks[:, None]
+    scale_ptrs = w_scale_ptr + expert * stride_se + cols * stride_sn  # each column's scale (its first group's)
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     acc_up = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for k0 in range(0, K, BLOCK_K):
@@ -103,17 +111,24 @@ def _expert_matmul_kernel(
         w = tl.load(w_ptrs + k0, mask=w_mask, other=0.0)
         if W_FP8:
             w = w.to(a.dtype)
-        acc = tl.dot(a, w, acc, input_precision=PRECISION)
+        if SCALE_GROUP:
+            group_scale = tl.load(scale_ptrs + k0 // SCALE_GROUP, mask=col_mask, other=0.0)
+            acc += tl.dot(a, w, input_precision=PRECISION) * group_scale[None, :]
+        else:
+            acc = tl.dot(a, w, acc, input_precision=PRECISION)
         if GATE_UP:
             up = tl.load(w_ptrs + N * stride_wn + k0, mask=w_mask, other=0.0)
             if W_FP8:
                 up = up.to(a.dtype)
-            acc_up = tl.dot(a, up, acc_up, input_precision=PRECISION)
-    if W_FP8:
-        scale_ptrs = w_scale_ptr + expert * stride_se + cols
+            if SCALE_GROUP:
+                up_scale = tl.load(scale_ptrs + N * stride_sn + k0 // SCALE_GROUP, mask=col_mask, other=0.0)
+                acc_up += tl.dot(a, up, input_precision=PRECISION) * up_scale[None, :]
+            else:
+                acc_up = tl.dot(a, up, acc_up, input_precision=PRECISION)
+    if W_FP8 and not SCALE_GROUP:
         acc = acc * tl.load(scale_ptrs, mask=col_mask, other=0.0)[None, :]
         if GATE_UP:
-            acc_up = acc_up * tl.load(scale_ptrs + N, mask=col_mask, other=0.0)[None, :]
+            acc_up = acc_up * tl.load(scale_ptrs + N * stride_sn, mask=col_mask, other=0.0)[None, :]
     dtype = out_ptr.dtype.element_ty
     if GATE_UP:  # as models/triton_ops.py's act_and_mul, on the projections rounded to the model dtype
         g = acc.to(dtype).to(tl.float32)
@@ -129,7 +144,7 @@ def _expert_matmul_kernel(
     tl.store(out_ptrs, out.to(dtype), mask=row_mask[:, None] & col_mask[None, :])
 
 
-def _launch(a, w, w_scale, out, rows, block_experts, weights, pairs_per_a_row, gate_up, activation, tiles):
+def _launch(a, w, w_scale, out, rows, block_experts, weights, pairs_per_a_row, gate_up, activation, tiles, group):
     num_blocks = block_experts.numel()
     n = out.shape[1]
     grid = (num_blocks * triton.cdiv(n, tiles.block_n),)
@@ -147,6 +162,7 @@ def _launch(a, w, w_scale, out, rows, block_experts, weights, pairs_per_a_row, g
         w.stride(0),
         w.stride(1),
         0 if w_scale is None else w_scale.stride(0),
+        0 if w_scale is None else w_scale.stride(1),
         out.stride(0),
         N=n,
         K=w.shape[2],
@@ -155,6 +171,7 @@ def _launch(a, w, w_scale, out, rows, block_experts, weights, pairs_per_a_row, g
         GATE_UP=gate_up,
         GELU=activation == "gelu_tanh",
         W_FP8=w_scale is not None,
+        SCALE_GROUP=group,
         PRECISION="ieee" if a.dtype == torch.float32 else "tf32",
         **tiles.launch_options(),
         enable_fp_fusion=False,
@@ -172,18 +189,25 @@ def fused_experts(
     *,
     gate_up_scale: torch.Tensor | None = None,
     down_scale: torch.Tensor | None = None,
+    group: int = 0,
 ) -> torch.Tensor:
     """x [T, H]; gate_up [E, 2I, H] (gate rows, then up); down [E, H, I]; ids, weights [T, k] -> [T, H] in x's
     dtype: sum_j weights[t, j] * down[e] @ act_and_mul(gate_up[e] @ x[t]), e = ids[t, j]. tiles: tiles_for's
     unless given (benchmarks/moe_kernel.py --sweep-tiles). FP8 weights come with their scales, float32
-    gate_up_scale [E, 2I] and down_scale [E, H], each weight's rows times its scales being the expert's."""
+    gate_up_scale [E, 2I] and down_scale [E, H], each weight's rows times its scales being the expert's; with
+    group > 0, [E, 2I, ceil(H / group)] and [E, H, ceil(I / group)], a scale per row and group of inputs (the
+    tiles' inputs narrowed to divide the group where they do not)."""
     num_tokens, top_k = ids.shape
     num_pairs = num_tokens * top_k
     tiles = tiles or tiles_for(num_pairs, gate_up.shape[0])
+    if group and group % tiles.block_k:
+        if math.gcd(group, tiles.block_k) < 16:  # tl.dot's least
+            raise ValueError(f"scales per {group} inputs: no tile of 16 inputs or more divides it")
+        tiles = dataclasses.replace(tiles, block_k=math.gcd(group, tiles.block_k))
     rows, block_experts = sort_by_expert(ids, gate_up.shape[0], tiles.block_m)
     x, weights = x.contiguous(), weights.flatten()
     h = torch.empty(num_pairs, down.shape[2], dtype=x.dtype, device=x.device)
-    _launch(x, gate_up, gate_up_scale, h, rows, block_experts, weights, top_k, True, activation, tiles)
+    _launch(x, gate_up, gate_up_scale, h, rows, block_experts, weights, top_k, True, activation, tiles, group)
     y = torch.empty(num_pairs, down.shape[1], dtype=x.dtype, device=x.device)
-    _launch(h, down, down_scale, y, rows, block_experts, weights, 1, False, activation, tiles)
+    _launch(h, down, down_scale, y, rows, block_experts, weights, 1, False, activation, tiles, group)
     return y.view(num_tokens, top_k, -1).sum(dim=1)  # in float32, rounded once

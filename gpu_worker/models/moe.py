@@ -14,7 +14,9 @@ all-reduce adds the shares.
 With --quantization fp8 the experts are FP8 weight-only (models/fp8.py): each row is quantized as it loads,
 scales [E, 2I] for gate|up and [E, H] for down (per expert and output channel), the activations stay in the
 model dtype. A rank quantizes the rows it holds: gate|up's scales are the whole layer's rows of them; down's
-are over the rank's share of the width, as a row-parallel projection's (its partial sums come scaled).
+are over the rank's share of the width, as a row-parallel projection's (its partial sums come scaled). From a
+checkpoint saved with scales per block (use_weight_blocks, before loading) each expert matrix is quantized per
+block instead, its scales [E, rows, groups of inputs]: the checkpoint's own values, as the dense layers keep them.
 
 How the experts run:
 - fused (the Triton path, CUDA; models/fused_moe.py): pairs sorted by expert, two grouped matmuls, only the
@@ -65,9 +67,29 @@ class MoEExperts(nn.Module):
         self.gate_up_proj = nn.Parameter(gate_up, requires_grad=False)
         self.down_proj = nn.Parameter(down, requires_grad=False)
         quantized = weight_dtype == fp8.FP8
-        # Per expert and output channel, float32; None: the weights are in the model dtype.
+        # Per expert and output channel, float32 (use_weight_blocks: and group of inputs); None: the weights are in
+        # the model dtype.
         self.register_buffer("gate_up_proj_scale", torch.empty(gate_up.shape[:2]) if quantized else None)
         self.register_buffer("down_proj_scale", torch.empty(down.shape[:2]) if quantized else None)
+        self.weight_block: tuple[int, int] | None = None
+
+    @property
+    def weight_group(self) -> int:
+        """Inputs per scale along K (0: one scale per output channel)."""
+        return 0 if self.weight_block is None else self.weight_block[1]
+
+    def use_weight_blocks(self, block: tuple[int, int]) -> None:
+        """Quantize each expert matrix per block of block[0] rows by block[1] inputs as it loads, as a checkpoint
+        saved so holds it (fp8.quantize_blocks: its own values and scales again, where the rank's parts are whole
+        blocks, as real models' are), the scales kept per row and group of inputs [E, rows, ceil(K / block[1])].
+        Before any weight loads."""
+        if self.gate_up_proj_scale is None:
+            raise ValueError("block scales are for FP8 experts (quantization fp8)")
+        self.weight_block = block
+        for name in ("gate_up_proj", "down_proj"):
+            weight = getattr(self, name)
+            groups = -(-weight.shape[2] // block[1])
+            setattr(self, f"{name}_scale", torch.empty(*weight.shape[:2], groups, device=weight.device))
 
     def full_shape(self, name: str) -> tuple[int, ...]:
         e, h, i = self.num_experts, self.hidden, self.intermediate
@@ -99,14 +121,23 @@ class MoEExperts(nn.Module):
 
     def _store(self, name: str, at: tuple, rows: torch.Tensor) -> None:
         """Copy `rows` (output channels along the second-last dimension) into weight `name`[at]; FP8 weights take
-        them rounded to the model dtype first, as the unquantized model holds them, then quantized row by row."""
+        them rounded to the model dtype first, as the unquantized model holds them, then quantized row by row, or
+        per block of each expert's matrix (use_weight_blocks)."""
         scale = getattr(self, f"{name}_scale")
         if scale is None:
             getattr(self, name).data[at].copy_(rows)
             return
-        q, row_scales = fp8.quantize_rows(rows.to(self.dtype).reshape(-1, rows.shape[-1]))
+        rows = rows.to(self.dtype)
+        if self.weight_block is None:
+            q, scales = fp8.quantize_rows(rows.reshape(-1, rows.shape[-1]))
+            scales = scales.view(rows.shape[:-1])
+        else:  # each expert's matrix its own blocks
+            block = self.weight_block
+            parts = [fp8.quantize_blocks(m, block) for m in rows.reshape(-1, *rows.shape[-2:])]
+            q = torch.stack([values for values, _ in parts])
+            scales = torch.stack([group_scales for _, group_scales in parts]).view(*rows.shape[:-1], -1)
         getattr(self, name).data[at].copy_(q.view(rows.shape))
-        scale[at].copy_(row_scales.view(rows.shape[:-1]))
+        scale[at].copy_(scales)
 
     def forward(self, x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
         """x [T, H]; ids, weights [T, k]: each token's experts and their weights. Returns this rank's share of
@@ -123,14 +154,16 @@ class MoEExperts(nn.Module):
                 self.activation,
                 gate_up_scale=self.gate_up_proj_scale,
                 down_scale=self.down_proj_scale,
+                group=self.weight_group,
             )
         return self._routed_tokens(x, ids, weights)
 
     def _expert(self, e: int, x: torch.Tensor) -> torch.Tensor:
         gate_up_scale = None if self.gate_up_proj_scale is None else self.gate_up_proj_scale[e]
         down_scale = None if self.down_proj_scale is None else self.down_proj_scale[e]
-        h = act_and_mul(fp8.weight_only_linear(x, self.gate_up_proj[e], gate_up_scale), self.activation, False)
-        return fp8.weight_only_linear(h, self.down_proj[e], down_scale)
+        group = self.weight_group
+        h = act_and_mul(fp8.weight_only_linear(x, self.gate_up_proj[e], gate_up_scale, group), self.activation, False)
+        return fp8.weight_only_linear(h, self.down_proj[e], down_scale, group)
 
     def _routed_tokens(self, x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
         out = torch.zeros_like(x)
