@@ -1,8 +1,10 @@
 """FP8 matrix products at a model's projection shapes: torch._scaled_mm (row-wise scales) against our Triton
-kernel (gpu_worker/models/fp8_triton.py: scaled_matmul, its launch shapes swept) and the bf16 product, side by side
-on one GPU, by token count (a decode step's rows through a prefill's).
+kernel (gpu_worker/models/triton_matmul.py: scaled_matmul, its launch shapes swept) and the bf16 product, side by
+side on one GPU, by token count (a decode step's rows through a prefill's). --plain: the bf16 products too, cuBLAS
+(F.linear) against our kernel unscaled (triton_matmul.matmul), for triton_matmul.PLAIN_DECODE_ROWS.
 
-    python -m benchmarks.fp8_gemm [--shape llama-3-8b] [--tokens 64,256,1024,8192] [--block-scales] [--json FILE]
+    python -m benchmarks.fp8_gemm [--shape llama-3-8b] [--tokens 64,256,1024,8192] [--block-scales] [--plain]
+        [--json FILE]
 
 Each product is captured in a CUDA graph and timed by its replays (median), as the engine runs it; the figure
 beside it is its floor, the larger of its bytes (weights, activations, output) at the HBM bandwidth and its FLOPs
@@ -21,7 +23,7 @@ import torch.nn.functional as F
 import triton.testing
 
 from benchmarks.roofline import gpu_peak
-from gpu_worker.models import fp8, fp8_triton
+from gpu_worker.models import fp8, triton_matmul
 from gpu_worker.models.matmul_tiles import Tiles
 
 # (name, N, K) of a layer's products: the fused QKV, the output projection, the fused gate-up, the down projection.
@@ -77,7 +79,7 @@ def measure(m: int, weight, weight_scale, weight_bf16, gen, rows: list[dict], ro
     for tiles in TILES:
 
         def ours(t: Tiles = tiles) -> torch.Tensor:
-            return fp8_triton.scaled_matmul(xq, xs, weight, weight_scale, t, group=group)
+            return triton_matmul.scaled_matmul(xq, xs, weight, weight_scale, t, group=group)
 
         try:
             err = ((ours().float() - want).norm() / want.norm()).item()
@@ -93,6 +95,31 @@ def measure(m: int, weight, weight_scale, weight_bf16, gen, rows: list[dict], ro
     return bf16_us, mm_us, best
 
 
+def measure_plain(m: int, weight_bf16, gen, rows: list[dict], row: dict) -> tuple | None:
+    """Our kernel unscaled at each launch shape on one bf16 weight (its rows appended to `rows`, checked against
+    F.linear first). Returns (best µs, its tiles) or None."""
+    x = torch.randn(m, weight_bf16.shape[1], generator=gen, device=weight_bf16.device, dtype=torch.bfloat16)
+    want = F.linear(x, weight_bf16).float()
+    best = None
+    for tiles in TILES:
+
+        def ours(t: Tiles = tiles) -> torch.Tensor:
+            return triton_matmul.matmul(x, weight_bf16, t)
+
+        try:
+            err = ((ours().float() - want).norm() / want.norm()).item()
+            if err > 1e-2:
+                raise AssertionError(f"relative error {err:.3g} against F.linear")
+            us = time_us(ours)
+        except Exception as error:  # a launch shape that does not fit (shared memory): skipped
+            rows.append(row | {"tiles": dataclasses.asdict(tiles), "error": str(error).splitlines()[0][:200]})
+            continue
+        rows.append(row | {"tiles": dataclasses.asdict(tiles), "triton_us": us})
+        if best is None or us < best[0]:
+            best = (us, tiles)
+    return best
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--shape", choices=sorted(SHAPES), default="llama-3-8b")
@@ -103,6 +130,9 @@ def main(argv: list[str] | None = None) -> None:
         action="store_true",
         help="ours with the weights quantized per 128 x 128 block (a block-scaled checkpoint's: quantize_blocks)",
     )
+    parser.add_argument(
+        "--plain", action="store_true", help="also the bf16 products: F.linear against our kernel unscaled"
+    )
     args = parser.parse_args(argv)
     device = torch.device("cuda")
     peak = gpu_peak(torch.cuda.get_device_name())
@@ -111,6 +141,7 @@ def main(argv: list[str] | None = None) -> None:
     gen = torch.Generator(device).manual_seed(0)
     rows: list[dict] = []
     table = []
+    plain: list[tuple] = []
     for name, n, k in SHAPES[args.shape]:
         weight, weight_scale = fp8.quantize_rows(torch.randn(n, k, generator=gen, device=device) * 0.02)
         weight_scale = weight_scale.t().contiguous()  # [1, N], as models/fp8.py keeps it
@@ -124,6 +155,11 @@ def main(argv: list[str] | None = None) -> None:
             row = {"product": name, "n": n, "k": k, "tokens": m, "floor_us": floor_us}
             bf16_us, mm_us, best = measure(m, weight, weight_scale, weight_bf16, gen, rows, row, blocks)
             table.append((name, m, floor_us, bf16_us, mm_us, best))
+            if args.plain:
+                bf16_bytes = 2 * (n * k + m * k + m * n)
+                bf16_floor_us = 1e6 * max(bf16_bytes / peak.hbm_bytes_per_s, 2 * m * n * k / peak.bf16_flops_per_s)
+                plain_row = row | {"product": f"{name} (bf16)", "floor_us": bf16_floor_us}
+                plain.append((name, m, bf16_floor_us, bf16_us, measure_plain(m, weight_bf16, gen, rows, plain_row)))
             ours = f"{best[0]:7.1f} {best[1]}" if best else "-"
             print(
                 f"{name:<8}{m:>6}  floor {floor_us:7.1f} µs  bf16 {bf16_us:7.1f}  _scaled_mm {mm_us:7.1f}  ours {ours}"
@@ -138,6 +174,14 @@ def main(argv: list[str] | None = None) -> None:
         tiles = dataclasses.astuple(best[1]) if best else "-"
         mm = f"{mm_us:.1f} ({100 * floor_us / mm_us:.0f} %)"
         print(f"| {name} | {m} | {floor_us:.1f} | {bf16_us:.1f} | {mm} | {ours} | {tiles} |")
+    if plain:
+        print("\n| bf16 product | tokens | floor µs | F.linear (share of floor) | best Triton (share) | its tiles |")
+        print("|---|---|---|---|---|---|")
+        for name, m, floor_us, bf16_us, best in plain:
+            ours = f"{best[0]:.1f} ({100 * floor_us / best[0]:.0f} %)" if best else "-"
+            tiles = dataclasses.astuple(best[1]) if best else "-"
+            cublas = f"{bf16_us:.1f} ({100 * floor_us / bf16_us:.0f} %)"
+            print(f"| {name} | {m} | {floor_us:.1f} | {cublas} | {ours} | {tiles} |")
 
 
 if __name__ == "__main__":

@@ -1,7 +1,8 @@
-"""The FP8 product as our Triton kernel (models/fp8_triton.py: scaled_matmul), which the CUDA path takes for few
-rows (a decode of a few requests) and many (a prefill), _scaled_mm between: the product of the same quantized
-operands as the CPU's float32 emulation, whatever the shape's remainders against the launch's tiles. Without CUDA
-the kernel runs in the Triton interpreter (see test_triton_attention.py)."""
+"""The FP8 product as our Triton kernel (models/triton_matmul.py: scaled_matmul), which the CUDA path takes for few
+rows (a decode of a few requests) and many (a prefill), between for the weight shapes where it measured faster,
+_scaled_mm elsewhere: the product of the same quantized operands as the CPU's float32 emulation, whatever the
+shape's remainders against the launch's tiles; the same kernel unscaled gives F.linear's bfloat16 product. Without
+CUDA the kernel runs in the Triton interpreter (see test_triton_attention.py)."""
 
 from __future__ import annotations
 
@@ -9,13 +10,14 @@ import os
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 pytest.importorskip("triton", reason="triton is not installed (pip install triton)")
 
-from gpu_worker.models import fp8, fp8_triton  # noqa: E402
+from gpu_worker.models import fp8, fp8_triton, triton_matmul  # noqa: E402
 from gpu_worker.models.matmul_tiles import Tiles  # noqa: E402
 
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -39,7 +41,7 @@ def test_the_kernel_gives_the_emulations_product_whatever_the_remainders(m, n, k
     b, b_scale = quantized(n, k, seed=2, scale=0.05)
     b_scale = b_scale.t().contiguous()  # [1, N], as a projection keeps it
     want = emulated(a, a_scale, b, b_scale)
-    got = fp8_triton.scaled_matmul(
+    got = triton_matmul.scaled_matmul(
         *(t.to(DEVICE) for t in (a, a_scale, b, b_scale)), SMALL_TILES, out_dtype=torch.float32
     )
     # fp8 x fp8 products are exact in float32: only the order of the sums differs from the emulation's
@@ -55,12 +57,38 @@ def test_with_a_scale_per_channel_and_block_of_inputs_the_kernel_gives_the_emula
     assert b_scale.shape == (n, -(-k // 64))
     x = a.float() * a_scale
     want = fp8.linear(x, b, None, b_scale, group=64)  # the CPU's emulation (x quantized again: the same bits)
-    got = fp8_triton.scaled_matmul(
+    got = triton_matmul.scaled_matmul(
         *(t.to(DEVICE) for t in (a, a_scale, b, b_scale)), SMALL_TILES, out_dtype=torch.float32, group=64
     )
     torch.testing.assert_close(got.cpu(), want, rtol=1e-5, atol=1e-5)
     with pytest.raises(ValueError, match="must divide it"):
-        fp8_triton.scaled_matmul(a, a_scale, b, b_scale, SMALL_TILES, group=48)
+        triton_matmul.scaled_matmul(a, a_scale, b, b_scale, SMALL_TILES, group=48)
+
+
+@pytest.mark.parametrize("m,n,k", [(5, 48, 80), (37, 70, 100), (1, 1, 33)])
+def test_the_kernel_unscaled_gives_f_linears_product_whatever_the_remainders(m, n, k):
+    """triton_matmul.matmul, the plain (bfloat16 / float16) product: float32 sums, rounded once."""
+    dtype = torch.bfloat16 if DEVICE.type == "cuda" else torch.float32  # (the interpreter has no bfloat16)
+    gen = torch.Generator().manual_seed(4)
+    x, w = (torch.randn(rows, k, generator=gen).to(DEVICE, dtype) for rows in (m, n))
+    got = triton_matmul.matmul(x, w, SMALL_TILES)
+    assert got.dtype == dtype
+    tolerance = 1e-5 if dtype == torch.float32 else 1e-2
+    torch.testing.assert_close(got.float(), F.linear(x.float(), w.float()), rtol=tolerance, atol=tolerance)
+
+
+def test_plain_products_take_the_kernel_only_on_cuda_for_measured_shapes(monkeypatch):
+    table = {(48, 80): ((128, SMALL_TILES), (256, None))}
+    assert triton_matmul.measured_tiles(table, 100, 48, 80) == SMALL_TILES
+    assert triton_matmul.measured_tiles(table, 200, 48, 80) is None  # cuBLAS measured faster there
+    assert triton_matmul.measured_tiles(table, 300, 48, 80) is None  # past the rows measured
+    assert triton_matmul.measured_tiles(table, 100, 48, 96) is None  # a shape not measured
+    monkeypatch.setattr(triton_matmul, "PLAIN_DECODE_ROWS", table)
+    x, w = torch.zeros(100, 80, dtype=torch.bfloat16), torch.zeros(48, 80, dtype=torch.bfloat16)
+    assert triton_matmul.plain_tiles(x, w) is None  # on a CPU: F.linear
+    assert triton_matmul.plain_tiles(x.float(), w.float()) is None  # float32: F.linear, wherever it runs
+    if DEVICE.type == "cuda":
+        assert triton_matmul.plain_tiles(x.cuda(), w.cuda()) == SMALL_TILES
 
 
 def test_few_and_many_rows_take_the_kernel_and_a_decode_batch_between_takes_what_measured_faster():

@@ -114,11 +114,11 @@ def _product_on_cuda(rows: QuantizedRows, weight: torch.Tensor, weight_scale: to
     than _scaled_mm (fp8_triton.matmul_tiles: few rows, a decode of a few requests; many, a prefill; between, for
     the weight shapes measured), and for every grouped weight (_scaled_mm scales whole rows); else _scaled_mm,
     whose second operand weight.t() is [K, N] column-major, the layout it wants."""
-    from gpu_worker.models import fp8_triton
+    from gpu_worker.models import fp8_triton, triton_matmul
 
     tiles = fp8_triton.matmul_tiles(rows.values.shape[0], *weight.shape, grouped=group > 0)
     if tiles is not None:
-        return fp8_triton.scaled_matmul(rows.values, rows.scales, weight, weight_scale, tiles, group=group)
+        return triton_matmul.scaled_matmul(rows.values, rows.scales, weight, weight_scale, tiles, group=group)
     return torch._scaled_mm(
         rows.values, weight.t(), scale_a=rows.scales, scale_b=weight_scale, out_dtype=torch.bfloat16
     )
@@ -131,11 +131,19 @@ def linear(
     weight_scale: torch.Tensor | None,
     group: int = 0,
 ):
-    """x @ weight.T + bias in x's dtype: F.linear, or with an FP8 weight ([N, K]; weight_scale float32 [1, N], one
-    per output channel, or with `group` > 0 [N, ceil(K / group)], one per channel and group of inputs) the
-    activations quantized per token (unless they come quantized) and the product scaled back."""
+    """x @ weight.T + bias in x's dtype: F.linear (or our Triton product for the shapes where it measured faster:
+    triton_matmul.plain_tiles), or with an FP8 weight ([N, K]; weight_scale float32 [1, N], one per output
+    channel, or with `group` > 0 [N, ceil(K / group)], one per channel and group of inputs) the activations
+    quantized per token (unless they come quantized) and the product scaled back."""
     if weight_scale is None:
         assert isinstance(x, torch.Tensor), "quantized rows are only for FP8 projections"
+        if x.is_cuda:  # (Triton is a CUDA build's; a CPU install may have none)
+            from gpu_worker.models import triton_matmul
+
+            tiles = triton_matmul.plain_tiles(x, weight)
+            if tiles is not None:
+                y = triton_matmul.matmul(x.reshape(-1, x.shape[-1]), weight, tiles).reshape(*x.shape[:-1], -1)
+                return y if bias is None else y + bias
         return F.linear(x, weight, bias)
     rows = x if isinstance(x, QuantizedRows) else quantize_activation(x.reshape(-1, x.shape[-1]))
     if rows.values.is_cuda:

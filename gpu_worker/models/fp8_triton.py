@@ -1,4 +1,5 @@
-"""The per-token FP8 quantization of a matmul's input as one Triton kernel (CUDA).
+"""The per-token FP8 quantization of a matmul's input as one Triton kernel (CUDA), and which FP8 products take
+our Triton product (models/triton_matmul.py) rather than torch._scaled_mm.
 
 In torch ops it is eight launches (to float32, abs, max, two divisions, two clamps, the cast) before every
 FP8 matmul, four matmuls a layer: in a decode step those small kernels cost about what the matmuls save. One
@@ -13,7 +14,8 @@ import torch
 import triton
 import triton.language as tl
 
-from gpu_worker.models.matmul_tiles import Tiles, program_tile
+from gpu_worker.models.matmul_tiles import Tiles
+from gpu_worker.models.triton_matmul import MeasuredTiles, measured_tiles
 
 
 @triton.jit
@@ -81,56 +83,7 @@ def warps_for_row(k_pad: int) -> int:
     return min(16, max(1, k_pad // 512))
 
 
-# ------------------------------------------------------------------------- the product, row-wise scaled
-
-
-@triton.jit
-def _scaled_matmul_kernel(
-    a_ptr,
-    a_scale_ptr,
-    b_ptr,
-    b_scale_ptr,
-    c_ptr,
-    M,
-    N,
-    K,
-    stride_am,
-    stride_bn,
-    stride_cm,
-    stride_bs,
-    BLOCK_M: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    BLOCK_K: tl.constexpr,
-    GROUP_M: tl.constexpr,
-    SCALE_GROUP: tl.constexpr,
-):
-    """c [M, N] = (a [M, K] . b [N, K]^T) * a_scale [M] * b_scale [N], float32 accumulation, both operands
-    K-major (as fp8 tensor cores take them). With SCALE_GROUP > 0, b_scale is [N, K / SCALE_GROUP] (row stride
-    stride_bs): each tile's products are scaled by their inputs' group before they add up (BLOCK_K divides
-    SCALE_GROUP). Programs in matmul_tiles.program_tile's order."""
-    pid_m, pid_n = program_tile(tl.program_id(0), tl.cdiv(M, BLOCK_M), tl.cdiv(N, BLOCK_N), GROUP_M)
-    rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    ks = tl.arange(0, BLOCK_K)
-    a_ptrs = a_ptr + rows.to(tl.int64)[:, None] * stride_am + ks[None, :]
-    b_ptrs = b_ptr + cols.to(tl.int64)[:, None] * stride_bn + ks[None, :]
-    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for k in range(0, K, BLOCK_K):
-        a = tl.load(a_ptrs, mask=(rows < M)[:, None] & (ks < K - k)[None, :], other=0.0)
-        b = tl.load(b_ptrs, mask=(cols < N)[:, None] & (ks < K - k)[None, :], other=0.0)
-        if SCALE_GROUP:
-            group_scale = tl.load(b_scale_ptr + cols * stride_bs + k // SCALE_GROUP, mask=cols < N, other=0.0)
-            acc += tl.dot(a, tl.trans(b)) * group_scale[None, :]
-        else:
-            acc = tl.dot(a, tl.trans(b), acc)
-        a_ptrs += BLOCK_K
-        b_ptrs += BLOCK_K
-    a_scale = tl.load(a_scale_ptr + rows, mask=rows < M, other=0.0)
-    acc = acc * a_scale[:, None]
-    if not SCALE_GROUP:
-        acc = acc * tl.load(b_scale_ptr + cols, mask=cols < N, other=0.0)[None, :]
-    c_ptrs = c_ptr + rows.to(tl.int64)[:, None] * stride_cm + cols[None, :]
-    tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=(rows < M)[:, None] & (cols < N)[None, :])
+# ------------------------------------------------------------------ which FP8 products take our kernel
 
 
 # Our kernel against torch._scaled_mm (row-wise scales), one H100, the 8B shape's four products (QKV, output,
@@ -150,7 +103,7 @@ MANY_ROWS_MIN = 2048
 _NARROW_128 = Tiles(block_m=64, block_n=64, block_k=256, num_warps=4, num_stages=3, group_m=8)
 _NARROW_256 = Tiles(block_m=64, block_n=128, block_k=256, num_warps=4, num_stages=3, group_m=8)
 _WIDE = MANY_ROWS
-DECODE_ROWS: dict[tuple[int, int], tuple[tuple[int, Tiles | None], ...]] = {
+DECODE_ROWS: MeasuredTiles = {
     # Llama-3-8B: QKV 9.7 / 12.9 at 128 rows, 25.3 / 27.9 at 512; output 7.2 / 12.7, 10.4 / 13.0; gate-up
     # 63.9 / 67.7 at 256; down 30.9 / 36.8, 37.7 / 41.1
     (6144, 4096): ((128, _NARROW_256), (256, None), (512, _WIDE)),
@@ -174,44 +127,4 @@ def matmul_tiles(rows: int, n: int, k: int, grouped: bool = False) -> Tiles | No
         return FEW_ROWS
     if rows >= MANY_ROWS_MIN or grouped:
         return MANY_ROWS
-    for most_rows, tiles in DECODE_ROWS.get((n, k), ()):
-        if rows <= most_rows:
-            return tiles
-    return None
-
-
-def scaled_matmul(
-    a: torch.Tensor,
-    a_scale: torch.Tensor,
-    b: torch.Tensor,
-    b_scale: torch.Tensor,
-    tiles: Tiles,
-    out_dtype: torch.dtype = torch.bfloat16,
-    group: int = 0,
-) -> torch.Tensor:
-    """a float8 [M, K] with scales [M, 1], b float8 [N, K] (a weight) with scales [1, N] -> [M, N] of out_dtype:
-    what torch._scaled_mm(a, b.t(), scale_a=a_scale, scale_b=b_scale) computes. With group > 0, b's scales are
-    [N, ceil(K / group)], one per channel and `group` inputs (fp8.quantize_groups), a multiple of tiles.block_k."""
-    m, k = a.shape
-    n = b.shape[0]
-    if group and group % tiles.block_k:
-        raise ValueError(f"scales per {group} inputs: the product's tiles of {tiles.block_k} inputs must divide it")
-    c = torch.empty((m, n), dtype=out_dtype, device=a.device)
-    grid = (triton.cdiv(m, tiles.block_m) * triton.cdiv(n, tiles.block_n),)
-    _scaled_matmul_kernel[grid](
-        a,
-        a_scale,
-        b,
-        b_scale,
-        c,
-        m,
-        n,
-        k,
-        a.stride(0),
-        b.stride(0),
-        c.stride(0),
-        b_scale.stride(0),
-        SCALE_GROUP=group,
-        **tiles.launch_options(),
-    )
-    return c
+    return measured_tiles(DECODE_ROWS, rows, n, k)

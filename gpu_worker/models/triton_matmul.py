@@ -1,0 +1,159 @@
+"""Our Triton matrix product, a [M, K] . b [N, K]^T with both operands K-major (a projection's input and weight):
+FP8 with row-wise scales (models/fp8.py takes it where it measured faster than torch._scaled_mm:
+fp8_triton.matmul_tiles), per channel and group of inputs (a block-scaled checkpoint's weights), or plain
+bfloat16 / float16 (`matmul`, where it measured faster than cuBLAS: plain_tiles). Its launch shape and program
+order are the fused MoE's (models/matmul_tiles.py)."""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from gpu_worker.models.matmul_tiles import Tiles, program_tile
+
+
+@triton.jit
+def _scaled_matmul_kernel(
+    a_ptr,
+    a_scale_ptr,
+    b_ptr,
+    b_scale_ptr,
+    c_ptr,
+    M,
+    N,
+    K,
+    stride_am,
+    stride_bn,
+    stride_cm,
+    stride_bs,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    GROUP_M: tl.constexpr,
+    SCALED: tl.constexpr,
+    SCALE_GROUP: tl.constexpr,
+):
+    """c [M, N] = (a [M, K] . b [N, K]^T) * a_scale [M] * b_scale [N], float32 accumulation, both operands
+    K-major (as fp8 tensor cores take them). With SCALE_GROUP > 0, b_scale is [N, K / SCALE_GROUP] (row stride
+    stride_bs): each tile's products are scaled by their inputs' group before they add up (BLOCK_K divides
+    SCALE_GROUP). SCALED False: no scales (a_scale_ptr, b_scale_ptr unread; bfloat16 or float16 operands).
+    Programs in matmul_tiles.program_tile's order."""
+    pid_m, pid_n = program_tile(tl.program_id(0), tl.cdiv(M, BLOCK_M), tl.cdiv(N, BLOCK_N), GROUP_M)
+    rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    ks = tl.arange(0, BLOCK_K)
+    a_ptrs = a_ptr + rows.to(tl.int64)[:, None] * stride_am + ks[None, :]
+    b_ptrs = b_ptr + cols.to(tl.int64)[:, None] * stride_bn + ks[None, :]
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k in range(0, K, BLOCK_K):
+        a = tl.load(a_ptrs, mask=(rows < M)[:, None] & (ks < K - k)[None, :], other=0.0)
+        b = tl.load(b_ptrs, mask=(cols < N)[:, None] & (ks < K - k)[None, :], other=0.0)
+        if SCALE_GROUP:
+            group_scale = tl.load(b_scale_ptr + cols * stride_bs + k // SCALE_GROUP, mask=cols < N, other=0.0)
+            acc += tl.dot(a, tl.trans(b)) * group_scale[None, :]
+        else:
+            acc = tl.dot(a, tl.trans(b), acc)
+        a_ptrs += BLOCK_K
+        b_ptrs += BLOCK_K
+    if SCALED:
+        acc = acc * tl.load(a_scale_ptr + rows, mask=rows < M, other=0.0)[:, None]
+        if not SCALE_GROUP:
+            acc = acc * tl.load(b_scale_ptr + cols, mask=cols < N, other=0.0)[None, :]
+    c_ptrs = c_ptr + rows.to(tl.int64)[:, None] * stride_cm + cols[None, :]
+    tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=(rows < M)[:, None] & (cols < N)[None, :])
+
+
+def scaled_matmul(
+    a: torch.Tensor,
+    a_scale: torch.Tensor,
+    b: torch.Tensor,
+    b_scale: torch.Tensor,
+    tiles: Tiles,
+    out_dtype: torch.dtype = torch.bfloat16,
+    group: int = 0,
+) -> torch.Tensor:
+    """a float8 [M, K] with scales [M, 1], b float8 [N, K] (a weight) with scales [1, N] -> [M, N] of out_dtype:
+    what torch._scaled_mm(a, b.t(), scale_a=a_scale, scale_b=b_scale) computes. With group > 0, b's scales are
+    [N, ceil(K / group)], one per channel and `group` inputs (fp8.quantize_groups), a multiple of tiles.block_k."""
+    m, k = a.shape
+    n = b.shape[0]
+    if group and group % tiles.block_k:
+        raise ValueError(f"scales per {group} inputs: the product's tiles of {tiles.block_k} inputs must divide it")
+    c = torch.empty((m, n), dtype=out_dtype, device=a.device)
+    grid = (triton.cdiv(m, tiles.block_m) * triton.cdiv(n, tiles.block_n),)
+    _scaled_matmul_kernel[grid](
+        a,
+        a_scale,
+        b,
+        b_scale,
+        c,
+        m,
+        n,
+        k,
+        a.stride(0),
+        b.stride(0),
+        c.stride(0),
+        b_scale.stride(0),
+        SCALED=True,
+        SCALE_GROUP=group,
+        **tiles.launch_options(),
+    )
+    return c
+
+
+# A table of measured launch shapes: per weight shape (N, K), (most rows, tiles or None) in increasing rows.
+MeasuredTiles = dict[tuple[int, int], tuple[tuple[int, Tiles | None], ...]]
+
+# Plain (bfloat16 / float16) products that measured faster on our kernel than on cuBLAS, per weight shape (N, K):
+# for up to each row count measured, the launch shape that won, None where cuBLAS did. cuBLAS picks 128-row tiles
+# for a decode batch, which leave a narrow product's grid short of the SMs (as the FP8 table found:
+# fp8_triton.DECODE_ROWS); no entry is measured yet (`python -m benchmarks.fp8_gemm --plain`), so every plain
+# product stays on cuBLAS.
+PLAIN_DECODE_ROWS: MeasuredTiles = {}
+
+
+def measured_tiles(table: MeasuredTiles, rows: int, n: int, k: int) -> Tiles | None:
+    """The entry of the least row count measured at or above `rows` for an [n, k] weight; None where that entry is
+    None, past the last one, or for a shape not in the table."""
+    for most_rows, tiles in table.get((n, k), ()):
+        if rows <= most_rows:
+            return tiles
+    return None
+
+
+def plain_tiles(x: torch.Tensor, weight: torch.Tensor) -> Tiles | None:
+    """The launch shape `matmul` takes for x [..., K] . weight [N, K]^T, or None for cuBLAS (F.linear): only
+    bfloat16 and float16 on CUDA, for the weight shapes and row counts PLAIN_DECODE_ROWS holds."""
+    if not x.is_cuda or x.dtype not in (torch.bfloat16, torch.float16):
+        return None
+    return measured_tiles(PLAIN_DECODE_ROWS, x.numel() // x.shape[-1], *weight.shape)
+
+
+def matmul(a: torch.Tensor, b: torch.Tensor, tiles: Tiles) -> torch.Tensor:
+    """a [M, K] . b [N, K]^T (bfloat16 or float16, b a weight) -> [M, N] in a's dtype, float32 sums: F.linear's
+    product on our kernel."""
+    m, k = a.shape
+    n = b.shape[0]
+    if a.stride(1) != 1:
+        a = a.contiguous()
+    c = torch.empty((m, n), dtype=a.dtype, device=a.device)
+    grid = (triton.cdiv(m, tiles.block_m) * triton.cdiv(n, tiles.block_n),)
+    _scaled_matmul_kernel[grid](
+        a,
+        a,  # (no scales: never read)
+        b,
+        b,
+        c,
+        m,
+        n,
+        k,
+        a.stride(0),
+        b.stride(0),
+        c.stride(0),
+        0,
+        SCALED=False,
+        SCALE_GROUP=0,
+        **tiles.launch_options(),
+    )
+    return c
