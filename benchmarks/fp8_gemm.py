@@ -60,19 +60,23 @@ def measure(m: int, weight, weight_scale, weight_bf16, gen, rows: list[dict], ro
     """One token count against one weight: bf16, _scaled_mm, and the Triton kernel at each launch shape (its rows
     appended to `rows`). Returns (bf16 µs, _scaled_mm µs, (best Triton µs, its tiles) or None). blocks: the same
     weight quantized per block instead (fp8.quantize_blocks: values, scales [N, groups], inputs per group), which
-    ours multiplies with its block scales; _scaled_mm keeps the row-wise one, the speed to compare with."""
+    ours multiplies with its block scales, the activations quantized per token and group; _scaled_mm keeps the
+    row-wise ones, the speed to compare with."""
     x = torch.randn(m, weight.shape[1], generator=gen, device=weight.device, dtype=torch.bfloat16)
     xq, xs = fp8.quantize_rows(x)
 
-    def scaled_mm(weight=weight, weight_scale=weight_scale) -> torch.Tensor:  # the row-wise ones, bound here
+    def scaled_mm(xq=xq, xs=xs, weight=weight, weight_scale=weight_scale) -> torch.Tensor:  # row-wise, bound here
         return torch._scaled_mm(xq, weight.t(), scale_a=xs, scale_b=weight_scale, out_dtype=torch.bfloat16)
 
     want = scaled_mm().float()
     group = 0
-    if blocks is not None:
+    if blocks is not None:  # the activations per token and group too, as fp8.linear quantizes them for these
         weight, weight_scale, group = blocks
-        each = fp8.scale_of_each(weight_scale, group, weight.shape[1])
-        want = (xq.float() @ (weight.float() * each).t()) * xs
+        grouped = fp8.quantize_activation(x, group)
+        xq, xs = grouped.values, grouped.scales
+        k = weight.shape[1]
+        x_each, w_each = fp8.scale_of_each(xs, group, k), fp8.scale_of_each(weight_scale, group, k)
+        want = (xq.float() * x_each) @ (weight.float() * w_each).t()
     bf16_us = time_us(lambda: F.linear(x, weight_bf16))
     mm_us = time_us(scaled_mm)
     best = None

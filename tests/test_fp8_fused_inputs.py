@@ -100,7 +100,8 @@ def separate_quantizations(monkeypatch) -> list[int]:
     Triton kernel on any device: the interpreter's float8 cast is then the fused kernels' own."""
     calls: list[int] = []
 
-    def quantize_activation(x: torch.Tensor) -> fp8.QuantizedRows:
+    def quantize_activation(x: torch.Tensor, group: int = 0) -> fp8.QuantizedRows:
+        assert group == 0, "per-channel weights: activations per token"
         calls.append(x.shape[-1])
         return quantize_after(x)
 

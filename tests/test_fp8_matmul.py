@@ -50,19 +50,42 @@ def test_the_kernel_gives_the_emulations_product_whatever_the_remainders(m, n, k
 
 @pytest.mark.parametrize("m,n,k", [(5, 48, 80), (37, 70, 200), (1, 16, 64)])
 def test_with_a_scale_per_channel_and_block_of_inputs_the_kernel_gives_the_emulations_product(m, n, k):
-    # A block-scaled checkpoint's weights (fp8.quantize_blocks): each tile's sums scaled by its inputs' block.
-    a, a_scale = quantized(m, k, seed=1)
-    w = torch.randn(n, k, generator=torch.Generator().manual_seed(2)) * torch.linspace(0.01, 1, k)  # blocks differ
+    # A block-scaled checkpoint's weights (fp8.quantize_blocks) and activations per token and group of inputs (as
+    # fp8.linear quantizes them for such a weight): each tile's sums scaled by both of its inputs' group.
+    gen = torch.Generator().manual_seed(2)
+    x = torch.randn(m, k, generator=gen) * torch.linspace(1, 8, k)  # groups differ
+    w = torch.randn(n, k, generator=gen) * torch.linspace(0.01, 1, k)
     b, b_scale = fp8.quantize_blocks(w, (16, 64))
-    assert b_scale.shape == (n, -(-k // 64))
-    x = a.float() * a_scale
-    want = fp8.linear(x, b, None, b_scale, group=64)  # the CPU's emulation (x quantized again: the same bits)
+    rows = fp8.quantize_activation(x, 64)
+    assert b_scale.shape == (n, -(-k // 64)) and rows.scales.shape == (m, -(-k // 64))
+    want = fp8.linear(x, b, None, b_scale, group=64)  # the CPU's emulation: each entry dequantized, then summed
     got = triton_matmul.scaled_matmul(
-        *(t.to(DEVICE) for t in (a, a_scale, b, b_scale)), SMALL_TILES, out_dtype=torch.float32, group=64
+        *(t.to(DEVICE) for t in (rows.values, rows.scales, b, b_scale)), SMALL_TILES, out_dtype=torch.float32, group=64
     )
-    torch.testing.assert_close(got.cpu(), want, rtol=1e-5, atol=1e-5)
+    # float32's rounding of sums taken in another order, on terms up to the largest output's size
+    torch.testing.assert_close(got.cpu(), want, rtol=1e-5, atol=1e-5 * want.abs().max().item())
     with pytest.raises(ValueError, match="must divide it"):
-        triton_matmul.scaled_matmul(a, a_scale, b, b_scale, SMALL_TILES, group=48)
+        triton_matmul.scaled_matmul(rows.values, rows.scales, b, b_scale, SMALL_TILES, group=48)
+    if k > 64:  # (one group a row is one scale a row)
+        with pytest.raises(ValueError, match="quantized per group"):  # rows a fused kernel quantized per token
+            fp8.linear(fp8.quantize_activation(x), b, None, b_scale, group=64)
+
+
+@pytest.mark.parametrize("group", [0, 128, 32])
+def test_activations_quantize_per_token_or_group_in_one_kernel_as_torch_does(group):
+    """fp8_triton.quantize_rows, per token or (a block-scaled checkpoint's products) per token and group of inputs,
+    the last group partial: torch's scales exactly (quantize_rows, quantize_blocks(x, (1, group))), and on a GPU
+    its values' bits too (the interpreter's float8 cast is not the GPU's: a value rounding up to the next power
+    of two comes out at half of it)."""
+    gen = torch.Generator().manual_seed(6)
+    x = torch.randn(7, 300, generator=gen) * torch.logspace(-3, 2, 300)  # each group its own magnitude
+    x[2] = 0
+    x = x.to(torch.bfloat16 if DEVICE.type == "cuda" else torch.float32)
+    q, scale = fp8_triton.quantize_rows(x.to(DEVICE), fp8.FP8_MAX, fp8.MIN_SCALE, group)
+    want_q, want_scale = fp8.quantize_blocks(x, (1, group)) if group else fp8.quantize_rows(x)
+    assert torch.equal(scale.cpu(), want_scale)
+    if DEVICE.type == "cuda":
+        assert torch.equal(q.cpu().view(torch.uint8), want_q.view(torch.uint8))
 
 
 @pytest.mark.parametrize("m,n,k", [(5, 48, 80), (37, 70, 100), (1, 1, 33)])

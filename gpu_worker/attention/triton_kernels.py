@@ -223,8 +223,8 @@ def _e4m3_pairs_as_f16(pairs, ASM: tl.constexpr):
     (the odd bytes already sit in each half's high byte); CUDA only (the CPU interpreter runs no PTX): the
     same bits in plain Triton."""
     if ASM:
-        # In each 16-bit half, the byte in the high half-byte position keeps its sign bit at 15 and moves its
-        # 7 magnitude bits one right (to 13..7); the low byte is first shifted up by 8 (7 for the magnitude).
+        # In each 16-bit half the high byte (the odd dim) keeps its sign bit at 15 and moves its 7 magnitude bits
+        # one right, to 13..7; the low byte (the even dim) takes its sign from 8 bits up, its magnitude from 7.
         return tl.inline_asm_elementwise(
             asm="""
             {
@@ -944,7 +944,7 @@ FP8_PRODUCTS = ("q", "pairs")
 DECODE_TILES: dict[tuple[int, bool], DecodeTiles] = {
     (128, False): DecodeTiles(64, 4, 4),  # H200, 8B shape: 1.02x the default
     (64, False): DecodeTiles(64, 2, 3),  # 1B shape: 1.12x (long contexts 1.2x)
-    # Float8 stores, "pairs" (H200, this repository's s23 sweep, docs/benchmarks.md): 128-wide heads (the 8B's 8
+    # Float8 stores, "pairs" (one H200, docs/results/fp8_kv_pairs_h200/): 128-wide heads (the 8B's 8
     # KV heads and the 70B's 4 of TP=2 alike) within 4 % of the best of 12 shapes in every case, the best at W1;
     # 64-wide (the 1B's) the best geometric mean, long contexts 1.2x ahead of 64 keys a tile, W1 10 % behind.
     (128, True): DecodeTiles(64, 4, 2, "pairs"),

@@ -8,7 +8,9 @@ quantized once, after loading, with one scale per output channel; each activatio
 
 A checkpoint saved with block scales (gpu_worker/fp8_checkpoint.py) is quantized per block of [rows, inputs]
 instead (quantize_blocks), each block's scale kept for each of its rows: weight_scale [N, ceil(K / inputs)] and
-the layer's `weight_group` = inputs; the product scales each group of inputs' sums before they add up.
+the layer's `weight_group` = inputs; its activations per token and group of as many inputs (vLLM's per-token-
+group quantization for block-scaled checkpoints: an outlier sets the scale of its group only), and the product
+scales each group of inputs' sums by both scales before they add up.
 
 CUDA (Hopper) quantizes the activations in one Triton kernel (models/fp8_triton.py, the same bits as
 quantize_rows) and runs the product as torch._scaled_mm with row-wise scales (fp8 tensor cores, float32
@@ -31,7 +33,8 @@ defines `fuse_fp8_inputs()`, which quantize_weights calls once the projections a
     o_proj          `linear` (the attention output has no such kernel)   all
 
 The mixture-of-experts experts (models/moe.py) are FP8 too, weight-only: every expert's rows quantized with
-quantize_rows as they load (one scale per expert and output channel; a Mixtral-8x7B is 93 GB in bfloat16, so
+quantize_rows as they load (one scale per expert and output channel, or per block from a block-scaled
+checkpoint: MoEExperts.use_weight_blocks; a Mixtral-8x7B is 93 GB in bfloat16, so
 a model built whole before quantizing would not fit the GPU it fits in FP8), their activations left in the
 model dtype. The fused kernel (models/fused_moe.py) converts each weight tile to the activations' dtype and
 multiplies its float32 sums by the channel scales; the torch path computes the same numbers (weight_only_linear).
@@ -54,10 +57,11 @@ QUANTIZATION_METHODS = ("fp8",)
 
 @dataclass(frozen=True, slots=True)
 class QuantizedRows:
-    """An FP8 projection's input [M, K] quantized per row by the kernel that produced it."""
+    """An FP8 projection's input [M, K] quantized per row (by the kernel that produced it, or `linear`), or per
+    row and group of inputs (quantize_activation with a group)."""
 
     values: torch.Tensor  # float8_e4m3fn [M, K]
-    scales: torch.Tensor  # float32 [M, 1]
+    scales: torch.Tensor  # float32 [M, 1], or [M, ceil(K / group)]
     dtype: torch.dtype  # the rows' dtype before quantization: the projection's output comes back in it
 
 
@@ -98,14 +102,15 @@ def scale_of_each(scale: torch.Tensor, group: int, k: int) -> torch.Tensor:
     return scale.repeat_interleave(group, dim=1)[:, :k]
 
 
-def quantize_activation(x: torch.Tensor) -> QuantizedRows:
-    """x [M, K] per token: one Triton kernel on CUDA, quantize_rows elsewhere (the same bits)."""
-    if x.is_cuda:
+def quantize_activation(x: torch.Tensor, group: int = 0) -> QuantizedRows:
+    """x [M, K] per token, or with `group` > 0 per token and group of `group` inputs (scales [M, ceil(K /
+    group)]): one Triton kernel on CUDA, quantize_rows / quantize_blocks elsewhere (the same bits)."""
+    if x.is_cuda and not group & (group - 1):  # the kernel's groups: powers of two (real checkpoints': 128)
         from gpu_worker.models import fp8_triton
 
-        values, scales = fp8_triton.quantize_rows(x, FP8_MAX, MIN_SCALE)
+        values, scales = fp8_triton.quantize_rows(x, FP8_MAX, MIN_SCALE, group)
     else:
-        values, scales = quantize_rows(x)
+        values, scales = quantize_blocks(x, (1, group)) if group else quantize_rows(x)
     return QuantizedRows(values, scales, x.dtype)
 
 
@@ -133,8 +138,9 @@ def linear(
 ):
     """x @ weight.T + bias in x's dtype: F.linear (or our Triton product for the shapes where it measured faster:
     triton_matmul.plain_tiles), or with an FP8 weight ([N, K]; weight_scale float32 [1, N], one per output
-    channel, or with `group` > 0 [N, ceil(K / group)], one per channel and group of inputs) the activations
-    quantized per token (unless they come quantized) and the product scaled back."""
+    channel) the activations quantized per token (unless they come quantized) and the product scaled back; with
+    `group` > 0 (weight_scale [N, ceil(K / group)], one per channel and group of inputs) the activations per token
+    and group of inputs, each group's sums scaled by both before they add up."""
     if weight_scale is None:
         assert isinstance(x, torch.Tensor), "quantized rows are only for FP8 projections"
         if x.is_cuda:  # (Triton is a CUDA build's; a CPU install may have none)
@@ -145,12 +151,15 @@ def linear(
                 y = triton_matmul.matmul(x.reshape(-1, x.shape[-1]), weight, tiles).reshape(*x.shape[:-1], -1)
                 return y if bias is None else y + bias
         return F.linear(x, weight, bias)
-    rows = x if isinstance(x, QuantizedRows) else quantize_activation(x.reshape(-1, x.shape[-1]))
+    rows = x if isinstance(x, QuantizedRows) else quantize_activation(x.reshape(-1, x.shape[-1]), group)
+    if group and rows.scales.shape[1] != weight_scale.shape[1]:
+        raise ValueError(f"a product with scales per {group} inputs takes its rows quantized per group too")
     if rows.values.is_cuda:
         y = _product_on_cuda(rows, weight, weight_scale, group)
     elif group:
-        each = scale_of_each(weight_scale, group, weight.shape[1])
-        y = (rows.values.float() @ (weight.float() * each).t()) * rows.scales
+        k = weight.shape[1]
+        x_each, w_each = scale_of_each(rows.scales, group, k), scale_of_each(weight_scale, group, k)
+        y = (rows.values.float() * x_each) @ (weight.float() * w_each).t()
     else:
         y = (rows.values.float() @ weight.float().t()) * rows.scales * weight_scale
     y = y.to(rows.dtype)
@@ -191,7 +200,8 @@ def quantize_weights(model: nn.Module, method: str, block: tuple[int, int] | Non
     saved with scales per block of [rows, inputs]: gpu_worker/fp8_checkpoint.py), one scale per such block of
     the layer's own weight (quantize_blocks: the checkpoint's, where its parts and shards are whole blocks, as
     real models' are), kept per channel and group of block[1] inputs [N, ceil(K / block[1])], its
-    `weight_group` set to block[1]. (The experts quantized as they loaded.)"""
+    `weight_group` set to block[1], and no module's inputs fused (they quantize per token). (The experts quantized
+    as they loaded.)"""
     check_method(method, next(model.parameters()).device)
     for name, module in model.named_modules():
         if not hasattr(module, "weight_scale") or module.weight_scale is not None:
@@ -207,6 +217,8 @@ def quantize_weights(model: nn.Module, method: str, block: tuple[int, int] | Non
             q, scale = quantize_rows(weight.data)
             module.weight_scale = scale.t().contiguous()
         module.weight = nn.Parameter(q, requires_grad=False)
+    if block is not None:
+        return  # the fused kernels quantize their rows per token; a grouped product takes them per group
     for module in model.modules():
         fuse = getattr(module, "fuse_fp8_inputs", None)
         if fuse is not None:

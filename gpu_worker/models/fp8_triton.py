@@ -39,21 +39,41 @@ def _quantize_rows_kernel(
     min_scale,
     K: tl.constexpr,
     K_PAD: tl.constexpr,
+    GROUP: tl.constexpr,
 ):
+    """One row's values and scale, or with GROUP > 0 (a power of two) a scale per GROUP inputs (the scales' row
+    stride cdiv(K, GROUP)): fp8.quantize_blocks(x, (1, GROUP))'s bits."""
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, K_PAD)
     mask = cols < K
     x = tl.load(x_ptr + row * stride_x + cols, mask=mask, other=0.0).to(tl.float32)
-    quantize_row(x, q_ptr, scale_ptr, row, stride_q, cols, mask, fp8_max, inv_fp8_max, min_scale)
+    if GROUP:
+        num_groups: tl.constexpr = K_PAD // GROUP
+        groups = tl.reshape(tl.where(mask, tl.abs(x), 0.0), [num_groups, GROUP])
+        scales = tl.maximum(tl.max(groups, 1) * inv_fp8_max, min_scale)
+        each = tl.reshape(tl.broadcast_to(scales[:, None], [num_groups, GROUP]), [K_PAD])
+        q = tl.minimum(tl.maximum(tl.math.div_rn(x, each), -fp8_max), fp8_max)
+        tl.store(q_ptr + row * stride_q + cols, q.to(q_ptr.dtype.element_ty), mask=mask)
+        group_ids = tl.arange(0, num_groups)
+        tl.store(scale_ptr + row * tl.cdiv(K, GROUP) + group_ids, scales, mask=group_ids < tl.cdiv(K, GROUP))
+    else:
+        quantize_row(x, q_ptr, scale_ptr, row, stride_q, cols, mask, fp8_max, inv_fp8_max, min_scale)
 
 
-def quantize_rows(x: torch.Tensor, fp8_max: float, min_scale: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """x [M, K] (a CUDA tensor) -> (float8_e4m3fn [M, K], float32 scales [M, 1])."""
+def quantize_rows(
+    x: torch.Tensor, fp8_max: float, min_scale: float, group: int = 0
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """x [M, K] (a CUDA tensor) -> (float8_e4m3fn [M, K], float32 scales [M, 1]), or with `group` > 0 (a power of
+    two) scales [M, ceil(K / group)], one per row and group of inputs."""
     if x.stride(1) != 1:
         x = x.contiguous()
     m, k = x.shape
     q, scale = empty_rows(m, k, x.device)
-    k_pad = triton.next_power_of_2(k)
+    k_pad = triton.next_power_of_2(max(k, group))
+    if group:
+        if group & (group - 1):
+            raise ValueError(f"activations per {group} inputs: the Triton kernel takes a power of two")
+        scale = torch.empty((m, -(-k // group)), dtype=torch.float32, device=x.device)
     _quantize_rows_kernel[(m,)](
         x,
         q,
@@ -65,6 +85,7 @@ def quantize_rows(x: torch.Tensor, fp8_max: float, min_scale: float) -> tuple[to
         min_scale,
         K=k,
         K_PAD=k_pad,
+        GROUP=group,
         num_warps=warps_for_row(k_pad),
     )
     return q, scale

@@ -26,6 +26,7 @@ def _scaled_matmul_kernel(
     stride_am,
     stride_bn,
     stride_cm,
+    stride_as,
     stride_bs,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
@@ -35,10 +36,10 @@ def _scaled_matmul_kernel(
     SCALE_GROUP: tl.constexpr,
 ):
     """c [M, N] = (a [M, K] . b [N, K]^T) * a_scale [M] * b_scale [N], float32 accumulation, both operands
-    K-major (as fp8 tensor cores take them). With SCALE_GROUP > 0, b_scale is [N, K / SCALE_GROUP] (row stride
-    stride_bs): each tile's products are scaled by their inputs' group before they add up (BLOCK_K divides
-    SCALE_GROUP). SCALED False: no scales (a_scale_ptr, b_scale_ptr unread; bfloat16 or float16 operands).
-    Programs in matmul_tiles.program_tile's order."""
+    K-major (as fp8 tensor cores take them). With SCALE_GROUP > 0, a_scale is [M, K / SCALE_GROUP] and b_scale
+    [N, K / SCALE_GROUP] (row strides stride_as, stride_bs): each tile's products are scaled by both of their
+    inputs' group before they add up (BLOCK_K divides SCALE_GROUP). SCALED False: no scales (a_scale_ptr and
+    b_scale_ptr unread; bfloat16 or float16 operands). Programs in matmul_tiles.program_tile's order."""
     pid_m, pid_n = program_tile(tl.program_id(0), tl.cdiv(M, BLOCK_M), tl.cdiv(N, BLOCK_N), GROUP_M)
     rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -50,16 +51,16 @@ def _scaled_matmul_kernel(
         a = tl.load(a_ptrs, mask=(rows < M)[:, None] & (ks < K - k)[None, :], other=0.0)
         b = tl.load(b_ptrs, mask=(cols < N)[:, None] & (ks < K - k)[None, :], other=0.0)
         if SCALE_GROUP:
-            group_scale = tl.load(b_scale_ptr + cols * stride_bs + k // SCALE_GROUP, mask=cols < N, other=0.0)
-            acc += tl.dot(a, tl.trans(b)) * group_scale[None, :]
+            a_group = tl.load(a_scale_ptr + rows * stride_as + k // SCALE_GROUP, mask=rows < M, other=0.0)
+            b_group = tl.load(b_scale_ptr + cols * stride_bs + k // SCALE_GROUP, mask=cols < N, other=0.0)
+            acc += tl.dot(a, tl.trans(b)) * (a_group[:, None] * b_group[None, :])
         else:
             acc = tl.dot(a, tl.trans(b), acc)
         a_ptrs += BLOCK_K
         b_ptrs += BLOCK_K
-    if SCALED:
-        acc = acc * tl.load(a_scale_ptr + rows, mask=rows < M, other=0.0)[:, None]
-        if not SCALE_GROUP:
-            acc = acc * tl.load(b_scale_ptr + cols, mask=cols < N, other=0.0)[None, :]
+    if SCALED and not SCALE_GROUP:
+        acc = acc * tl.load(a_scale_ptr + rows * stride_as, mask=rows < M, other=0.0)[:, None]
+        acc = acc * tl.load(b_scale_ptr + cols, mask=cols < N, other=0.0)[None, :]
     c_ptrs = c_ptr + rows.to(tl.int64)[:, None] * stride_cm + cols[None, :]
     tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=(rows < M)[:, None] & (cols < N)[None, :])
 
@@ -74,12 +75,15 @@ def scaled_matmul(
     group: int = 0,
 ) -> torch.Tensor:
     """a float8 [M, K] with scales [M, 1], b float8 [N, K] (a weight) with scales [1, N] -> [M, N] of out_dtype:
-    what torch._scaled_mm(a, b.t(), scale_a=a_scale, scale_b=b_scale) computes. With group > 0, b's scales are
-    [N, ceil(K / group)], one per channel and `group` inputs (fp8.quantize_groups), a multiple of tiles.block_k."""
+    what torch._scaled_mm(a, b.t(), scale_a=a_scale, scale_b=b_scale) computes. With group > 0, a's scales are
+    [M, ceil(K / group)] and b's [N, ceil(K / group)], one per row (channel) and `group` inputs
+    (fp8.quantize_activation, fp8.quantize_blocks), a multiple of tiles.block_k."""
     m, k = a.shape
     n = b.shape[0]
     if group and group % tiles.block_k:
         raise ValueError(f"scales per {group} inputs: the product's tiles of {tiles.block_k} inputs must divide it")
+    if a_scale.stride(-1) != 1:
+        a_scale = a_scale.contiguous()
     c = torch.empty((m, n), dtype=out_dtype, device=a.device)
     grid = (triton.cdiv(m, tiles.block_m) * triton.cdiv(n, tiles.block_n),)
     _scaled_matmul_kernel[grid](
@@ -94,6 +98,7 @@ def scaled_matmul(
         a.stride(0),
         b.stride(0),
         c.stride(0),
+        a_scale.stride(0),
         b_scale.stride(0),
         SCALED=True,
         SCALE_GROUP=group,
@@ -151,6 +156,7 @@ def matmul(a: torch.Tensor, b: torch.Tensor, tiles: Tiles) -> torch.Tensor:
         a.stride(0),
         b.stride(0),
         c.stride(0),
+        0,
         0,
         SCALED=False,
         SCALE_GROUP=0,
