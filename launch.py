@@ -537,8 +537,10 @@ class Launcher:
         """Spawn `role` with `threads` compute threads (None: a host process's), spinning briefly when idle before
         they sleep where `short_spin` (common/cpu_threads.py)."""
         from common.cpu_threads import HOST_PROCESS_THREADS, spawned_with_threads
+        from common.process import entry_point_of, run_spawned
 
-        process = self.spawn.Process(target=target, args=args, name=role, daemon=False)
+        spawned_args = (os.getpid(), entry_point_of(target), *args)
+        process = self.spawn.Process(target=run_spawned, args=spawned_args, name=role, daemon=False)
         with spawned_with_threads(threads or HOST_PROCESS_THREADS, short_spin):
             process.start()
         self.children[role] = process

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ctypes
+import importlib
 import logging
 import os
 import signal
@@ -17,6 +18,22 @@ if TYPE_CHECKING:
 PR_SET_NAME = 15
 PR_SET_PDEATHSIG = 1
 PROCESS_NAME_BYTES = 15  # the kernel keeps 16 bytes, the last a NUL
+
+
+def run_spawned(parent_pid: int, entry: str, *args: object) -> None:
+    """A spawned child's first code: the Process's target wherever a role is started (launch.py, the grammar
+    compile worker), with the role's own entry point as `entry` ("module:function", entry_point_of). It ties the
+    child to its parent before the role's module is imported: spawn imports a target's module before running any
+    of it, and a role's imports (torch, xgrammar) take seconds, in which a parent stopped or killed would leave the
+    child running until they end."""
+    _die_with_parent(parent_pid)
+    module, _, function = entry.partition(":")
+    getattr(importlib.import_module(module), function)(*args)
+
+
+def entry_point_of(function: Callable[..., object]) -> str:
+    """run_spawned's name for a module-level function."""
+    return f"{function.__module__}:{function.__qualname__}"
 
 
 def init_child_process(role: str, log_level: str, parent_pid: int) -> None:

@@ -61,7 +61,7 @@ from multiprocessing.connection import Connection
 from typing import Any
 
 from common.messages import CompileGrammar, CompileWorkerReady, GrammarCompiled
-from common.process import exit_child, init_child_process
+from common.process import entry_point_of, exit_child, init_child_process, run_spawned
 from common.sampling_params import STRUCTURED_KIND_NAMES
 from common.wire import decode, encode
 from scheduler.compile_budget import CompileDeadline, yield_to_serving
@@ -319,7 +319,8 @@ class CompileWorker:
             log_level,
             os.getpid(),
         )
-        process = context.Process(target=serve, args=args, name=ROLE, daemon=True)
+        spawned_args = (os.getpid(), entry_point_of(serve), *args)
+        process = context.Process(target=run_spawned, args=spawned_args, name=ROLE, daemon=True)
         process.start()
         child_conn.close()  # the child's end is the child's: its exit must close the pipe for us
         self._process = process
