@@ -79,23 +79,11 @@ def measure(m: int, weight, weight_scale, weight_bf16, gen, rows: list[dict], ro
         want = (xq.float() * x_each) @ (weight.float() * w_each).t()
     bf16_us = time_us(lambda: F.linear(x, weight_bf16))
     mm_us = time_us(scaled_mm)
-    best = None
-    for tiles in TILES:
 
-        def ours(t: Tiles = tiles) -> torch.Tensor:
-            return triton_matmul.scaled_matmul(xq, xs, weight, weight_scale, t, group=group)
+    def ours(t: Tiles) -> torch.Tensor:
+        return triton_matmul.scaled_matmul(xq, xs, weight, weight_scale, t, group=group)
 
-        try:
-            err = ((ours().float() - want).norm() / want.norm()).item()
-            if err > 1e-2:
-                raise AssertionError(f"relative error {err:.3g} against the reference")
-            us = time_us(ours)
-        except Exception as error:  # a launch shape that does not fit (shared memory): skipped
-            rows.append(row | {"tiles": dataclasses.asdict(tiles), "error": str(error).splitlines()[0][:200]})
-            continue
-        rows.append(row | {"tiles": dataclasses.asdict(tiles), "triton_us": us, "bf16_us": bf16_us, "mm_us": mm_us})
-        if best is None or us < best[0]:
-            best = (us, tiles)
+    best = fastest_tiles(ours, want, "the reference", rows, row | {"bf16_us": bf16_us, "mm_us": mm_us})
     return bf16_us, mm_us, best
 
 
@@ -103,18 +91,22 @@ def measure_plain(m: int, weight_bf16, gen, rows: list[dict], row: dict) -> tupl
     """Our kernel unscaled at each launch shape on one bf16 weight (its rows appended to `rows`, checked against
     F.linear first). Returns (best µs, its tiles) or None."""
     x = torch.randn(m, weight_bf16.shape[1], generator=gen, device=weight_bf16.device, dtype=torch.bfloat16)
-    want = F.linear(x, weight_bf16).float()
+    return fastest_tiles(
+        lambda t: triton_matmul.matmul(x, weight_bf16, t), F.linear(x, weight_bf16).float(), "F.linear", rows, row
+    )
+
+
+def fastest_tiles(product, want: torch.Tensor, reference: str, rows: list[dict], row: dict) -> tuple | None:
+    """product(tiles) at each launch shape of TILES, checked against `want` (named `reference`) first, then timed;
+    each shape's row (`row` and its tiles, its µs or why it was skipped) appended to `rows`. Returns (best µs, its
+    tiles) or None."""
     best = None
     for tiles in TILES:
-
-        def ours(t: Tiles = tiles) -> torch.Tensor:
-            return triton_matmul.matmul(x, weight_bf16, t)
-
         try:
-            err = ((ours().float() - want).norm() / want.norm()).item()
+            err = ((product(tiles).float() - want).norm() / want.norm()).item()
             if err > 1e-2:
-                raise AssertionError(f"relative error {err:.3g} against F.linear")
-            us = time_us(ours)
+                raise AssertionError(f"relative error {err:.3g} against {reference}")
+            us = time_us(lambda t=tiles: product(t))
         except Exception as error:  # a launch shape that does not fit (shared memory): skipped
             rows.append(row | {"tiles": dataclasses.asdict(tiles), "error": str(error).splitlines()[0][:200]})
             continue

@@ -170,6 +170,16 @@ def _is_fp8(cache: torch.Tensor) -> bool:
 
 
 @triton.jit
+def _context_rows(table_ptr, kv_head, start, begin, end, stride_cb, stride_cs, stride_ch, BLOCK_SIZE, BLOCK_N):
+    """Context positions start.. [BLOCK_N], which of them lie in [begin, end), and where each one's row of
+    `kv_head` starts in the store (in entries), through the block table: the K/V loaders' common part."""
+    pos = start + tl.arange(0, BLOCK_N)
+    in_context = (pos >= begin) & (pos < end)
+    block = tl.load(table_ptr + pos // BLOCK_SIZE, mask=in_context, other=0).to(tl.int64)
+    return pos, in_context, block * stride_cb + (pos % BLOCK_SIZE) * stride_cs + kv_head * stride_ch
+
+
+@triton.jit
 def _load_kv_tile(
     k_cache_ptr,
     v_cache_ptr,
@@ -190,10 +200,9 @@ def _load_kv_tile(
 ):
     """K and V [BLOCK_N, HEAD_DIM_PAD] of context positions start.., zero outside [begin, end) (never read).
     FP8: converted to q's dtype, still in units of the layer's scales (the caller applies them)."""
-    pos = start + tl.arange(0, BLOCK_N)
-    in_context = (pos >= begin) & (pos < end)
-    block = tl.load(table_ptr + pos // BLOCK_SIZE, mask=in_context, other=0).to(tl.int64)
-    rows = block * stride_cb + (pos % BLOCK_SIZE) * stride_cs + kv_head * stride_ch
+    pos, in_context, rows = _context_rows(
+        table_ptr, kv_head, start, begin, end, stride_cb, stride_cs, stride_ch, BLOCK_SIZE, BLOCK_N
+    )
     dims = tl.arange(0, HEAD_DIM_PAD)
     offsets = rows[:, None] + dims[None, :]
     mask = in_context[:, None] & (dims < HEAD_DIM)[None, :]
@@ -275,10 +284,10 @@ def _load_kv_pairs(
     """A float8 store's K and V tiles of positions start.., as _load_kv_tile reads them, but each split into its
     even and odd dims [BLOCK_N, HEAD_DIM_PAD // 2], float16 at 1/E4M3_IN_F16_UNIT of the entries
     (_e4m3_pairs_as_f16); an even HEAD_DIM, so that a row is whole 16-bit pairs."""
-    pos = start + tl.arange(0, BLOCK_N)
-    in_context = (pos >= begin) & (pos < end)
-    block = tl.load(table_ptr + pos // BLOCK_SIZE, mask=in_context, other=0).to(tl.int64)
-    rows = (block * stride_cb + (pos % BLOCK_SIZE) * stride_cs + kv_head * stride_ch) // 2  # in pairs
+    pos, in_context, rows = _context_rows(
+        table_ptr, kv_head, start, begin, end, stride_cb, stride_cs, stride_ch, BLOCK_SIZE, BLOCK_N
+    )
+    rows = rows // 2  # in pairs
     pairs = tl.arange(0, HEAD_DIM_PAD // 2)
     offsets = rows[:, None] + pairs[None, :]
     mask = in_context[:, None] & (pairs < HEAD_DIM // 2)[None, :]
