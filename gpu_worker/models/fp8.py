@@ -102,6 +102,11 @@ def scale_of_each(scale: torch.Tensor, group: int, k: int) -> torch.Tensor:
     return scale.repeat_interleave(group, dim=1)[:, :k]
 
 
+def dequantize_groups(values: torch.Tensor, scales: torch.Tensor, group: int) -> torch.Tensor:
+    """float8 values [R, K] with scales per row and group of `group` inputs -> what they stand for, float32."""
+    return values.float() * scale_of_each(scales, group, values.shape[1])
+
+
 def quantize_activation(x: torch.Tensor, group: int = 0) -> QuantizedRows:
     """x [M, K] per token, or with `group` > 0 per token and group of `group` inputs (scales [M, ceil(K /
     group)]): one Triton kernel on CUDA, quantize_rows / quantize_blocks elsewhere (the same bits)."""
@@ -157,9 +162,7 @@ def linear(
     if rows.values.is_cuda:
         y = _product_on_cuda(rows, weight, weight_scale, group)
     elif group:
-        k = weight.shape[1]
-        x_each, w_each = scale_of_each(rows.scales, group, k), scale_of_each(weight_scale, group, k)
-        y = (rows.values.float() * x_each) @ (weight.float() * w_each).t()
+        y = dequantize_groups(rows.values, rows.scales, group) @ dequantize_groups(weight, weight_scale, group).t()
     else:
         y = (rows.values.float() @ weight.float().t()) * rows.scales * weight_scale
     y = y.to(rows.dtype)
@@ -179,7 +182,7 @@ def weight_only_linear(
     if weight_scale is None:
         return F.linear(x, weight)
     if group:
-        return F.linear(x.float(), weight.float() * scale_of_each(weight_scale, group, weight.shape[1])).to(x.dtype)
+        return F.linear(x.float(), dequantize_groups(weight, weight_scale, group)).to(x.dtype)
     return (F.linear(x.float(), weight.float()) * weight_scale).to(x.dtype)
 
 
