@@ -200,8 +200,12 @@ def test_block_scaled_experts_compute_their_dequantized_weights_fused_or_not(dty
     ids, weights = reference.route(x.float())
     want = reference.experts(x.float(), ids, weights)
     step = {torch.float32: 1e-5, torch.float16: 1e-2, torch.bfloat16: 4e-2}[dtype]
-    torch.testing.assert_close(e(x, ids, weights.to(dtype)).float(), want, rtol=step, atol=step)
-    torch.testing.assert_close(fused(quantized, x, ids, weights.to(dtype)).float(), want, rtol=step, atol=step)
+    # Against float32 sums, a half path's error follows its largest intermediates, not each output: bfloat16's
+    # (8 bits) reached 0.7 % of the largest output (0.2 at 30-40; on an H200, 0.08 at an output of 0.13); float16
+    # (11 bits) stays inside the fixed step. So bfloat16's absolute tolerance is 2 % of the largest output.
+    atol = max(step, 2e-2 * want.abs().max().item()) if dtype == torch.bfloat16 else step
+    torch.testing.assert_close(e(x, ids, weights.to(dtype)).float(), want, rtol=step, atol=atol)
+    torch.testing.assert_close(fused(quantized, x, ids, weights.to(dtype)).float(), want, rtol=step, atol=atol)
 
 
 def test_the_whole_layer_runs_fused_on_fp8_experts_when_asked():

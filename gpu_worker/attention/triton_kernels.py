@@ -954,10 +954,13 @@ DECODE_TILES: dict[tuple[int, bool], DecodeTiles] = {
     (128, False): DecodeTiles(64, 4, 4),  # H200, 8B shape: 1.02x the default
     (64, False): DecodeTiles(64, 2, 3),  # 1B shape: 1.12x (long contexts 1.2x)
     # Float8 stores, "pairs" (one H200, docs/results/fp8_kv_pairs_h200/): 128-wide heads (the 8B's 8
-    # KV heads and the 70B's 4 of TP=2 alike) within 4 % of the best of 12 shapes in every case, the best at W1;
-    # 64-wide (the 1B's) the best geometric mean, long contexts 1.2x ahead of 64 keys a tile, W1 10 % behind.
+    # KV heads and the 70B's 4 of TP=2 alike) within 4 % of the best of 12 shapes in every case, the best at W1.
+    # 64-wide (the 1B's): two warps and three stages 1.15x four warps and two (the geometric mean of the four
+    # cases; W1's batch 41.4 against 50.2 us), the 1B's W1 with fp8 products 87,180 -> 90,944 tok/s, step 2.13
+    # -> 1.97 ms (docs/results/decode_tiles_stages_h200/). Five to seven stages (two or three K/V tiles in
+    # flight, not one) were slower for every head width and store there.
     (128, True): DecodeTiles(64, 4, 2, "pairs"),
-    (64, True): DecodeTiles(128, 4, 2, "pairs"),
+    (64, True): DecodeTiles(64, 2, 3, "pairs"),
 }
 
 
