@@ -43,6 +43,29 @@ TILES = (
     Tiles(64, 256, 128, 4, 4, 8),
     Tiles(128, 128, 256, 8, 3, 8),
     Tiles(128, 64, 128, 4, 4, 8),
+    # fed by TMA (Tiles.feed): one program a tile, or persistent and warp-specialized
+    Tiles(64, 128, 128, 4, 4, 8, "tma"),
+    Tiles(128, 128, 128, 4, 3, 8, "tma"),
+    Tiles(64, 128, 256, 4, 3, 8, "tma"),
+    Tiles(64, 64, 256, 4, 3, 8, "tma"),
+    Tiles(64, 128, 128, 4, 4, 8, "tma_ws"),
+    Tiles(64, 256, 128, 4, 4, 8, "tma_ws"),
+    Tiles(128, 256, 128, 8, 3, 8, "tma_ws"),
+)
+# The plain products' launch shapes: bfloat16 entries are twice fp8's bytes, so half the inputs a tile.
+PLAIN_TILES = (
+    Tiles(64, 64, 64, 4, 4, 8),
+    Tiles(64, 128, 64, 4, 4, 8),
+    Tiles(64, 64, 128, 4, 3, 8),
+    Tiles(64, 128, 128, 4, 3, 8),
+    Tiles(128, 128, 64, 4, 4, 8),
+    Tiles(128, 256, 64, 8, 3, 8),
+    Tiles(64, 128, 64, 4, 4, 8, "tma"),
+    Tiles(64, 64, 128, 4, 3, 8, "tma"),
+    Tiles(64, 128, 128, 4, 3, 8, "tma"),
+    Tiles(64, 256, 64, 4, 4, 8, "tma_ws"),
+    Tiles(128, 128, 64, 4, 4, 8, "tma_ws"),
+    Tiles(128, 256, 64, 8, 3, 8, "tma_ws"),
 )
 
 
@@ -90,16 +113,23 @@ def measure_plain(m: int, weight_bf16, gen, rows: list[dict], row: dict) -> tupl
     F.linear first). Returns (best µs, its tiles) or None."""
     x = torch.randn(m, weight_bf16.shape[1], generator=gen, device=weight_bf16.device, dtype=torch.bfloat16)
     return fastest_tiles(
-        lambda t: triton_matmul.matmul(x, weight_bf16, t), F.linear(x, weight_bf16).float(), "F.linear", rows, row
+        lambda t: triton_matmul.matmul(x, weight_bf16, t),
+        F.linear(x, weight_bf16).float(),
+        "F.linear",
+        rows,
+        row,
+        PLAIN_TILES,
     )
 
 
-def fastest_tiles(product, want: torch.Tensor, reference: str, rows: list[dict], row: dict) -> tuple | None:
-    """product(tiles) at each launch shape of TILES, checked against `want` (named `reference`) first, then timed;
-    each shape's row (`row` and its tiles, its µs or why it was skipped) appended to `rows`. Returns (best µs, its
-    tiles) or None."""
+def fastest_tiles(
+    product, want: torch.Tensor, reference: str, rows: list[dict], row: dict, candidates: tuple[Tiles, ...] = TILES
+) -> tuple | None:
+    """product(tiles) at each launch shape of `candidates`, checked against `want` (named `reference`) first, then
+    timed; each shape's row (`row` and its tiles, its µs or why it was skipped) appended to `rows`. Returns (best
+    µs, its tiles) or None."""
     best = None
-    for tiles in TILES:
+    for tiles in candidates:
         try:
             err = ((product(tiles).float() - want).norm() / want.norm()).item()
             if err > 1e-2:
@@ -152,7 +182,7 @@ def main(argv: list[str] | None = None) -> None:
             if args.plain:
                 bf16_bytes = 2 * (n * k + m * k + m * n)
                 bf16_floor_us = 1e6 * max(bf16_bytes / peak.hbm_bytes_per_s, 2 * m * n * k / peak.bf16_flops_per_s)
-                plain_row = row | {"product": f"{name} (bf16)", "floor_us": bf16_floor_us}
+                plain_row = row | {"product": f"{name} (bf16)", "floor_us": bf16_floor_us, "f_linear_us": bf16_us}
                 plain.append((name, m, bf16_floor_us, bf16_us, measure_plain(m, weight_bf16, gen, rows, plain_row)))
             ours = f"{best[0]:7.1f} {best[1]}" if best else "-"
             print(

@@ -7,6 +7,7 @@ CUDA the kernel runs in the Triton interpreter (see test_triton_attention.py).""
 from __future__ import annotations
 
 import os
+from dataclasses import replace
 
 import pytest
 import torch
@@ -18,7 +19,7 @@ if not torch.cuda.is_available():
 pytest.importorskip("triton", reason="triton is not installed (pip install triton)")
 
 from gpu_worker.models import fp8, fp8_triton, triton_matmul  # noqa: E402
-from gpu_worker.models.matmul_tiles import Tiles  # noqa: E402
+from gpu_worker.models.matmul_tiles import FEEDS, Tiles  # noqa: E402
 
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 # tiles a small shape leaves remainders of
@@ -35,17 +36,35 @@ def emulated(a, a_scale, b, b_scale) -> torch.Tensor:
     return (a.float() @ b.float().t()) * a_scale * b_scale
 
 
+def counting_tma_products(monkeypatch) -> list[int]:
+    """Counts the products that went through the TMA-fed kernel (the others took pointers)."""
+    calls: list[int] = []
+    tma_product = triton_matmul._tma_product
+
+    def counted(*args, **kwargs):
+        calls.append(1)
+        return tma_product(*args, **kwargs)
+
+    monkeypatch.setattr(triton_matmul, "_tma_product", counted)
+    return calls
+
+
+@pytest.mark.parametrize("feed", FEEDS)
 @pytest.mark.parametrize("m,n,k", [(5, 48, 80), (16, 32, 32), (37, 70, 100), (1, 1, 33)])
-def test_the_kernel_gives_the_emulations_product_whatever_the_remainders(m, n, k):
+def test_the_kernel_gives_the_emulations_product_whatever_the_remainders(m, n, k, feed, monkeypatch):
+    """Whichever way the operands are fed; TMA where it can describe them (rows of a multiple of 16 bytes: here
+    80 and 32 fp8 inputs with 48 and 32 float32 outputs), pointers where it cannot."""
     a, a_scale = quantized(m, k, seed=1)
     b, b_scale = quantized(n, k, seed=2, scale=0.05)
     b_scale = b_scale.t().contiguous()  # [1, N], as a projection keeps it
     want = emulated(a, a_scale, b, b_scale)
+    tma_products = counting_tma_products(monkeypatch)
     got = triton_matmul.scaled_matmul(
-        *(t.to(DEVICE) for t in (a, a_scale, b, b_scale)), SMALL_TILES, out_dtype=torch.float32
+        *(t.to(DEVICE) for t in (a, a_scale, b, b_scale)), replace(SMALL_TILES, feed=feed), out_dtype=torch.float32
     )
     # fp8 x fp8 products are exact in float32: only the order of the sums differs from the emulation's
     torch.testing.assert_close(got.cpu(), want, rtol=1e-5, atol=1e-5)
+    assert len(tma_products) == (feed != "pointers" and k % 16 == 0 and n * 4 % 16 == 0)
 
 
 @pytest.mark.parametrize("m,n,k", [(5, 48, 80), (37, 70, 200), (1, 16, 64)])
@@ -88,13 +107,16 @@ def test_activations_quantize_per_token_or_group_in_one_kernel_as_torch_does(gro
         assert torch.equal(q.cpu().view(torch.uint8), want_q.view(torch.uint8))
 
 
+@pytest.mark.parametrize("feed", FEEDS)
 @pytest.mark.parametrize("m,n,k", [(5, 48, 80), (37, 70, 100), (1, 1, 33)])
-def test_the_kernel_unscaled_gives_f_linears_product_whatever_the_remainders(m, n, k):
+def test_the_kernel_unscaled_gives_f_linears_product_whatever_the_remainders(m, n, k, feed, monkeypatch):
     """triton_matmul.matmul, the plain (bfloat16 / float16) product: float32 sums, rounded once."""
     dtype = torch.bfloat16 if DEVICE.type == "cuda" else torch.float32  # (the interpreter has no bfloat16)
     gen = torch.Generator().manual_seed(4)
     x, w = (torch.randn(rows, k, generator=gen).to(DEVICE, dtype) for rows in (m, n))
-    got = triton_matmul.matmul(x, w, SMALL_TILES)
+    tma_products = counting_tma_products(monkeypatch)
+    got = triton_matmul.matmul(x, w, replace(SMALL_TILES, feed=feed))
+    assert len(tma_products) == (feed != "pointers" and m == 5)  # (80 and 48 entries: rows of 16-byte multiples)
     assert got.dtype == dtype
     tolerance = 1e-5 if dtype == torch.float32 else 1e-2
     torch.testing.assert_close(got.float(), F.linear(x.float(), w.float()), rtol=tolerance, atol=tolerance)

@@ -121,6 +121,10 @@ MANY_ROWS_MIN = 2048
 # for up to each row count measured, the shape that beat _scaled_mm by more than 3 %, None where none did. One
 # H200 (`python -m benchmarks.fp8_gemm --shape S --tokens 128,256,512`, docs/results/fp8_gemm_decode_h200/), µs
 # of ours against _scaled_mm; shapes not measured (tensor-parallel ranks' halves, other models) take _scaled_mm.
+# TMA-fed shapes (Tiles.feed) beat these in isolation on another H200 (docs/results/fp8_gemm_tma_h200/: the 8B's
+# gate-up at 256 rows 57.8 against 63.6 µs, warp-specialized), but a table taking them where they won left W1
+# unchanged (the 8B with both fp8: 21,180 -> 21,089 tok/s, step 7.90 -> 7.94 ms, alternated in one call), so
+# the pointer-fed shapes stay.
 _NARROW_128 = Tiles(block_m=64, block_n=64, block_k=256, num_warps=4, num_stages=3, group_m=8)
 _NARROW_256 = Tiles(block_m=64, block_n=128, block_k=256, num_warps=4, num_stages=3, group_m=8)
 _WIDE = MANY_ROWS

@@ -17,6 +17,12 @@ class Tiles:
     num_warps: int
     num_stages: int
     group_m: int = 0  # programs walk GROUP_M blocks of rows across every column before the next ones; 0: all
+    # How a dense product's operand tiles reach shared memory (FEEDS; the fused MoE gathers its rows: "pointers"):
+    #   "pointers"  each thread's loads, addressed in registers (cp.async)
+    #   "tma"       Hopper's tensor memory accelerator, from a descriptor of each operand (one program a tile)
+    #   "tma_ws"    the same, persistent programs (one an SM) whose loads run in warps of their own
+    #               (warp-specialized), the next tile's loads under this tile's sums
+    feed: str = "pointers"
 
     def launch_options(self) -> dict[str, int]:
         """The launch's tile constexprs (BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M: every product kernel here takes these
@@ -29,6 +35,9 @@ class Tiles:
             "num_warps": self.num_warps,
             "num_stages": self.num_stages,
         }
+
+
+FEEDS = ("pointers", "tma", "tma_ws")
 
 
 @triton.jit

@@ -2,7 +2,9 @@
 FP8 with row-wise scales (models/fp8.py takes it where it measured faster than torch._scaled_mm:
 fp8_triton.matmul_tiles), per channel and group of inputs (a block-scaled checkpoint's weights), or plain
 bfloat16 / float16 (`matmul`, where it measured faster than cuBLAS: plain_tiles). Its launch shape and program
-order are the fused MoE's (models/matmul_tiles.py)."""
+order are the fused MoE's (models/matmul_tiles.py); the launch shape also says how the operands' tiles are fed
+(Tiles.feed): by each thread's pointers, or by Hopper's TMA from tensor descriptors, optionally persistent and
+warp-specialized (row-wise or no scales; where TMA cannot describe an operand, pointers)."""
 
 from __future__ import annotations
 
@@ -11,6 +13,11 @@ import triton
 import triton.language as tl
 
 from gpu_worker.models.matmul_tiles import Tiles, program_tile
+
+try:  # (Triton 3.3 on: the host's descriptor of a tensor, which the "tma" feeds take)
+    from triton.tools.tensor_descriptor import TensorDescriptor
+except ImportError:  # pragma: no cover - an older Triton: every product takes the pointers feed
+    TensorDescriptor = None
 
 
 @triton.jit
@@ -65,6 +72,92 @@ def _scaled_matmul_kernel(
     tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=(rows < M)[:, None] & (cols < N)[None, :])
 
 
+@triton.jit
+def _tma_matmul_kernel(
+    a_desc,
+    b_desc,
+    c_desc,
+    a_scale_ptr,
+    b_scale_ptr,
+    M,
+    N,
+    K,
+    programs,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    GROUP_M: tl.constexpr,
+    SCALED: tl.constexpr,
+    WARP_SPECIALIZE: tl.constexpr,
+):
+    """_scaled_matmul_kernel's product (row-wise scales or none) with its operands' tiles loaded through tensor
+    descriptors (TMA: the copy engine does the addressing and the bounds; tiles past an edge read zeros, and
+    the store drops what lies past one). `programs` programs walk the output's tiles a grid apart: one a tile,
+    or (WARP_SPECIALIZE) one an SM, its loads in warps of their own so the next tile's arrive under this
+    tile's sums."""
+    row_tiles = tl.cdiv(M, BLOCK_M)
+    col_tiles = tl.cdiv(N, BLOCK_N)
+    for tile in tl.range(
+        tl.program_id(0), row_tiles * col_tiles, programs, flatten=WARP_SPECIALIZE, warp_specialize=WARP_SPECIALIZE
+    ):
+        pid_m, pid_n = program_tile(tile, row_tiles, col_tiles, GROUP_M)
+        first_row = pid_m * BLOCK_M
+        first_col = pid_n * BLOCK_N
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        for k in range(0, K, BLOCK_K):
+            acc = tl.dot(a_desc.load([first_row, k]), b_desc.load([first_col, k]).T, acc)
+        if SCALED:
+            rows = first_row + tl.arange(0, BLOCK_M)
+            cols = first_col + tl.arange(0, BLOCK_N)
+            acc = acc * tl.load(a_scale_ptr + rows, mask=rows < M, other=0.0)[:, None]
+            acc = acc * tl.load(b_scale_ptr + cols, mask=cols < N, other=0.0)[None, :]
+        c_desc.store([first_row, first_col], acc.to(c_desc.dtype))
+
+
+def _tma_feedable(*tensors: torch.Tensor) -> bool:
+    """Whether TMA can describe each of these matrices: rows of contiguous entries, 16-byte aligned base and row
+    stride (the copy engine's rule)."""
+    return TensorDescriptor is not None and all(
+        t.dim() == 2 and t.stride(1) == 1 and t.data_ptr() % 16 == 0 and t.stride(0) * t.element_size() % 16 == 0
+        for t in tensors
+    )
+
+
+def _tma_product(
+    a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, tiles: Tiles, a_scale=None, b_scale=None
+) -> torch.Tensor:
+    """c = a . b^T (scaled per row of a and of b when the scales are given: a_scale [M] contiguous, b_scale [N]) on
+    _tma_matmul_kernel, fed as tiles.feed says."""
+    m, n = c.shape
+    tile_count = triton.cdiv(m, tiles.block_m) * triton.cdiv(n, tiles.block_n)
+    persistent = tiles.feed == "tma_ws"
+    programs = min(tile_count, _multiprocessors(a.device)) if persistent else tile_count
+    scaled = a_scale is not None
+    if scaled:  # ([M, 1] and [1, N] as the callers keep them: one scale an entry, read in order)
+        a_scale, b_scale = a_scale.reshape(-1).contiguous(), b_scale.reshape(-1).contiguous()
+    _tma_matmul_kernel[(programs,)](
+        TensorDescriptor.from_tensor(a, [tiles.block_m, tiles.block_k]),
+        TensorDescriptor.from_tensor(b, [tiles.block_n, tiles.block_k]),
+        TensorDescriptor.from_tensor(c, [tiles.block_m, tiles.block_n]),
+        a_scale if scaled else a,  # (unscaled: never read)
+        b_scale if scaled else b,
+        m,
+        n,
+        a.shape[1],
+        programs,
+        SCALED=scaled,
+        WARP_SPECIALIZE=persistent,
+        **tiles.launch_options(),
+    )
+    return c
+
+
+def _multiprocessors(device: torch.device) -> int:
+    if device.type != "cuda":
+        return 4  # (the interpreter: a few programs, each walking several tiles)
+    return torch.cuda.get_device_properties(device).multi_processor_count
+
+
 def scaled_matmul(
     a: torch.Tensor,
     a_scale: torch.Tensor,
@@ -85,6 +178,8 @@ def scaled_matmul(
     if a_scale.stride(-1) != 1:
         a_scale = a_scale.contiguous()
     c = torch.empty((m, n), dtype=out_dtype, device=a.device)
+    if tiles.feed != "pointers" and not group and _tma_feedable(a, b, c):
+        return _tma_product(a, b, c, tiles, a_scale, b_scale)
     grid = (triton.cdiv(m, tiles.block_m) * triton.cdiv(n, tiles.block_n),)
     _scaled_matmul_kernel[grid](
         a,
@@ -143,6 +238,8 @@ def matmul(a: torch.Tensor, b: torch.Tensor, tiles: Tiles) -> torch.Tensor:
     if a.stride(1) != 1:
         a = a.contiguous()
     c = torch.empty((m, n), dtype=a.dtype, device=a.device)
+    if tiles.feed != "pointers" and _tma_feedable(a, b, c):
+        return _tma_product(a, b, c, tiles)
     grid = (triton.cdiv(m, tiles.block_m) * triton.cdiv(n, tiles.block_n),)
     _scaled_matmul_kernel[grid](
         a,
