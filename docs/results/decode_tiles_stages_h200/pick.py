@@ -1,9 +1,13 @@
 """Prints the winning tiles of decode_tiles JSON files as w1_tiles.py's argument ('HD,store=B,W,S,P;...')."""
-import json, sys
+
+import json
+import sys
+
 items = []
 for path in sys.argv[1:]:
     try:
-        d = json.load(open(path))
+        with open(path) as f:
+            d = json.load(f)
     except Exception:
         continue
     for name, b in d["best"].items():
@@ -12,5 +16,14 @@ for path in sys.argv[1:]:
         w = b["best"]
         if b["gain"] > 1.02 or b["gain"] != b["gain"]:
             items.append(f"{hd},{store}={w['block_n']},{w['num_warps']},{w['num_stages']},{w['fp8_products']}")
-        print(name, "best", tuple(w.values()), b["best_us"], "current", b["current_us"], f"gain {b['gain']:.3f}", file=sys.stderr)
+        print(
+            name,
+            "best",
+            tuple(w.values()),
+            b["best_us"],
+            "current",
+            b["current_us"],
+            f"gain {b['gain']:.3f}",
+            file=sys.stderr,
+        )
 print(";".join(items) or "default")

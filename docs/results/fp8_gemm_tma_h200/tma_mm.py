@@ -1,8 +1,14 @@
 """Experiment: a TMA-fed (tensor descriptors), optionally persistent and warp-specialized Triton product against
 cuBLAS (F.linear, bf16) and torch._scaled_mm (fp8, row-wise), at decode row counts, the 8B's and 1B's weights.
     python tma_mm.py [--check] [--rows 128,256,512] [--json FILE]"""
-import argparse, itertools, json, sys
-import torch, triton, triton.language as tl
+
+import argparse
+import itertools
+import json
+
+import torch
+import triton
+import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
 
@@ -16,9 +22,24 @@ def _tile_of(tile, num_m, num_n, GROUP_M: tl.constexpr):
 
 
 @triton.jit
-def _tma_kernel(a_desc, b_desc, c_desc, a_scale_ptr, b_scale_ptr, M, N, K,
-                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
-                PROGRAMS, SCALED: tl.constexpr, WS: tl.constexpr, FLATTEN: tl.constexpr):
+def _tma_kernel(
+    a_desc,
+    b_desc,
+    c_desc,
+    a_scale_ptr,
+    b_scale_ptr,
+    M,
+    N,
+    K,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    GROUP_M: tl.constexpr,
+    PROGRAMS,
+    SCALED: tl.constexpr,
+    WS: tl.constexpr,
+    FLATTEN: tl.constexpr,
+):
     num_m = tl.cdiv(M, BLOCK_M)
     num_n = tl.cdiv(N, BLOCK_N)
     k_tiles = tl.cdiv(K, BLOCK_K)
@@ -52,14 +73,33 @@ def tma_matmul(a, b, cfg, a_scale=None, b_scale=None, out_dtype=torch.bfloat16, 
     b_desc = TensorDescriptor.from_tensor(b, [bn, bk])
     c_desc = TensorDescriptor.from_tensor(c, [bm, bn])
     scaled = a_scale is not None
-    _tma_kernel[(programs,)](a_desc, b_desc, c_desc, a_scale if scaled else a, b_scale if scaled else b, m, n, k,
-                             BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=8, PROGRAMS=programs, SCALED=scaled,
-                             WS=ws, FLATTEN=ws, num_warps=warps, num_stages=stages)
+    _tma_kernel[(programs,)](
+        a_desc,
+        b_desc,
+        c_desc,
+        a_scale if scaled else a,
+        b_scale if scaled else b,
+        m,
+        n,
+        k,
+        BLOCK_M=bm,
+        BLOCK_N=bn,
+        BLOCK_K=bk,
+        GROUP_M=8,
+        PROGRAMS=programs,
+        SCALED=scaled,
+        WS=ws,
+        FLATTEN=ws,
+        num_warps=warps,
+        num_stages=stages,
+    )
     return c
 
 
-SHAPES = {"8b": {"qkv": (6144, 4096), "o": (4096, 4096), "gate_up": (28672, 4096), "down": (4096, 14336)},
-          "1b": {"qkv": (3072, 2048), "o": (2048, 2048), "gate_up": (16384, 2048), "down": (2048, 8192)}}
+SHAPES = {
+    "8b": {"qkv": (6144, 4096), "o": (4096, 4096), "gate_up": (28672, 4096), "down": (4096, 14336)},
+    "1b": {"qkv": (3072, 2048), "o": (2048, 2048), "gate_up": (16384, 2048), "down": (2048, 8192)},
+}
 
 
 def check():
@@ -90,14 +130,19 @@ def main():
         return check()
     check()
     from triton.testing import do_bench_cudagraph
+
     def bench(fn):
         return 1000 * do_bench_cudagraph(fn, rep=40, return_mode="median")
+
     results = []
     for dtype in args.dtypes.split(","):
         fp8 = dtype == "fp8"
         bk = 128 if fp8 else 64
-        cfgs = [(bm, bn, bk, w, s, pers, ws) for bm, bn, w, s in itertools.product((64, 128), (128, 256), (4, 8), (3, 4))
-                for pers, ws in ((False, False), (True, False), (True, True))]
+        cfgs = [
+            (bm, bn, bk, w, s, pers, ws)
+            for bm, bn, w, s in itertools.product((64, 128), (128, 256), (4, 8), (3, 4))
+            for pers, ws in ((False, False), (True, False), (True, True))
+        ]
         for model in args.models.split(","):
             for name, (n, k) in SHAPES[model].items():
                 w = torch.randn(n, k, device="cuda") / k**0.5
@@ -105,12 +150,19 @@ def main():
                     x = torch.randn(m, k, device="cuda")
                     if fp8:
                         wq, xq = w.to(torch.float8_e4m3fn), x.to(torch.float8_e4m3fn)
-                        sa = torch.ones(m, 1, device="cuda"); sb = torch.ones(1, n, device="cuda")
-                        base = lambda: torch._scaled_mm(xq, wq.t(), scale_a=sa, scale_b=sb, out_dtype=torch.bfloat16)
+                        sa = torch.ones(m, 1, device="cuda")
+                        sb = torch.ones(1, n, device="cuda")
+
+                        def base(xq=xq, wq=wq, sa=sa, sb=sb):
+                            return torch._scaled_mm(xq, wq.t(), scale_a=sa, scale_b=sb, out_dtype=torch.bfloat16)
+
                         ref = base().float()
                     else:
                         wq, xq = w.bfloat16(), x.bfloat16()
-                        base = lambda: torch.nn.functional.linear(xq, wq)
+
+                        def base(xq=xq, wq=wq):
+                            return torch.nn.functional.linear(xq, wq)
+
                         ref = base().float()
                     base_us = bench(base)
                     flops = 2 * m * n * k
@@ -118,7 +170,11 @@ def main():
                     c = torch.empty(m, n, dtype=torch.bfloat16, device="cuda")
                     for cfg in cfgs:
                         try:
-                            f = (lambda cfg=cfg: tma_matmul(xq, wq, cfg, sa, sb, c=c)) if fp8 else (lambda cfg=cfg: tma_matmul(xq, wq, cfg, c=c))
+                            f = (
+                                (lambda cfg=cfg: tma_matmul(xq, wq, cfg, sa, sb, c=c))
+                                if fp8
+                                else (lambda cfg=cfg: tma_matmul(xq, wq, cfg, c=c))
+                            )
                             out = f().float()
                             err = ((out - ref).norm() / ref.norm()).item()
                             if err > 1e-2:
@@ -130,10 +186,14 @@ def main():
                     best = min(timed, key=timed.get) if timed else None
                     row["best"], row["best_us"] = best, timed.get(best)
                     results.append(row)
-                    print(f"{dtype:5} {model} {name:8} {m:4}  base {base_us:7.1f}  best {row['best_us'] or float('nan'):7.1f} {best}"
-                          f"  ({flops / (row['best_us'] or 1e9) / 1e6:.0f} TFLOP/s)", flush=True)
+                    print(
+                        f"{dtype:5} {model} {name:8} {m:4}  base {base_us:7.1f}  best {row['best_us'] or float('nan'):7.1f} {best}"
+                        f"  ({flops / (row['best_us'] or 1e9) / 1e6:.0f} TFLOP/s)",
+                        flush=True,
+                    )
                     if args.json:
-                        json.dump(results, open(args.json, "w"))
+                        with open(args.json, "w") as f:
+                            json.dump(results, f)
     errs = {v for r in results for v in r["tried"].values() if isinstance(v, str)}
     print("errors:", list(errs)[:6])
 
