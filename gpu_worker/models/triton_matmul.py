@@ -171,21 +171,29 @@ def scaled_matmul(
     what torch._scaled_mm(a, b.t(), scale_a=a_scale, scale_b=b_scale) computes. With group > 0, a's scales are
     [M, ceil(K / group)] and b's [N, ceil(K / group)], one per row (channel) and `group` inputs
     (fp8.quantize_activation, fp8.quantize_blocks), a multiple of tiles.block_k."""
-    m, k = a.shape
-    n = b.shape[0]
     if group and group % tiles.block_k:
         raise ValueError(f"scales per {group} inputs: the product's tiles of {tiles.block_k} inputs must divide it")
     if a_scale.stride(-1) != 1:
         a_scale = a_scale.contiguous()
-    c = torch.empty((m, n), dtype=out_dtype, device=a.device)
+    c = torch.empty((a.shape[0], b.shape[0]), dtype=out_dtype, device=a.device)
+    return _product(a, b, c, tiles, a_scale, b_scale, group)
+
+
+def _product(
+    a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, tiles: Tiles, a_scale=None, b_scale=None, group: int = 0
+) -> torch.Tensor:
+    """c = a . b^T, scaled when the scales are given (per row, or per row and `group` inputs), fed as tiles.feed
+    says where TMA can describe the operands (row-wise or no scales), by pointers elsewhere."""
     if tiles.feed != "pointers" and not group and _tma_feedable(a, b, c):
         return _tma_product(a, b, c, tiles, a_scale, b_scale)
+    (m, k), n = a.shape, b.shape[0]
+    scaled = a_scale is not None
     grid = (triton.cdiv(m, tiles.block_m) * triton.cdiv(n, tiles.block_n),)
     _scaled_matmul_kernel[grid](
         a,
-        a_scale,
+        a_scale if scaled else a,  # (unscaled: never read)
         b,
-        b_scale,
+        b_scale if scaled else b,
         c,
         m,
         n,
@@ -193,9 +201,9 @@ def scaled_matmul(
         a.stride(0),
         b.stride(0),
         c.stride(0),
-        a_scale.stride(0),
-        b_scale.stride(0),
-        SCALED=True,
+        a_scale.stride(0) if scaled else 0,
+        b_scale.stride(0) if scaled else 0,
+        SCALED=scaled,
         SCALE_GROUP=group,
         **tiles.launch_options(),
     )
@@ -208,8 +216,8 @@ MeasuredTiles = dict[tuple[int, int], tuple[tuple[int, Tiles | None], ...]]
 # Plain (bfloat16 / float16) products that measured faster on our kernel than on cuBLAS, per weight shape (N, K):
 # for up to each row count measured, the launch shape that won, None where cuBLAS did. cuBLAS picks 128-row tiles
 # for a decode batch, which leave a narrow product's grid short of the SMs (as the FP8 table found:
-# fp8_triton.DECODE_ROWS); no entry is measured yet (`python -m benchmarks.fp8_gemm --plain`), so every plain
-# product stays on cuBLAS.
+# fp8_triton.DECODE_ROWS). None did on an H200, pointer- or TMA-fed (`python -m benchmarks.fp8_gemm --plain`;
+# docs/benchmarks.md, "Two things tried"), so every plain product stays on cuBLAS.
 PLAIN_DECODE_ROWS: MeasuredTiles = {}
 
 
@@ -233,30 +241,6 @@ def plain_tiles(x: torch.Tensor, weight: torch.Tensor) -> Tiles | None:
 def matmul(a: torch.Tensor, b: torch.Tensor, tiles: Tiles) -> torch.Tensor:
     """a [M, K] . b [N, K]^T (bfloat16 or float16, b a weight) -> [M, N] in a's dtype, float32 sums: F.linear's
     product on our kernel."""
-    m, k = a.shape
-    n = b.shape[0]
     if a.stride(1) != 1:
         a = a.contiguous()
-    c = torch.empty((m, n), dtype=a.dtype, device=a.device)
-    if tiles.feed != "pointers" and _tma_feedable(a, b, c):
-        return _tma_product(a, b, c, tiles)
-    grid = (triton.cdiv(m, tiles.block_m) * triton.cdiv(n, tiles.block_n),)
-    _scaled_matmul_kernel[grid](
-        a,
-        a,  # (no scales: never read)
-        b,
-        b,
-        c,
-        m,
-        n,
-        k,
-        a.stride(0),
-        b.stride(0),
-        c.stride(0),
-        0,
-        0,
-        SCALED=False,
-        SCALE_GROUP=0,
-        **tiles.launch_options(),
-    )
-    return c
+    return _product(a, b, torch.empty((a.shape[0], b.shape[0]), dtype=a.dtype, device=a.device), tiles)
