@@ -217,7 +217,7 @@ MeasuredTiles = dict[tuple[int, int], tuple[tuple[int, Tiles | None], ...]]
 # for up to each row count measured, the launch shape that won, None where cuBLAS did. cuBLAS picks 128-row tiles
 # for a decode batch, which leave a narrow product's grid short of the SMs (as the FP8 table found:
 # fp8_triton.DECODE_ROWS). None did on an H200, pointer- or TMA-fed (`python -m benchmarks.fp8_gemm --plain`;
-# docs/benchmarks.md, "Two things tried"), so every plain product stays on cuBLAS.
+# docs/benchmarks.md, "Real model sizes"), so every plain product stays on cuBLAS.
 PLAIN_DECODE_ROWS: MeasuredTiles = {}
 
 
